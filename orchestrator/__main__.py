@@ -1,0 +1,5 @@
+"""``python -m orchestrator``."""
+
+from orchestrator.cli.main import main
+
+main()

@@ -1,0 +1,229 @@
+"""The ``orchestrator`` command: parse, call the library, print, exit.
+
+Exit codes follow docker's: 125 for the orchestrator's own errors, otherwise the worker's
+exit code (124 timeout, 137 killed for memory, 130/143 interrupted). Human messages go to
+stderr; ``--json`` output is the only thing on stdout. Heavy imports happen inside the
+commands so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+if TYPE_CHECKING:
+    from orchestrator.runtime import Prepared, RunResult
+
+EXIT_ERROR = 125
+
+project_option = click.option(
+    "--project",
+    "project_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Project folder (holding orchestrator.yaml).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def say(message: str) -> None:
+    """A human message, on stderr."""
+    click.echo(f"orchestrator: {message}", err=True)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="orchestrator")
+def cli() -> None:
+    """Run AI workers in disposable, hardened containers whose access comes from declarations."""
+
+
+@cli.command()
+@click.argument("worker")
+@project_option
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
+@json_option
+def plan(worker: str, project_dir: Path, timeout: float | None, as_json: bool) -> None:
+    """Compile WORKER (a path or a name) into a container spec, without touching Docker."""
+    prepared = _prepare(worker, project_dir, timeout)
+    if as_json:
+        emit_json(prepared.spec.to_dict())
+    else:
+        click.echo(_describe(prepared))
+
+
+@cli.command()
+@click.argument("worker")
+@project_option
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
+@json_option
+def run(worker: str, project_dir: Path, timeout: float | None, as_json: bool) -> None:
+    """Run WORKER in a new container; the container is removed on every path."""
+    from orchestrator.docker import DockerEngine
+    from orchestrator.runtime import Interrupted, execute
+
+    prepared = _prepare(worker, project_dir, timeout)
+    spec = prepared.spec
+    zones = ", ".join(f"{m.target} {'ro' if m.read_only else 'rw'}" for m in spec.mounts)
+    say(
+        f"run {spec.run_id}: worker {spec.worker}, image {spec.image}, "
+        f"network {spec.network_mode}, zones: {zones or 'none'}"
+    )
+    engine = DockerEngine()
+    worker_stdout = sys.stderr.buffer if as_json else sys.stdout.buffer
+
+    def echo(stream: str, chunk: bytes) -> None:
+        target = worker_stdout if stream == "stdout" else sys.stderr.buffer
+        target.write(chunk)
+        target.flush()
+
+    try:
+        with _signals_interrupt():
+            result = execute(engine, prepared, on_output=echo)
+    except Interrupted as exc:
+        say(f"run {spec.run_id}: interrupted; container removed")
+        raise SystemExit(128 + exc.signum) from None
+    _report(result, as_json)
+    raise SystemExit(result.exit_code)
+
+
+@cli.command()
+@click.option("--all", "everything", is_flag=True, help="Also objects of other pid namespaces.")
+@json_option
+def gc(everything: bool, as_json: bool) -> None:
+    """Remove containers, networks and volumes whose orchestrator process is gone."""
+    from orchestrator.docker import DockerEngine
+    from orchestrator.runtime import collect
+
+    report = collect(DockerEngine(), everything=everything)
+    if as_json:
+        emit_json(
+            {
+                "removed": [{"kind": o.kind, "name": o.name} for o in report.removed],
+                "kept": len(report.kept),
+                "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in report.failed],
+            }
+        )
+    else:
+        for obj in report.removed:
+            say(f"removed {obj.kind} {obj.name}")
+        say(f"gc: {len(report.removed)} removed, {len(report.kept)} in use by live processes")
+    if report.failed:
+        raise SystemExit(EXIT_ERROR)
+
+
+@cli.group()
+def images() -> None:
+    """Build the images workers run in (no registry needed)."""
+
+
+@images.command("build")
+@click.option("--base", help="Use this image (with python3) as the base instead of bootstrapping.")
+@click.option("--suite", help="Debian/Ubuntu suite to bootstrap (default: the host's).")
+@click.option("--rebuild-base", is_flag=True, help="Bootstrap the base again.")
+def images_build(base: str | None, suite: str | None, rebuild_base: bool) -> None:
+    """Build orchestrator/worker (bootstrapping a base from the host's apt sources if needed)."""
+    from orchestrator.docker import DockerEngine
+    from orchestrator.docker.images import build_all
+
+    result = build_all(
+        DockerEngine(),
+        base=base,
+        suite=suite,
+        rebuild_base=rebuild_base,
+        progress=lambda line: click.echo(f"  {line}", err=True),
+    )
+    say(f"built {', '.join(result.images)} on {result.base}")
+
+
+def _prepare(worker: str, project_dir: Path, timeout: float | None) -> Prepared:
+    from orchestrator.config import load_project, load_worker
+    from orchestrator.runtime import prepare
+
+    project = load_project(project_dir)
+    return prepare(project, load_worker(project, worker), timeout=timeout)
+
+
+def _describe(prepared: Prepared) -> str:
+    spec = prepared.spec
+    lines = [
+        f"worker      {spec.worker}",
+        f"image       {spec.image}",
+        f"command     {' '.join(spec.command) if spec.command else '(image default)'}",
+        f"user        {spec.user}",
+        f"workdir     {spec.working_dir}",
+        f"network     {spec.network_mode}",
+        f"limits      memory {spec.mem_limit >> 20} MiB (no swap), cpus "
+        f"{spec.nano_cpus / 1e9:g}, pids {spec.pids_limit}, timeout {spec.timeout_s:g} s",
+        f"hardening   read-only root, /tmp tmpfs, cap_drop ALL, {', '.join(spec.security_opt)}, "
+        "init, not privileged",
+        "zones" + ("" if spec.mounts else "       none (no sandbox declared)"),
+    ]
+    lines += [f"  {m.target:<12} {'ro' if m.read_only else 'rw'}  {m.source}" for m in spec.mounts]
+    env = sorted(k for k in spec.env if k != "ORCHESTRATOR_INSTRUCTIONS")
+    lines.append(f"env         {', '.join(env)}")
+    return "\n".join(lines)
+
+
+def _report(result: RunResult, as_json: bool) -> None:
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    removed = "container removed" if result.container_removed else "CONTAINER NOT REMOVED"
+    detail = f" ({result.error})" if result.error else ""
+    say(
+        f"run {result.run_id}: {result.worker} {result.status} with code {result.exit_code} "
+        f"in {result.duration_s:.2f} s{detail}; {removed}"
+    )
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` so every cleanup path runs."""
+    from orchestrator.runtime import Interrupted
+
+    def handler(signum: int, _frame: FrameType | None) -> NoReturn:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console entry point: map every orchestrator error to one message and exit 125."""
+    from orchestrator.errors import ConfigError, OrchestratorError
+
+    try:
+        cli.main(args=argv, prog_name="orchestrator", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except click.Abort:
+        click.echo("orchestrator: aborted", err=True)
+        raise SystemExit(130) from None
+    except click.ClickException as exc:
+        exc.show()
+        raise SystemExit(EXIT_ERROR) from None
+    except ConfigError as exc:
+        for line in exc.problems:
+            click.echo(f"orchestrator: error: {line}", err=True)
+        raise SystemExit(EXIT_ERROR) from None
+    except OrchestratorError as exc:
+        click.echo(f"orchestrator: error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
+    raise SystemExit(0)

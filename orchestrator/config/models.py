@@ -1,0 +1,187 @@
+"""Strict declaration models: the project file and the worker file.
+
+Every model forbids unknown keys, so a typo in YAML is an error rather than a silently
+ignored setting. Values are normalised here (``512m`` becomes bytes) so that the policy and
+plan layers only ever see checked, typed data.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: Zone names the orchestrator keeps for its standard zones.
+STANDARD_ZONES = frozenset({"session", "workspace", "repo", "staged", "workers"})
+#: Top-level container paths a zone mounted at ``/<name>`` must never shadow.
+SYSTEM_DIRS = frozenset(
+    {
+        "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media",
+        "mnt", "opt", "proc", "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var",
+    }
+)  # fmt: skip
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: object) -> int:
+    """Turn ``512m``, ``1g``, ``1.5GiB`` or a plain byte count into bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 512m or 2g")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if not match:
+            raise ValueError(f"'{value}' is not a size; write it like 512m or 2g")
+        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError("a size must be positive")
+    return size
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+Mode = Literal["ro", "rw"]
+
+
+class Strict(BaseModel):
+    """Base for every declaration model: unknown keys are errors, instances are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(Strict):
+    """Limits for one container. Unset fields fall back to the project's defaults."""
+
+    memory: Size | None = None
+    """Memory limit, e.g. ``512m``; swap is held equal to it (no swap)."""
+    cpus: float | None = Field(default=None, gt=0, le=256)
+    """CPU share in cores, e.g. ``0.5`` or ``2``."""
+    pids: int | None = Field(default=None, ge=8, le=65536)
+    """Maximum number of processes and threads inside the container."""
+    timeout: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    """Wall-clock seconds before the container is killed (exit 124)."""
+    tmp: Size | None = None
+    """Size of the writable ``/tmp`` tmpfs."""
+
+
+class ZoneConfig(Strict):
+    """A host folder the project offers to workers, with the widest mode it allows."""
+
+    path: str
+    """Host folder, relative to the project folder (or absolute)."""
+    mode: Mode = "ro"
+    """The widest mode any worker may get: ``ro`` or ``rw``."""
+    description: str = ""
+
+
+Network = Literal["none", "full"]
+
+
+class Defaults(Strict):
+    """Project-wide defaults that a worker file may override."""
+
+    image: str = "orchestrator/worker:latest"
+    resources: Resources = Resources()
+    network: Network = "none"
+
+
+class SandboxSettings(Strict):
+    """Where the orchestrator keeps its run state."""
+
+    root: str = ".sandbox"
+
+
+class ProjectConfig(Strict):
+    """``orchestrator.yaml``: what exists and the widest access it may be given."""
+
+    zones: dict[str, ZoneConfig] = {}
+    defaults: Defaults = Defaults()
+    sandbox: SandboxSettings = SandboxSettings()
+    workers: str = "workers"
+    """Folder holding ``NAME.worker`` files, relative to the project folder."""
+
+    @field_validator("zones")
+    @classmethod
+    def _zone_names(cls, zones: dict[str, ZoneConfig]) -> dict[str, ZoneConfig]:
+        for name in zones:
+            check_zone_name(name)
+        return zones
+
+
+def check_zone_name(name: str) -> str:
+    """Refuse names that cannot be mounted at ``/<name>`` safely."""
+    if not ZONE_NAME.match(name):
+        raise ValueError(
+            f"zone name '{name}' is invalid; use lower-case letters, digits, '-' or '_' "
+            "(starting with a letter, at most 32 characters)"
+        )
+    if name in STANDARD_ZONES:
+        raise ValueError(f"zone name '{name}' is reserved for a standard zone; pick another")
+    if name in SYSTEM_DIRS:
+        raise ValueError(f"zone name '{name}' would hide the container's /{name}; pick another")
+    return name
+
+
+class ZoneRequest(Strict):
+    """One zone a worker asks for, and the mode it needs."""
+
+    name: str
+    mode: Mode = "ro"
+
+
+class SandboxRequest(Strict):
+    """The file access a worker asks for. No ``sandbox`` section means no mounts at all."""
+
+    zones: list[ZoneRequest] = []
+
+    @field_validator("zones")
+    @classmethod
+    def _unique(cls, zones: list[ZoneRequest]) -> list[ZoneRequest]:
+        seen: set[str] = set()
+        for zone in zones:
+            if zone.name in seen:
+                raise ValueError(f"zone '{zone.name}' is listed twice; keep one entry")
+            seen.add(zone.name)
+        return zones
+
+
+EnvValue = str | int | float | bool
+
+
+class WorkerConfig(Strict):
+    """The front matter of a ``NAME.worker`` file."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    description: str = ""
+    image: str | None = None
+    """Image to run; the project's default image when unset."""
+    command: list[str] | None = Field(default=None, min_length=1)
+    """Argument vector; the image's own command when unset."""
+    workdir: str | None = None
+    """Working directory inside the container (absolute); ``/tmp`` when unset."""
+    env: dict[str, EnvValue] = {}
+    """Plain environment values. Secrets never go here."""
+    resources: Resources = Resources()
+    sandbox: SandboxRequest | None = None
+    network: Network | None = None
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, workdir: str | None) -> str | None:
+        if workdir is not None and not workdir.startswith("/"):
+            raise ValueError(f"workdir '{workdir}' must be an absolute path such as /output")
+        return workdir
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, EnvValue]) -> dict[str, EnvValue]:
+        for key in env:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"'{key}' is not a valid environment variable name")
+        return env

@@ -1,0 +1,274 @@
+"""The Docker engine adapter: the only code that talks to Docker.
+
+It implements :class:`orchestrator.runtime.engine.Engine` with the low-level SDK client
+(one request per step, no implicit inspects), stamps the owner labels on everything it
+creates, retries transient failures a bounded number of times, and turns every SDK or
+transport error into an :class:`~orchestrator.errors.EngineError` at one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import docker
+import docker.utils
+import requests
+from docker import errors as docker_errors
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from orchestrator import labels
+from orchestrator.errors import EngineError, EngineUnreachable, ImageMissing
+from orchestrator.plan import ContainerSpec
+from orchestrator.runtime.engine import ExitState, ManagedObject, Stream
+
+#: The oldest engine API with everything the plan uses (Docker 20.10).
+API_VERSION = os.environ.get("DOCKER_API_VERSION", "1.41")
+T = TypeVar("T")
+
+_TRANSIENT_STATUS = frozenset({500, 502, 503, 504})
+#: Engine answers with a 5xx status that are the request's own fault, never worth a retry.
+_PERMANENT_5XX = ("executable file not found", "no such file or directory", "permission denied",
+                  "oci runtime", "invalid", "not a directory", "is a directory")  # fmt: skip
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    """True for 'nobody listens' (refused, socket missing), as opposed to a dropped request."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError | FileNotFoundError):
+            return True
+        for arg in current.args:
+            if isinstance(arg, BaseException) and _is_unreachable(arg):
+                return True
+        current = current.__cause__ or current.__context__
+    text = str(exc)
+    return "Connection refused" in text or "No such file or directory" in text
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth another attempt: dropped connections and the engine's own 5xx hiccups."""
+    if isinstance(
+        exc, requests.exceptions.ConnectionError | requests.exceptions.ChunkedEncodingError
+    ):
+        return not _is_unreachable(exc)
+    if isinstance(exc, docker_errors.APIError) and exc.status_code in _TRANSIENT_STATUS:
+        explanation = str(exc.explanation or "").lower()
+        return not any(marker in explanation for marker in _PERMANENT_5XX)
+    return False
+
+
+def _retrying(func: Callable[[], T]) -> T:
+    """Call ``func``, retrying transient engine errors for at most 3 attempts / 10 s."""
+    wrapped = retry(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(3) | stop_after_delay(10),
+        wait=wait_exponential(multiplier=0.1, max=1.0),
+        reraise=True,
+    )(func)
+    return wrapped()
+
+
+@contextmanager
+def engine_errors(action: str) -> Iterator[None]:
+    """Translate SDK and transport errors raised while doing ``action``."""
+    try:
+        yield
+    except (EngineError, KeyboardInterrupt):
+        raise
+    except requests.exceptions.ConnectionError as exc:
+        if _is_unreachable(exc):
+            raise EngineUnreachable(
+                f"Docker engine unreachable while {action}: start it (e.g. `sudo systemctl "
+                "start docker` or `sudo dockerd &`) or point DOCKER_HOST at it"
+            ) from None
+        raise EngineError(f"connection to the Docker engine lost while {action}: {exc}") from None
+    except docker_errors.APIError as exc:
+        detail = exc.explanation or str(exc)
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
+        raise EngineError(f"Docker refused {action}: {detail}") from None
+    except (docker_errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise EngineError(f"Docker error while {action}: {exc}") from None
+
+
+class DockerEngine:
+    """:class:`~orchestrator.runtime.engine.Engine` over the Docker SDK's low-level client."""
+
+    def __init__(self, client: docker.APIClient | None = None) -> None:
+        if client is None:
+            with engine_errors("connecting"):
+                params = docker.utils.kwargs_from_env()
+                client = docker.APIClient(version=API_VERSION, timeout=120, **params)
+        self.api = client
+        self._owner_labels = labels.current_owner().labels()
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        with engine_errors("checking the engine"):
+            self.api.ping()
+
+    def image_exists(self, image: str) -> bool:
+        with engine_errors(f"looking up image '{image}'"):
+            try:
+                self.api.inspect_image(image)  # type: ignore[no-untyped-call]
+            except docker_errors.ImageNotFound:
+                return False
+            except docker_errors.NotFound:
+                return False
+        return True
+
+    # -- one container's life -------------------------------------------------------------
+
+    def labels_for(self, extra: dict[str, str]) -> dict[str, str]:
+        """The labels every created object carries: the plan's plus the owner's."""
+        return {**extra, **self._owner_labels}
+
+    def create(self, spec: ContainerSpec) -> str:
+        host_config = self.api.create_host_config(
+            binds={
+                m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
+                for m in spec.mounts
+            },
+            network_mode=spec.network_mode,
+            read_only=spec.read_only_rootfs,
+            cap_drop=spec.cap_drop,
+            cap_add=spec.cap_add or None,
+            security_opt=spec.security_opt,
+            pids_limit=spec.pids_limit,
+            mem_limit=spec.mem_limit,
+            memswap_limit=spec.memswap_limit,
+            nano_cpus=spec.nano_cpus,
+            tmpfs=spec.tmpfs,
+            init=spec.init,
+            privileged=spec.privileged,
+            ipc_mode="private",
+            devices=spec.devices or None,
+        )
+
+        def create() -> str:
+            result = self.api.create_container(
+                image=spec.image,
+                command=spec.command,
+                user=spec.user,
+                environment=spec.env,
+                working_dir=spec.working_dir,
+                labels=self.labels_for(spec.labels),
+                host_config=host_config,
+                network_disabled=spec.network_mode == "none",
+                stdin_open=False,
+                tty=False,
+            )
+            return str(result["Id"])
+
+        with engine_errors(f"creating the container for '{spec.worker}'"):
+            try:
+                return _retrying(create)
+            except docker_errors.ImageNotFound:
+                raise ImageMissing(spec.image) from None
+            except docker_errors.NotFound as exc:
+                if "image" in str(exc.explanation or "").lower():
+                    raise ImageMissing(spec.image) from None
+                raise
+
+    def attach(self, container_id: str) -> Iterator[tuple[Stream, bytes]]:
+        with engine_errors("attaching to the container"):
+            frames = self.api.attach(
+                container_id, stdout=True, stderr=True, stream=True, logs=True, demux=True
+            )
+        return self._frames(frames)
+
+    @staticmethod
+    def _frames(
+        frames: Iterator[tuple[bytes | None, bytes | None]],
+    ) -> Iterator[tuple[Stream, bytes]]:
+        try:
+            for out, err in frames:
+                if out:
+                    yield "stdout", out
+                if err:
+                    yield "stderr", err
+        except (requests.exceptions.RequestException, OSError, ValueError):
+            return  # the connection closed as the container went away
+
+    def start(self, container_id: str) -> None:
+        with engine_errors("starting the container"):
+            _retrying(lambda: self.api.start(container_id))
+
+    def wait(self, container_id: str, timeout: float | None) -> int | None:
+        with engine_errors("waiting for the container"):
+            try:
+                result = self.api.wait(container_id, timeout=timeout)  # type: ignore[arg-type]
+            except requests.exceptions.ReadTimeout:
+                return None
+            except requests.exceptions.ConnectionError as exc:
+                if "timed out" in str(exc).lower():
+                    return None
+                raise
+        return int(result.get("StatusCode", -1))
+
+    def exit_state(self, container_id: str) -> ExitState:
+        with engine_errors("reading the container's exit state"):
+            state = _retrying(lambda: self.api.inspect_container(container_id))["State"]
+        return ExitState(
+            exit_code=int(state.get("ExitCode", -1)), oom_killed=bool(state.get("OOMKilled"))
+        )
+
+    def kill(self, container_id: str) -> None:
+        with engine_errors("killing the container"):
+            try:
+                self.api.kill(container_id)
+            except docker_errors.APIError as exc:
+                if exc.status_code in (404, 409):  # gone, or not running any more
+                    return
+                raise
+
+    def remove(self, container_id: str) -> bool:
+        def remove() -> None:
+            try:
+                self.api.remove_container(container_id, force=True, v=True)
+            except docker_errors.NotFound:
+                return
+
+        with engine_errors("removing the container"):
+            _retrying(remove)
+        return True
+
+    # -- garbage collection ---------------------------------------------------------------
+
+    def list_managed(self) -> list[ManagedObject]:
+        label = {"label": labels.MANAGED}
+        found: list[ManagedObject] = []
+        with engine_errors("listing the orchestrator's objects"):
+            for c in self.api.containers(all=True, filters=label):
+                name = (c.get("Names") or [""])[0].lstrip("/")
+                found.append(ManagedObject("container", c["Id"], name, c.get("Labels") or {}))
+            for n in self.api.networks(filters=label):
+                found.append(ManagedObject("network", n["Id"], n["Name"], n.get("Labels") or {}))
+            for v in self.api.volumes(filters=label).get("Volumes") or []:
+                found.append(ManagedObject("volume", v["Name"], v["Name"], v.get("Labels") or {}))
+        return found
+
+    def remove_object(self, obj: ManagedObject) -> bool:
+        with engine_errors(f"removing {obj.kind} {obj.name}"):
+            try:
+                if obj.kind == "container":
+                    self.api.remove_container(obj.id, force=True, v=True)
+                elif obj.kind == "network":
+                    self.api.remove_network(obj.id)
+                else:
+                    self.api.remove_volume(obj.id, force=True)
+            except docker_errors.NotFound:
+                pass
+        return True

@@ -1,0 +1,128 @@
+"""The plan: a declaration and its grant compiled into an exact, printable container spec.
+
+Pure data built without touching Docker. The engine adapter turns a :class:`ContainerSpec`
+into an engine request field by field and adds nothing but the owner labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator import labels
+from orchestrator.config import Project, Worker
+from orchestrator.errors import ConfigError
+from orchestrator.policy import Grant
+
+INSTRUCTIONS_ENV = "ORCHESTRATOR_INSTRUCTIONS"
+MAX_INSTRUCTIONS = 64 << 10
+#: Environment names a worker file may not set: the orchestrator owns them.
+RESERVED_ENV = frozenset({INSTRUCTIONS_ENV, "HOME", "ORCHESTRATOR_RUN_ID", "ORCHESTRATOR_WORKER"})
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount of a host folder."""
+
+    source: str
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything the engine needs to create one hardened, disposable container."""
+
+    image: str
+    command: list[str] | None
+    user: str
+    working_dir: str
+    env: dict[str, str]
+    mounts: list[Mount]
+    network_mode: str
+    read_only_rootfs: bool
+    cap_drop: list[str]
+    cap_add: list[str]
+    security_opt: list[str]
+    pids_limit: int
+    mem_limit: int
+    memswap_limit: int
+    nano_cpus: int
+    tmpfs: dict[str, str]
+    labels: dict[str, str]
+    init: bool = True
+    privileged: bool = False
+    timeout_s: float = 600.0
+    run_id: str = ""
+    worker: str = ""
+    devices: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON-ready data (the ``plan --json`` output)."""
+        return asdict(self)
+
+
+def compile_plan(
+    project: Project,
+    worker: Worker,
+    grant: Grant,
+    *,
+    run_id: str,
+    uid: int,
+    gid: int,
+) -> ContainerSpec:
+    """Compile one worker run into a container spec."""
+    if uid == 0:
+        raise ValueError("a worker never runs as uid 0")
+    config = worker.config
+    env = _environment(worker, run_id)
+    mounts = [
+        Mount(source=str(zone.host_path), target=zone.target, read_only=zone.read_only)
+        for zone in grant.zones
+    ]
+    limits = grant.limits
+    return ContainerSpec(
+        image=config.image or project.config.defaults.image,
+        command=list(config.command) if config.command else None,
+        user=f"{uid}:{gid}",
+        working_dir=config.workdir or "/tmp",
+        env=env,
+        mounts=mounts,
+        network_mode=grant.network if grant.network == "none" else "bridge",
+        read_only_rootfs=True,
+        cap_drop=["ALL"],
+        cap_add=[],
+        security_opt=["no-new-privileges:true"],
+        pids_limit=limits.pids,
+        mem_limit=limits.memory,
+        memswap_limit=limits.memory,
+        nano_cpus=int(limits.cpus * 1e9),
+        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmp},mode=1777"},
+        labels={labels.RUN_ID: run_id, labels.WORKER: config.name},
+        timeout_s=limits.timeout,
+        run_id=run_id,
+        worker=config.name,
+    )
+
+
+def _environment(worker: Worker, run_id: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    problems = []
+    for key, value in worker.config.env.items():
+        if key in RESERVED_ENV:
+            problems.append(
+                f"{worker.file}: env.{key}: set by the orchestrator itself; use another name"
+            )
+        env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    if len(worker.instructions.encode()) > MAX_INSTRUCTIONS:
+        problems.append(
+            f"{worker.file}: instructions exceed 64 KiB; move long material into a zone"
+        )
+    if problems:
+        raise ConfigError(problems)
+    env["HOME"] = "/tmp"
+    env["ORCHESTRATOR_RUN_ID"] = run_id
+    env["ORCHESTRATOR_WORKER"] = worker.config.name
+    if worker.instructions:
+        env[INSTRUCTIONS_ENV] = worker.instructions
+    return env

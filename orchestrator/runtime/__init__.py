@@ -1,0 +1,18 @@
+"""Runtime: the lifecycle of runs over an :class:`Engine`. Imports no engine SDK itself."""
+
+from orchestrator.runtime.engine import Engine, ExitState, ManagedObject
+from orchestrator.runtime.gc import GcReport, collect
+from orchestrator.runtime.run import Interrupted, Prepared, RunResult, execute, prepare
+
+__all__ = [
+    "Engine",
+    "ExitState",
+    "GcReport",
+    "Interrupted",
+    "ManagedObject",
+    "Prepared",
+    "RunResult",
+    "collect",
+    "execute",
+    "prepare",
+]

@@ -1,0 +1,252 @@
+"""One run: create → attach → start → wait (timeout) → remove, on every path.
+
+The container is removed whatever happens: success, the worker's failure, a timeout (kill,
+then remove), Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers
+of an orchestrator that could not even get that far (SIGKILL) are found by their owner
+labels and removed by :func:`orchestrator.runtime.gc.collect`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from orchestrator.config import Project, Worker
+from orchestrator.errors import EngineError, OrchestratorError
+from orchestrator.plan import ContainerSpec, compile_plan
+from orchestrator.policy import Grant, grant_for, worker_identity
+from orchestrator.runtime.engine import Engine, Stream
+from orchestrator.runtime.gc import collect
+
+log = logging.getLogger(__name__)
+
+Status = Literal["exited", "timeout", "oom", "error", "interrupted"]
+OutputSink = Callable[[Stream, bytes], None]
+
+EXIT_TIMEOUT = 124
+EXIT_OOM = 137
+EXIT_CANNOT_INVOKE = 126
+EXIT_NOT_FOUND = 127
+TAIL_BYTES = 64 << 10
+
+
+class Interrupted(BaseException):
+    """The orchestrator was told to stop (SIGINT or SIGTERM) while a run was in flight."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+@dataclass
+class RunResult:
+    """What one run did. ``exit_code`` is the worker's own, or 124/137/125-style codes."""
+
+    run_id: str
+    worker: str
+    exit_code: int
+    status: Status
+    duration_s: float
+    stdout: str
+    stderr: str
+    container_removed: bool
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Tail:
+    """The last ``limit`` bytes of a stream."""
+
+    def __init__(self, limit: int = TAIL_BYTES) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        if len(self.buffer) > self.limit:
+            del self.buffer[: len(self.buffer) - self.limit]
+            self.truncated = True
+
+    def text(self) -> str:
+        return self.buffer.decode("utf-8", errors="replace")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready to start: its grant and compiled spec."""
+
+    grant: Grant
+    spec: ContainerSpec
+
+
+def prepare(
+    project: Project, worker: Worker, *, run_id: str | None = None, timeout: float | None = None
+) -> Prepared:
+    """Check the declarations and compile the plan; touches neither Docker nor the zones."""
+    grant = grant_for(project, worker, timeout=timeout)
+    uid, gid = worker_identity(project.root)
+    spec = compile_plan(project, worker, grant, run_id=run_id or new_run_id(), uid=uid, gid=gid)
+    return Prepared(grant=grant, spec=spec)
+
+
+def prepare_zones(grant: Grant, uid: int, gid: int) -> None:
+    """Check that every granted zone can be used by ``uid:gid``; create missing rw folders.
+
+    Refusing here, before any container exists, turns a confusing "Permission denied"
+    inside the worker into a message that names the folder and the fix.
+    """
+    for zone in grant.zones:
+        path = zone.host_path
+        if not path.exists() and not zone.read_only:
+            path.mkdir(parents=True)
+            if os.getuid() == 0:
+                os.chown(path, uid, gid)
+        try:
+            info = path.stat()
+        except OSError:
+            raise OrchestratorError(
+                f"zone '{zone.name}': {path} does not exist; create it or fix the zone's path"
+            ) from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise OrchestratorError(f"zone '{zone.name}': {path} is not a folder; fix its path")
+        needed = "rx" if zone.read_only else "rwx"
+        if not _permits(info, uid, gid, needed):
+            raise OrchestratorError(
+                f"zone '{zone.name}': {path} is not {'readable' if zone.read_only else 'writable'}"
+                f" by uid {uid} (the worker's user); `chown {uid}:{gid} {path}`, or run the "
+                "orchestrator as the folder's owner"
+            )
+
+
+def _permits(info: os.stat_result, uid: int, gid: int, needed: str) -> bool:
+    """Whether classic permission bits grant ``needed`` (r, w, x) to ``uid:gid``."""
+    if info.st_uid == uid:
+        shift = 6
+    elif info.st_gid == gid:
+        shift = 3
+    else:
+        shift = 0
+    bits = {"r": 4, "w": 2, "x": 1}
+    return all(info.st_mode >> shift & bits[flag] for flag in needed)
+
+
+def execute(
+    engine: Engine,
+    prepared: Prepared,
+    *,
+    on_output: OutputSink | None = None,
+    on_created: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Run a prepared plan in a new container and remove it afterwards, on every path."""
+    spec = prepared.spec
+    uid, gid = (int(part) for part in spec.user.split(":"))
+    prepare_zones(prepared.grant, uid, gid)
+    collect(engine)
+    started = time.monotonic()
+    tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
+    container_id: str | None = None
+    reader: threading.Thread | None = None
+    status: Status = "error"
+    exit_code = 125
+    error: str | None = None
+    removed = False
+    try:
+        container_id = engine.create(spec)
+        if on_created:
+            on_created(container_id)
+        reader = _start_reader(engine, container_id, tails, on_output)
+        try:
+            engine.start(container_id)
+        except EngineError as exc:
+            code = _start_failure_code(str(exc))
+            if code is None:
+                raise
+            status, exit_code, error = "error", code, str(exc)
+        else:
+            code = engine.wait(container_id, timeout=spec.timeout_s)
+            if code is None:
+                engine.kill(container_id)
+                status, exit_code = "timeout", EXIT_TIMEOUT
+                error = f"timed out after {spec.timeout_s:g} s; the container was killed"
+            else:
+                state = engine.exit_state(container_id)
+                if state.oom_killed:
+                    status, exit_code = "oom", EXIT_OOM
+                    error = f"killed for exceeding its memory limit ({spec.mem_limit} bytes)"
+                else:
+                    status, exit_code = "exited", code
+    finally:
+        if container_id is not None:
+            removed = _remove(engine, container_id)
+        if reader is not None:
+            reader.join(timeout=5)
+    return RunResult(
+        run_id=spec.run_id,
+        worker=spec.worker,
+        exit_code=exit_code,
+        status=status,
+        duration_s=round(time.monotonic() - started, 3),
+        stdout=tails["stdout"].text(),
+        stderr=tails["stderr"].text(),
+        container_removed=removed,
+        error=error,
+    )
+
+
+def _start_reader(
+    engine: Engine, container_id: str, tails: dict[Stream, Tail], on_output: OutputSink | None
+) -> threading.Thread:
+    frames = engine.attach(container_id)
+
+    def pump() -> None:
+        sink = on_output
+        for stream, chunk in frames:
+            tails[stream].add(chunk)
+            if sink is not None:
+                try:
+                    sink(stream, chunk)
+                except OSError:  # the terminal went away: keep capturing, stop echoing
+                    sink = None
+
+    thread = threading.Thread(target=pump, name=f"output-{container_id[:12]}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_failure_code(message: str) -> int | None:
+    """Docker's own convention for a command that cannot run: 127 missing, 126 not runnable."""
+    lowered = message.lower()
+    if "executable file not found" in lowered or "no such file or directory" in lowered:
+        return EXIT_NOT_FOUND
+    if "permission denied" in lowered or "exec format error" in lowered:
+        return EXIT_CANNOT_INVOKE
+    return None
+
+
+def _remove(engine: Engine, container_id: str) -> bool:
+    """Remove the container; never raises, so it cannot hide the run's own outcome."""
+    for attempt in range(3):
+        try:
+            return engine.remove(container_id)
+        except EngineError as exc:
+            log.warning(
+                "removing container %s failed (attempt %d): %s", container_id[:12], attempt + 1, exc
+            )
+        except Interrupted:
+            continue  # a second Ctrl-C must not leave the container behind
+        time.sleep(0.2 * (attempt + 1))
+    return False
