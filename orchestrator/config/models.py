@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -81,6 +81,7 @@ class ZoneConfig(Strict):
 
 
 Network = Literal["none", "full"]
+ZoneName = Annotated[str, AfterValidator(lambda name: check_zone_name(name))]
 
 
 class Defaults(Strict):
@@ -100,18 +101,11 @@ class SandboxSettings(Strict):
 class ProjectConfig(Strict):
     """``orchestrator.yaml``: what exists and the widest access it may be given."""
 
-    zones: dict[str, ZoneConfig] = {}
+    zones: dict[ZoneName, ZoneConfig] = {}
     defaults: Defaults = Defaults()
     sandbox: SandboxSettings = SandboxSettings()
     workers: str = "workers"
     """Folder holding ``NAME.worker`` files, relative to the project folder."""
-
-    @field_validator("zones")
-    @classmethod
-    def _zone_names(cls, zones: dict[str, ZoneConfig]) -> dict[str, ZoneConfig]:
-        for name in zones:
-            check_zone_name(name)
-        return zones
 
 
 def check_zone_name(name: str) -> str:

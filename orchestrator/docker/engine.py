@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import docker
 import docker.utils
@@ -190,9 +190,7 @@ class DockerEngine:
         return self._frames(frames)
 
     @staticmethod
-    def _frames(
-        frames: Iterator[tuple[bytes | None, bytes | None]],
-    ) -> Iterator[tuple[Stream, bytes]]:
+    def _frames(frames: Any) -> Iterator[tuple[Stream, bytes]]:
         try:
             for out, err in frames:
                 if out:
@@ -201,6 +199,11 @@ class DockerEngine:
                     yield "stderr", err
         except (requests.exceptions.RequestException, OSError, ValueError):
             return  # the connection closed as the container went away
+        finally:
+            # Closes the hijacked connection's fd. The SDK leaves the socket wrapper itself
+            # to the garbage collector, which then warns about an already closed socket
+            # (docker/docker-py#3282); pyproject's pytest settings filter exactly that.
+            frames.close()
 
     def start(self, container_id: str) -> None:
         with engine_errors("starting the container"):

@@ -1,0 +1,60 @@
+"""Shared fixtures: small projects written into tmp folders."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator.policy import worker_identity
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+WorkerWriter = Callable[..., Path]
+
+
+class ProjectDir:
+    """A project folder under construction: zones, the project file and worker files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "workers").mkdir(parents=True)
+        self.zones: dict[str, tuple[str, str]] = {}
+        self.extra = ""
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return worker_identity(self.root)
+
+    def zone(self, name: str, mode: str = "ro", *, files: dict[str, str] | None = None) -> Path:
+        path = self.root / name
+        path.mkdir(exist_ok=True)
+        for rel, content in (files or {}).items():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / rel).write_text(content)
+        if mode == "rw" and os.getuid() == 0:
+            uid, gid = self.identity
+            os.chown(path, uid, gid)
+        self.zones[name] = (name, mode)
+        self.write_project()
+        return path
+
+    def write_project(self) -> None:
+        lines = ["zones:" + ("" if self.zones else " {}")]
+        lines += [f"  {n}: {{path: {p}, mode: {m}}}" for n, (p, m) in self.zones.items()]
+        (self.root / "orchestrator.yaml").write_text("\n".join(lines) + "\n" + self.extra)
+
+    def worker(self, name: str, front: str, body: str = "") -> Path:
+        path = self.root / "workers" / f"{name}.worker"
+        path.write_text(f"---\n{textwrap.dedent(front).strip()}\n---\n{body}")
+        return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> ProjectDir:
+    p = ProjectDir(tmp_path / "project")
+    p.write_project()
+    return p

@@ -1,0 +1,147 @@
+"""The command line against a real engine: exit codes, timeouts, signals, gc."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.conftest import cli, containers_of
+
+pytestmark = pytest.mark.docker
+
+
+def python_worker(project, name: str, script: str, front: str = "") -> None:
+    project.worker(name, f"command: {json.dumps(['python3', '-c', script])}\n{front}")
+
+
+def test_exit_code_and_output_propagate(engine, project):
+    python_worker(
+        project,
+        "w",
+        "import sys; print('to stdout'); print('to stderr', file=sys.stderr); sys.exit(7)",
+    )
+    result = cli("run", "w", "--project", str(project.root))
+    assert result.returncode == 7
+    assert result.stdout == "to stdout\n"
+    assert "to stderr" in result.stderr
+    assert "w exited with code 7" in result.stderr and "container removed" in result.stderr
+
+
+def test_json_result(engine, project):
+    python_worker(project, "w", "print('hello')")
+    result = cli("run", "w", "--project", str(project.root), "--json")
+    assert result.returncode == 0
+    data = result.json()
+    assert {"run_id", "worker", "exit_code", "status", "duration_s", "stdout", "stderr",
+            "container_removed"} <= set(data)  # fmt: skip
+    assert (data["status"], data["exit_code"], data["stdout"]) == ("exited", 0, "hello\n")
+    assert data["container_removed"] is True
+
+
+def test_timeout_exits_124_and_leaves_nothing(engine, project):
+    python_worker(project, "w", "import time; time.sleep(60)")
+    started = time.monotonic()
+    result = cli("run", "w", "--project", str(project.root), "--timeout", "1", "--json")
+    assert result.returncode == 124
+    assert time.monotonic() - started < 30
+    data = result.json()
+    assert (data["status"], data["container_removed"]) == ("timeout", True)
+    assert not [
+        o for o in engine.list_managed() if o.labels.get("io.orchestrator.run-id") == data["run_id"]
+    ]
+
+
+def test_command_not_found_is_127(engine, project):
+    project.worker("w", 'command: ["/no/such/program"]')
+    result = cli("run", "w", "--project", str(project.root))
+    assert result.returncode == 127, result.stderr
+
+
+def test_missing_image_says_how_to_build_it(engine, project):
+    project.worker("w", 'image: "orchestrator/does-not-exist:1"\ncommand: ["true"]')
+    result = cli("run", "w", "--project", str(project.root))
+    assert result.returncode == 125
+    assert "orchestrator images build" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_engine_is_125(project):
+    project.worker("w", 'command: ["true"]')
+    result = cli(
+        "run", "w", "--project", str(project.root), env={"DOCKER_HOST": "unix:///nonexistent.sock"}
+    )
+    assert result.returncode == 125
+    assert "Docker engine unreachable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def start_long_run(project) -> subprocess.Popen:
+    python_worker(project, "w", "import time; print('started', flush=True); time.sleep(120)")
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "w", "--project", str(project.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until_started(process: subprocess.Popen) -> None:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line == "started\n", process.stderr.read() if process.stderr else ""
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_to_the_orchestrator_removes_the_container(engine, project, signum, code):
+    process = start_long_run(project)
+    try:
+        wait_until_started(process)
+        assert len(containers_of(engine, process.pid)) == 1
+        process.send_signal(signum)
+        assert process.wait(timeout=30) == code
+    finally:
+        process.kill()
+        process.communicate()
+    assert containers_of(engine, process.pid) == []
+
+
+def test_sigkilled_orchestrator_leaves_only_what_gc_removes(engine, project):
+    process = start_long_run(project)
+    try:
+        wait_until_started(process)
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+        process.communicate()
+    orphans = containers_of(engine, process.pid)
+    assert len(orphans) == 1  # SIGKILL gives no chance to clean up...
+    result = cli("gc", "--json")
+    assert result.returncode == 0, result.stderr
+    removed = {o["name"] for o in result.json()["removed"]}
+    assert orphans[0].name in removed
+    assert containers_of(engine, process.pid) == []  # ...gc does
+
+
+def test_help_does_not_import_docker_or_pydantic():
+    code = (
+        "import sys; from orchestrator.cli.main import cli; "
+        "print(sorted(m for m in ('docker', 'pydantic', 'yaml', 'rich') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_python_dash_m_works():
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0 and "Usage: orchestrator" in out.stdout
