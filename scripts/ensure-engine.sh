@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers, and that the tools the image bootstrap needs exist.
+# On a fresh Debian/Ubuntu machine: installs docker.io and mmdebstrap with apt and starts
+# dockerd. Packages come from the host's own apt configuration.
+set -euo pipefail
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need=()
+command -v docker >/dev/null 2>&1 || need+=(docker.io)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "ensure-engine: missing ${need[*]} and no apt-get to install them" >&2
+    exit 1
+  fi
+  echo "ensure-engine: installing ${need[*]}" >&2
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+
+echo "ensure-engine: no engine answers; starting dockerd" >&2
+if command -v systemctl >/dev/null 2>&1 && as_root systemctl start docker 2>/dev/null; then
+  :
+else
+  as_root sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+fi
+for _ in $(seq 1 60); do
+  if docker info >/dev/null 2>&1; then
+    echo "ensure-engine: engine is up" >&2
+    exit 0
+  fi
+  sleep 1
+done
+echo "ensure-engine: dockerd did not answer within 60 s; see /var/log/dockerd.log" >&2
+exit 1
