@@ -15,9 +15,23 @@ from orchestrator.errors import ConfigError
 from orchestrator.policy import Grant
 
 INSTRUCTIONS_ENV = "ORCHESTRATOR_INSTRUCTIONS"
+BROKER_DIR = "/run/orchestrator"
+BROKER_SOCKET = f"{BROKER_DIR}/broker.sock"
+#: An empty, read-only tmpfs hides a path (e.g. the sandbox root under /repo).
+MASK_OPTIONS = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
 MAX_INSTRUCTIONS = 64 << 10
 #: Environment names a worker file may not set: the orchestrator owns them.
-RESERVED_ENV = frozenset({INSTRUCTIONS_ENV, "HOME", "ORCHESTRATOR_RUN_ID", "ORCHESTRATOR_WORKER"})
+RESERVED_ENV = frozenset(
+    {
+        INSTRUCTIONS_ENV,
+        "HOME",
+        "ORCHESTRATOR_RUN_ID",
+        "ORCHESTRATOR_WORKER",
+        "ORCHESTRATOR_TRUST",
+        "ORCHESTRATOR_SESSION",
+        "ORCHESTRATOR_BROKER",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,8 @@ class ContainerSpec:
     timeout_s: float = 600.0
     run_id: str = ""
     worker: str = ""
+    trust: str = "untrusted"
+    session_id: str = ""
     devices: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +84,7 @@ def compile_plan(
     grant: Grant,
     *,
     run_id: str,
+    session_id: str,
     uid: int,
     gid: int,
 ) -> ContainerSpec:
@@ -76,11 +93,18 @@ def compile_plan(
         raise ValueError("a worker never runs as uid 0")
     config = worker.config
     env = _environment(worker, run_id)
+    env["ORCHESTRATOR_TRUST"] = grant.trust
+    env["ORCHESTRATOR_SESSION"] = session_id
     mounts = [
         Mount(source=str(zone.host_path), target=zone.target, read_only=zone.read_only)
         for zone in grant.zones
     ]
+    if grant.children and grant.paths is not None:
+        mounts.append(Mount(source=str(grant.paths.broker_dir), target=BROKER_DIR, read_only=True))
+        env["ORCHESTRATOR_BROKER"] = BROKER_SOCKET
     limits = grant.limits
+    tmpfs = {"/tmp": f"rw,nosuid,nodev,size={limits.tmp},mode=1777"}
+    tmpfs.update((mask, MASK_OPTIONS) for mask in grant.masks)
     return ContainerSpec(
         image=config.image or project.config.defaults.image,
         command=list(config.command) if config.command else None,
@@ -97,11 +121,13 @@ def compile_plan(
         mem_limit=limits.memory,
         memswap_limit=limits.memory,
         nano_cpus=int(limits.cpus * 1e9),
-        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmp},mode=1777"},
-        labels={labels.RUN_ID: run_id, labels.WORKER: config.name},
+        tmpfs=tmpfs,
+        labels={labels.RUN_ID: run_id, labels.WORKER: config.name, labels.TRUST: grant.trust},
         timeout_s=limits.timeout,
         run_id=run_id,
         worker=config.name,
+        trust=grant.trust,
+        session_id=session_id,
     )
 
 

@@ -22,14 +22,21 @@ class ProjectDir:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "workers").mkdir(parents=True)
-        self.zones: dict[str, tuple[str, str]] = {}
+        self.zones: dict[str, tuple[str, str, str]] = {}
         self.extra = ""
 
     @property
     def identity(self) -> tuple[int, int]:
         return worker_identity(self.root)
 
-    def zone(self, name: str, mode: str = "ro", *, files: dict[str, str] | None = None) -> Path:
+    def zone(
+        self,
+        name: str,
+        mode: str = "ro",
+        *,
+        files: dict[str, str] | None = None,
+        extra: str = "",
+    ) -> Path:
         path = self.root / name
         path.mkdir(exist_ok=True)
         for rel, content in (files or {}).items():
@@ -38,13 +45,13 @@ class ProjectDir:
         if mode == "rw" and os.getuid() == 0:
             uid, gid = self.identity
             os.chown(path, uid, gid)
-        self.zones[name] = (name, mode)
+        self.zones[name] = (name, mode, f", {extra}" if extra else "")
         self.write_project()
         return path
 
     def write_project(self) -> None:
         lines = ["zones:" + ("" if self.zones else " {}")]
-        lines += [f"  {n}: {{path: {p}, mode: {m}}}" for n, (p, m) in self.zones.items()]
+        lines += [f"  {n}: {{path: {p}, mode: {m}{x}}}" for n, (p, m, x) in self.zones.items()]
         (self.root / "orchestrator.yaml").write_text("\n".join(lines) + "\n" + self.extra)
 
     def worker(self, name: str, front: str, body: str = "") -> Path:

@@ -35,6 +35,26 @@ project_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
+def run_options(func: Any) -> Any:
+    """Options shared by ``plan`` and ``run``: they must compile the same plan."""
+    options = [
+        project_option,
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds."),
+        click.option(
+            "--trust",
+            type=click.Choice(["untrusted", "session", "workspace", "full"]),
+            help="Run at this trust level (only lower than declared, unless --promote).",
+        ),
+        click.option("--promote", is_flag=True, help="Allow --trust above the declared level."),
+        click.option("--session", "session_id", help="Resume this session (default: a new one)."),
+        click.option("--workspace", default="default", show_default=True, help="Workspace name."),
+        json_option,
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def say(message: str) -> None:
     """A human message, on stderr."""
     click.echo(f"orchestrator: {message}", err=True)
@@ -52,12 +72,10 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("worker")
-@project_option
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
-@json_option
-def plan(worker: str, project_dir: Path, timeout: float | None, as_json: bool) -> None:
+@run_options
+def plan(worker: str, as_json: bool, **options: Any) -> None:
     """Compile WORKER (a path or a name) into a container spec, without touching Docker."""
-    prepared = _prepare(worker, project_dir, timeout)
+    prepared = _prepare(worker, **options)
     if as_json:
         emit_json(prepared.spec.to_dict())
     else:
@@ -66,20 +84,19 @@ def plan(worker: str, project_dir: Path, timeout: float | None, as_json: bool) -
 
 @cli.command()
 @click.argument("worker")
-@project_option
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
-@json_option
-def run(worker: str, project_dir: Path, timeout: float | None, as_json: bool) -> None:
+@run_options
+def run(worker: str, as_json: bool, **options: Any) -> None:
     """Run WORKER in a new container; the container is removed on every path."""
     from orchestrator.docker import DockerEngine
     from orchestrator.runtime import Interrupted, execute
 
-    prepared = _prepare(worker, project_dir, timeout)
+    prepared = _prepare(worker, **options)
     spec = prepared.spec
     zones = ", ".join(f"{m.target} {'ro' if m.read_only else 'rw'}" for m in spec.mounts)
     say(
-        f"run {spec.run_id}: worker {spec.worker}, image {spec.image}, "
-        f"network {spec.network_mode}, zones: {zones or 'none'}"
+        f"run {spec.run_id}: worker {spec.worker}, trust {spec.trust}, session "
+        f"{spec.session_id}, image {spec.image}, network {spec.network_mode}, "
+        f"zones: {zones or 'none'}"
     )
     engine = DockerEngine()
     worker_stdout = sys.stderr.buffer if as_json else sys.stdout.buffer
@@ -148,18 +165,20 @@ def images_build(base: str | None, suite: str | None, rebuild_base: bool) -> Non
     say(f"built {', '.join(result.images)} on {result.base}")
 
 
-def _prepare(worker: str, project_dir: Path, timeout: float | None) -> Prepared:
+def _prepare(worker: str, project_dir: Path, **options: Any) -> Prepared:
     from orchestrator.config import load_project, load_worker
     from orchestrator.runtime import prepare
 
     project = load_project(project_dir)
-    return prepare(project, load_worker(project, worker), timeout=timeout)
+    return prepare(project, load_worker(project, worker), **options)
 
 
 def _describe(prepared: Prepared) -> str:
     spec = prepared.spec
     lines = [
         f"worker      {spec.worker}",
+        f"trust       {spec.trust}",
+        f"session     {spec.session_id}",
         f"image       {spec.image}",
         f"command     {' '.join(spec.command) if spec.command else '(image default)'}",
         f"user        {spec.user}",

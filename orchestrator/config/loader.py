@@ -43,6 +43,7 @@ class Project:
     zones: dict[str, Zone]
     sandbox_root: Path
     workers_dir: Path
+    repo: Path
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def load_project(directory: Path | str = ".") -> Project:
         zones=zones,
         sandbox_root=sandbox_root,
         workers_dir=(root / config.workers).resolve(),
+        repo=(root / config.repo).resolve(),
     )
 
 

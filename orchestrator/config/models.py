@@ -78,9 +78,27 @@ class ZoneConfig(Strict):
     mode: Mode = "ro"
     """The widest mode any worker may get: ``ro`` or ``rw``."""
     description: str = ""
+    untrusted_output: bool = False
+    """Let ``untrusted`` workers write here (otherwise they get this zone read-only at most)."""
+    suffixes: list[str] | None = None
+    """Host-side file API: only names ending in one of these (e.g. ``.md``) may be written."""
+    max_file_size: Size | None = None
+    """Host-side file API: the largest file that may be written here."""
+
+    @field_validator("suffixes")
+    @classmethod
+    def _dotted(cls, suffixes: list[str] | None) -> list[str] | None:
+        for suffix in suffixes or []:
+            if not suffix.startswith(".") or "/" in suffix:
+                raise ValueError(f"suffix '{suffix}' must look like '.md'")
+        return suffixes
 
 
 Network = Literal["none", "full"]
+Trust = Literal["untrusted", "session", "workspace", "full"]
+Approval = Literal["preApproved", "ask", "blocked"]
+#: Trust levels from least to most access.
+TRUST_ORDER: tuple[Trust, ...] = ("untrusted", "session", "workspace", "full")
 ZoneName = Annotated[str, AfterValidator(lambda name: check_zone_name(name))]
 
 
@@ -106,6 +124,8 @@ class ProjectConfig(Strict):
     sandbox: SandboxSettings = SandboxSettings()
     workers: str = "workers"
     """Folder holding ``NAME.worker`` files, relative to the project folder."""
+    repo: str = "."
+    """The project's git working tree, mounted at ``/repo`` for trusted enough workers."""
 
 
 def check_zone_name(name: str) -> str:
@@ -122,17 +142,42 @@ def check_zone_name(name: str) -> str:
     return name
 
 
+class ZoneApproval(Strict):
+    """How writes and deletes in a zone are approved."""
+
+    write: Approval = "preApproved"
+    """``preApproved``: direct rw; ``blocked``: mounted ro; ``ask``: reviewed change sets."""
+    delete: Approval = "preApproved"
+
+
 class ZoneRequest(Strict):
     """One zone a worker asks for, and the mode it needs."""
 
     name: str
     mode: Mode = "ro"
+    restrict: str | None = None
+    """Only this subtree of the zone (relative path); the worker sees it at the same path."""
+    approval: ZoneApproval = ZoneApproval()
+
+    @field_validator("restrict")
+    @classmethod
+    def _relative(cls, restrict: str | None) -> str | None:
+        if restrict is None:
+            return None
+        parts = [p for p in restrict.split("/") if p not in ("", ".")]
+        if restrict.startswith("/") or ".." in parts or not parts:
+            raise ValueError(
+                f"restrict '{restrict}' must be a relative path inside the zone, without '..'"
+            )
+        return "/".join(parts)
 
 
 class SandboxRequest(Strict):
     """The file access a worker asks for. No ``sandbox`` section means no mounts at all."""
 
     zones: list[ZoneRequest] = []
+    readonly: bool = False
+    """Downgrade every zone (standard ones included) to read-only."""
 
     @field_validator("zones")
     @classmethod
@@ -164,6 +209,10 @@ class WorkerConfig(Strict):
     resources: Resources = Resources()
     sandbox: SandboxRequest | None = None
     network: Network | None = None
+    trust: Trust = "untrusted"
+    """Preset over the standard zones; see docs/security.md."""
+    children: list[str] = []
+    """Workers this one may call through the broker (``orchestrator-call NAME``)."""
 
     @field_validator("workdir")
     @classmethod

@@ -1,17 +1,20 @@
-"""Grants: what one run actually gets, computed from the project and a worker file.
+"""Grants: what one run actually gets, computed from the project, a worker file and its trust.
 
-A grant is checked before anything exists: a zone the project lacks, or a mode wider than
-the zone allows, is refused with every problem listed at once. No ``sandbox`` section means
-no zones at all.
+A grant is checked before anything exists: a zone the project lacks, a mode wider than the
+zone or the trust level allows, or an approval that is not supported yet, is refused with
+every problem listed at once. No ``sandbox`` section means no zones at all, standard zones
+included.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.config import Project, Resources, Worker
+from orchestrator.config.models import Trust, ZoneRequest
 from orchestrator.errors import PolicyError
+from orchestrator.policy.trust import PROFILES
 
 #: Built-in limits, used where neither the worker nor the project sets one.
 BUILTIN_LIMITS = Resources(memory=512 << 20, cpus=1.0, pids=256, timeout=600.0, tmp=64 << 20)
@@ -19,12 +22,20 @@ BUILTIN_LIMITS = Resources(memory=512 << 20, cpus=1.0, pids=256, timeout=600.0, 
 
 @dataclass(frozen=True)
 class ZoneGrant:
-    """One zone as a run gets it: the host folder, where it appears, and the mode."""
+    """One mount as a run gets it: the host folder, where it appears, and the mode.
+
+    ``fresh`` marks a write-only outbox: a new, empty folder for this run only.
+    """
 
     name: str
     host_path: Path
     target: str
     mode: str
+    standard: bool = False
+    fresh: bool = False
+    delete: str = "preApproved"
+    suffixes: tuple[str, ...] | None = None
+    max_file_size: int | None = None
 
     @property
     def read_only(self) -> bool:
@@ -43,25 +54,68 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Grant:
-    """Everything a run is allowed: zones, network and limits."""
+class RunPaths:
+    """Host folders of the standard zones for one run. Pure path arithmetic, no I/O."""
 
+    session: Path
+    workspace: Path
+    session_staged: Path
+    run_staged: Path
+    repo: Path
+    repo_git: Path | None
+    workers: Path
+    sandbox_root: Path
+    run_dir: Path
+
+    @property
+    def broker_dir(self) -> Path:
+        """Holds the run's broker socket; mounted read-only at /run/orchestrator."""
+        return self.run_dir / "broker"
+
+    @classmethod
+    def of(cls, project: Project, *, session_id: str, workspace: str, run_id: str) -> RunPaths:
+        root = project.sandbox_root
+        return cls(
+            session=root / "sessions" / session_id,
+            workspace=root / "workspaces" / workspace,
+            session_staged=root / "staged" / session_id,
+            run_staged=root / "runs" / run_id / "staged",
+            repo=project.repo,
+            repo_git=git if (git := project.repo / ".git").exists() else None,
+            workers=project.workers_dir,
+            sandbox_root=root,
+            run_dir=root / "runs" / run_id,
+        )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Everything a run is allowed: trust, mounts, masked paths, network, limits, children."""
+
+    trust: Trust
     zones: tuple[ZoneGrant, ...]
     network: str
     limits: Limits
+    masks: tuple[str, ...] = ()
+    """Container paths covered by an empty read-only tmpfs (e.g. the sandbox under /repo)."""
+    children: tuple[str, ...] = ()
+    paths: RunPaths | None = field(default=None, compare=False)
 
     def zone(self, name: str) -> ZoneGrant | None:
-        return next((z for z in self.zones if z.name == name), None)
+        return next((z for z in self.zones if z.name == name and not z.standard), None)
+
+    def mount_at(self, target: str) -> ZoneGrant | None:
+        return next((z for z in self.zones if z.target == target), None)
 
 
 def resolve_limits(*layers: Resources) -> Limits:
     """Merge resource layers, most specific first, over the built-in limits."""
     merged: dict[str, float | int] = {}
-    for field in Resources.model_fields:
+    for name in Resources.model_fields:
         for layer in (*layers, BUILTIN_LIMITS):
-            value = getattr(layer, field)
+            value = getattr(layer, name)
             if value is not None:
-                merged[field] = value
+                merged[name] = value
                 break
     return Limits(
         memory=int(merged["memory"]),
@@ -72,39 +126,129 @@ def resolve_limits(*layers: Resources) -> Limits:
     )
 
 
-def grant_for(project: Project, worker: Worker, *, timeout: float | None = None) -> Grant:
-    """Check ``worker``'s requests against ``project`` and return its grant."""
+def standard_zones(trust: Trust, paths: RunPaths) -> tuple[list[ZoneGrant], list[str]]:
+    """The standard zones (and masks) a trust level gets."""
+    host = {
+        "session": paths.session,
+        "workspace": paths.workspace,
+        "workers": paths.workers,
+        "repo": paths.repo,
+    }
+    zones: list[ZoneGrant] = []
+    masks: list[str] = []
+    for name, mode in PROFILES[trust].standard.items():
+        if name == "staged":
+            fresh = mode == "wo"
+            source = paths.run_staged if fresh else paths.session_staged
+            zones.append(ZoneGrant("staged", source, "/staged", "rw", standard=True, fresh=fresh))
+            continue
+        zones.append(ZoneGrant(name, host[name], f"/{name}", mode, standard=True))
+        if name == "repo":
+            # .git stays read-only even at 'full': writable hooks or config would run code on
+            # the host at the user's next git command. Without a .git, none may be created.
+            if paths.repo_git is not None:
+                zones.append(ZoneGrant("repo", paths.repo_git, "/repo/.git", "ro", standard=True))
+            elif mode == "rw":
+                raise PolicyError(
+                    [
+                        f"{paths.repo} has no .git: at trust '{trust}' a worker could create "
+                        "one (with hooks that run on your next git command); run `git init` "
+                        "there first, or use a lower trust level"
+                    ]
+                )
+            if paths.sandbox_root.is_relative_to(paths.repo):
+                masks.append(f"/repo/{paths.sandbox_root.relative_to(paths.repo).as_posix()}")
+    return zones, masks
+
+
+def grant_for(
+    project: Project,
+    worker: Worker,
+    paths: RunPaths,
+    *,
+    trust: Trust | None = None,
+    timeout: float | None = None,
+) -> Grant:
+    """Check ``worker``'s requests against ``project`` and its trust level; return its grant."""
+    level = trust or worker.config.trust
+    sandbox = worker.config.sandbox
     problems: list[str] = []
     zones: list[ZoneGrant] = []
-    requests = worker.config.sandbox.zones if worker.config.sandbox else []
-    offered = ", ".join(sorted(project.zones)) or "none"
-    for index, request in enumerate(requests):
-        where = f"{worker.file}: sandbox.zones[{index}]"
-        zone = project.zones.get(request.name)
-        if zone is None:
-            problems.append(
-                f"{where}: zone '{request.name}' is not declared in {project.file} "
-                f"(zones: {offered}); add it there or remove it here"
-            )
-            continue
-        if request.mode == "rw" and zone.mode != "rw":
-            problems.append(
-                f"{where}: asks rw on zone '{request.name}' but {project.file} allows "
-                f"only {zone.mode}; ask for ro or raise the zone's mode"
-            )
-            continue
-        zones.append(
-            ZoneGrant(
-                name=zone.name,
-                host_path=zone.host_path,
-                target=f"/{zone.name}",
-                mode=request.mode,
-            )
-        )
+    masks: list[str] = []
+    if sandbox is not None:
+        zones, masks = standard_zones(level, paths)
+        for index, request in enumerate(sandbox.zones):
+            where = f"{worker.file}: sandbox.zones[{index}]"
+            granted = _project_zone(project, request, level, where, problems)
+            if granted is not None:
+                zones.append(granted)
+        if sandbox.readonly:
+            zones = [_readonly(z) for z in zones]
     if problems:
         raise PolicyError(problems)
     limits = resolve_limits(
         Resources(timeout=timeout), worker.config.resources, project.config.defaults.resources
     )
     network = worker.config.network or project.config.defaults.network
-    return Grant(zones=tuple(zones), network=network, limits=limits)
+    return Grant(
+        trust=level,
+        zones=tuple(zones),
+        network=network,
+        limits=limits,
+        masks=tuple(masks),
+        children=tuple(worker.config.children),
+        paths=paths,
+    )
+
+
+def _readonly(zone: ZoneGrant) -> ZoneGrant:
+    return zone if zone.read_only else replace(zone, mode="ro", fresh=False)
+
+
+def _project_zone(
+    project: Project, request: ZoneRequest, level: Trust, where: str, problems: list[str]
+) -> ZoneGrant | None:
+    zone = project.zones.get(request.name)
+    if zone is None:
+        offered = ", ".join(sorted(project.zones)) or "none"
+        problems.append(
+            f"{where}: zone '{request.name}' is not declared in {project.file} "
+            f"(zones: {offered}); add it there or remove it here"
+        )
+        return None
+    mode = request.mode
+    if mode == "rw" and zone.mode != "rw":
+        problems.append(
+            f"{where}: asks rw on zone '{request.name}' but {project.file} allows "
+            f"only {zone.mode}; ask for ro or raise the zone's mode"
+        )
+        return None
+    if mode == "rw" and not PROFILES[level].project_zones_rw and not zone.config.untrusted_output:
+        problems.append(
+            f"{where}: trust '{level}' gets project zones read-only, but it asks rw on "
+            f"'{request.name}'; mark the zone `untrusted_output: true` in {project.file}, "
+            "ask for ro, or raise the worker's trust"
+        )
+        return None
+    approval = request.approval
+    if mode == "rw" and approval.write == "ask":
+        problems.append(
+            f"{where}: approval.write 'ask' (reviewed change sets) is not yet supported; "
+            "use preApproved or blocked"
+        )
+        return None
+    if approval.write == "blocked":
+        mode = "ro"
+    host, target = zone.host_path, f"/{zone.name}"
+    if request.restrict:
+        host, target = host / request.restrict, f"{target}/{request.restrict}"
+    config = zone.config
+    return ZoneGrant(
+        zone.name,
+        host,
+        target,
+        mode,
+        delete=approval.delete,
+        suffixes=tuple(config.suffixes) if config.suffixes is not None else None,
+        max_file_size=config.max_file_size,
+    )

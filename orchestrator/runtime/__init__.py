@@ -2,7 +2,8 @@
 
 from orchestrator.runtime.engine import Engine, ExitState, ManagedObject
 from orchestrator.runtime.gc import GcReport, collect
-from orchestrator.runtime.run import Interrupted, Prepared, RunResult, execute, prepare
+from orchestrator.runtime.preparation import Prepared, prepare
+from orchestrator.runtime.run import Interrupted, RunResult, execute
 
 __all__ = [
     "Engine",

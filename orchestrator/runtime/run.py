@@ -9,21 +9,16 @@ labels and removed by :func:`orchestrator.runtime.gc.collect`.
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from orchestrator.config import Project, Worker
-from orchestrator.errors import EngineError, OrchestratorError
-from orchestrator.plan import ContainerSpec, compile_plan
-from orchestrator.policy import Grant, grant_for, worker_identity
+from orchestrator.errors import EngineError
 from orchestrator.runtime.engine import Engine, Stream
 from orchestrator.runtime.gc import collect
+from orchestrator.runtime.preparation import Prepared, prepare_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -81,69 +76,6 @@ class Tail:
         return self.buffer.decode("utf-8", errors="replace")
 
 
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A run ready to start: its grant and compiled spec."""
-
-    grant: Grant
-    spec: ContainerSpec
-
-
-def prepare(
-    project: Project, worker: Worker, *, run_id: str | None = None, timeout: float | None = None
-) -> Prepared:
-    """Check the declarations and compile the plan; touches neither Docker nor the zones."""
-    grant = grant_for(project, worker, timeout=timeout)
-    uid, gid = worker_identity(project.root)
-    spec = compile_plan(project, worker, grant, run_id=run_id or new_run_id(), uid=uid, gid=gid)
-    return Prepared(grant=grant, spec=spec)
-
-
-def prepare_zones(grant: Grant, uid: int, gid: int) -> None:
-    """Check that every granted zone can be used by ``uid:gid``; create missing rw folders.
-
-    Refusing here, before any container exists, turns a confusing "Permission denied"
-    inside the worker into a message that names the folder and the fix.
-    """
-    for zone in grant.zones:
-        path = zone.host_path
-        if not path.exists() and not zone.read_only:
-            path.mkdir(parents=True)
-            if os.getuid() == 0:
-                os.chown(path, uid, gid)
-        try:
-            info = path.stat()
-        except OSError:
-            raise OrchestratorError(
-                f"zone '{zone.name}': {path} does not exist; create it or fix the zone's path"
-            ) from None
-        if not stat.S_ISDIR(info.st_mode):
-            raise OrchestratorError(f"zone '{zone.name}': {path} is not a folder; fix its path")
-        needed = "rx" if zone.read_only else "rwx"
-        if not _permits(info, uid, gid, needed):
-            raise OrchestratorError(
-                f"zone '{zone.name}': {path} is not {'readable' if zone.read_only else 'writable'}"
-                f" by uid {uid} (the worker's user); `chown {uid}:{gid} {path}`, or run the "
-                "orchestrator as the folder's owner"
-            )
-
-
-def _permits(info: os.stat_result, uid: int, gid: int, needed: str) -> bool:
-    """Whether classic permission bits grant ``needed`` (r, w, x) to ``uid:gid``."""
-    if info.st_uid == uid:
-        shift = 6
-    elif info.st_gid == gid:
-        shift = 3
-    else:
-        shift = 0
-    bits = {"r": 4, "w": 2, "x": 1}
-    return all(info.st_mode >> shift & bits[flag] for flag in needed)
-
-
 def execute(
     engine: Engine,
     prepared: Prepared,
@@ -153,8 +85,7 @@ def execute(
 ) -> RunResult:
     """Run a prepared plan in a new container and remove it afterwards, on every path."""
     spec = prepared.spec
-    uid, gid = (int(part) for part in spec.user.split(":"))
-    prepare_zones(prepared.grant, uid, gid)
+    prepare_filesystem(prepared)
     collect(engine)
     started = time.monotonic()
     tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}

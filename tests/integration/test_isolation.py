@@ -59,7 +59,7 @@ def test_no_sandbox_means_no_zone_at_all(project, run_worker):
 
 
 def test_files_written_to_a_rw_zone_belong_to_the_host_user(project, run_worker):
-    out = project.zone("out", "rw")
+    out = project.zone("out", "rw", extra="untrusted_output: true")
     result = run_worker(
         'import os; open("/out/report.txt", "w").write("ok"); print(os.getuid(), os.getgid())',
         "sandbox: {zones: [{name: out, mode: rw}]}",

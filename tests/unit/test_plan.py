@@ -10,7 +10,7 @@ from orchestrator.cli.main import main
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ConfigError, PolicyError
 from orchestrator.plan import compile_plan
-from orchestrator.policy import grant_for
+from orchestrator.policy import RunPaths, grant_for
 from orchestrator.runtime import prepare
 
 PLAN_KEYS = {
@@ -25,11 +25,16 @@ def load(project, name="w"):
     return loaded, load_worker(loaded, name)
 
 
+def paths_of(loaded):
+    return RunPaths.of(loaded, session_id="s1", workspace="default", run_id="r1")
+
+
 def test_unknown_zone_and_rw_on_ro_are_refused_together(project):
     project.zone("data", "ro")
     project.worker("w", "sandbox: {zones: [{name: data, mode: rw}, {name: secrets}]}")
+    loaded, worker = load(project)
     with pytest.raises(PolicyError) as excinfo:
-        grant_for(*load(project))
+        grant_for(loaded, worker, paths_of(loaded))
     first, second = excinfo.value.problems
     assert "sandbox.zones[0]: asks rw on zone 'data' but" in first
     assert "allows only ro; ask for ro or raise the zone's mode" in first
@@ -46,7 +51,7 @@ def test_no_sandbox_means_no_mounts(project):
 
 def test_hardened_defaults(project):
     project.zone("data", "ro")
-    project.zone("out", "rw")
+    project.zone("out", "rw", extra="untrusted_output: true")
     project.worker("w", "sandbox: {zones: [{name: data}, {name: out, mode: rw}]}", body="Do it.")
     spec = prepare(*load(project)).spec
     assert spec.read_only_rootfs is True
@@ -62,7 +67,14 @@ def test_hardened_defaults(project):
     assert spec.nano_cpus == 1_000_000_000
     assert spec.tmpfs["/tmp"].startswith("rw,nosuid,nodev,size=")
     assert not spec.user.startswith("0:")
-    assert [(m.target, m.read_only) for m in spec.mounts] == [("/data", True), ("/out", False)]
+    assert [(m.target, m.read_only) for m in spec.mounts] == [
+        ("/session", False),
+        ("/workers", True),
+        ("/staged", False),
+        ("/data", True),
+        ("/out", False),
+    ]
+    assert spec.trust == "untrusted"
     assert spec.env["ORCHESTRATOR_INSTRUCTIONS"] == "Do it."
     assert not any("docker.sock" in m.source for m in spec.mounts)
 
@@ -82,9 +94,9 @@ def test_limits_merge_worker_over_project_over_builtin(project):
 def test_never_uid_0(project):
     project.worker("w", "{}")
     loaded, worker = load(project)
-    grant = grant_for(loaded, worker)
+    grant = grant_for(loaded, worker, paths_of(loaded))
     with pytest.raises(ValueError, match="uid 0"):
-        compile_plan(loaded, worker, grant, run_id="r", uid=0, gid=0)
+        compile_plan(loaded, worker, grant, run_id="r", session_id="s", uid=0, gid=0)
 
 
 def test_env_values_and_reserved_names(project):
@@ -104,9 +116,11 @@ def test_plan_json_has_the_documented_keys(project, capsys):
     assert exit_info.value.code == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= PLAN_KEYS
-    assert data["mounts"] == [
-        {"source": str((project.root / "data").resolve()), "target": "/data", "read_only": True}
-    ]
+    assert {
+        "source": str((project.root / "data").resolve()),
+        "target": "/data",
+        "read_only": True,
+    } in data["mounts"]
     assert isinstance(data["mem_limit"], int)
     assert data["labels"]["io.orchestrator.worker"] == "w"
 

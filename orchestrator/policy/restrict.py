@@ -1,0 +1,115 @@
+"""Restriction: a child's grant, with its parent's grant as the ceiling.
+
+``restrict(parent, child)`` either returns a grant no wider than the parent's in any respect
+(zones and their subtrees, modes, network, trust, resources, children) or refuses, naming the
+problem: "child 'formatter' asks rw on 'data' but parent 'main' has ro". What a child
+*declares* beyond its parent is an error; what it would get implicitly (its trust profile's
+standard zones, default limits, the project's default network) is capped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.config import Project, Worker
+from orchestrator.errors import PolicyError
+from orchestrator.policy.grant import Grant, Limits, RunPaths, ZoneGrant, grant_for
+from orchestrator.policy.trust import rank
+
+NETWORK_ORDER = ("none", "full")
+
+
+def covers(outer: ZoneGrant, inner: ZoneGrant) -> bool:
+    """Whether ``outer`` exposes everything ``inner`` would, at least as widely."""
+    same_tree = inner.target == outer.target or inner.target.startswith(outer.target + "/")
+    return same_tree and (outer.mode == "rw" or inner.mode == "ro")
+
+
+def restrict(
+    parent: Grant, parent_name: str, project: Project, child: Worker, paths: RunPaths
+) -> Grant:
+    """The grant ``child`` gets when ``parent_name`` (holding ``parent``) calls it."""
+    name = child.name
+    if name not in parent.children:
+        allowed = ", ".join(parent.children) or "none"
+        raise PolicyError(
+            [
+                f"parent '{parent_name}' may not call '{name}' (its children: {allowed}); "
+                f"add '{name}' to children: in {parent_name}.worker"
+            ]
+        )
+    declared_trust = child.config.trust
+    if rank(declared_trust) > rank(parent.trust):
+        raise PolicyError(
+            [
+                f"child '{name}' declares trust '{declared_trust}' but parent "
+                f"'{parent_name}' runs at '{parent.trust}'; a child's trust can only be lower"
+            ]
+        )
+    own = grant_for(project, child, paths, trust=declared_trust)
+    problems: list[str] = []
+    zones: list[ZoneGrant] = []
+    for zone in own.zones:
+        ceiling = [p for p in parent.zones if p.name == zone.name and p.standard == zone.standard]
+        if any(covers(p, zone) for p in ceiling):
+            zones.append(zone)
+        elif zone.standard:
+            read_only = replace(zone, mode="ro", fresh=False)
+            if any(covers(p, read_only) for p in ceiling):
+                zones.append(read_only)  # an implicit preset: capped to what the parent has
+        elif any(covers(p, replace(zone, mode="ro")) for p in ceiling):
+            problems.append(
+                f"child '{name}' asks rw on '{zone.name}' but parent '{parent_name}' has ro"
+            )
+        elif ceiling:
+            seen = ", ".join(p.target for p in ceiling)
+            problems.append(
+                f"child '{name}' asks for {zone.target} but parent '{parent_name}' only "
+                f"sees {seen}; restrict the child to a subtree the parent has"
+            )
+        else:
+            problems.append(
+                f"child '{name}' asks for zone '{zone.name}' but parent '{parent_name}' "
+                "has no access to it"
+            )
+    network = _network(own.network, parent.network, child, parent_name, problems)
+    limits = _limits(own.limits, parent.limits, child, parent_name, problems)
+    if problems:
+        raise PolicyError(problems)
+    masks = tuple(dict.fromkeys((*own.masks, *parent.masks)))
+    return replace(own, zones=tuple(zones), network=network, limits=limits, masks=masks)
+
+
+def _network(
+    wanted: str, ceiling: str, child: Worker, parent_name: str, problems: list[str]
+) -> str:
+    if NETWORK_ORDER.index(wanted) <= NETWORK_ORDER.index(ceiling):
+        return wanted
+    if child.config.network is not None:
+        problems.append(
+            f"child '{child.name}' asks network '{wanted}' but parent '{parent_name}' has "
+            f"'{ceiling}'; a child's network can only be narrower"
+        )
+    return ceiling
+
+
+def _limits(
+    wanted: Limits, ceiling: Limits, child: Worker, parent_name: str, problems: list[str]
+) -> Limits:
+    declared = child.config.resources
+    values: dict[str, float] = {}
+    for field in ("memory", "cpus", "pids", "timeout", "tmp"):
+        mine, theirs = getattr(wanted, field), getattr(ceiling, field)
+        if mine > theirs and getattr(declared, field) is not None:
+            problems.append(
+                f"child '{child.name}' asks {field} {mine:g} but parent '{parent_name}' has "
+                f"{theirs:g}; a child's resources can only be smaller"
+            )
+        values[field] = min(mine, theirs)
+    return Limits(
+        memory=int(values["memory"]),
+        cpus=float(values["cpus"]),
+        pids=int(values["pids"]),
+        timeout=float(values["timeout"]),
+        tmp=int(values["tmp"]),
+    )

@@ -1,0 +1,157 @@
+"""Getting a run ready: trust, session, grant and plan; then the host folders it will mount.
+
+:func:`prepare` is pure (no Docker, no zone I/O beyond looking for ``.git``), so ``plan``
+shows exactly what ``run`` will do. :func:`prepare_filesystem` runs just before the
+container is created: it makes the run's own folders, checks every zone can be used by the
+worker's uid, and refuses any mount source that leads through a symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.config import Project, Worker
+from orchestrator.config.models import Trust
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.plan import ContainerSpec, compile_plan
+from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
+from orchestrator.policy.grant import ZoneGrant
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready to start: its grant, compiled spec and identities."""
+
+    project: Project
+    worker: Worker
+    grant: Grant
+    spec: ContainerSpec
+    paths: RunPaths
+    uid: int
+    gid: int
+
+    @property
+    def session_id(self) -> str:
+        return self.spec.session_id
+
+
+def check_name(kind: str, value: str) -> str:
+    if not NAME.match(value):
+        raise ConfigError(
+            [f"--{kind} '{value}' is invalid; use letters, digits, '.', '_' or '-' (max 64)"]
+        )
+    return value
+
+
+def prepare(
+    project: Project,
+    worker: Worker,
+    *,
+    run_id: str | None = None,
+    timeout: float | None = None,
+    trust: Trust | None = None,
+    promote: bool = False,
+    session_id: str | None = None,
+    workspace: str = "default",
+) -> Prepared:
+    """Check the declarations and compile the plan, without touching Docker."""
+    run_id = run_id or new_id()
+    session_id = check_name("session", session_id) if session_id else new_id()
+    paths = RunPaths.of(
+        project, session_id=session_id, workspace=check_name("workspace", workspace), run_id=run_id
+    )
+    level = effective_trust(worker.config.trust, trust, promote=promote)
+    grant = grant_for(project, worker, paths, trust=level, timeout=timeout)
+    return compile_prepared(project, worker, grant, paths, run_id=run_id, session_id=session_id)
+
+
+def compile_prepared(
+    project: Project, worker: Worker, grant: Grant, paths: RunPaths, *, run_id: str, session_id: str
+) -> Prepared:
+    """Compile an already checked grant (a top-level run's, or a child's restricted one)."""
+    uid, gid = worker_identity(project.root)
+    spec = compile_plan(
+        project, worker, grant, run_id=run_id, session_id=session_id, uid=uid, gid=gid
+    )
+    return Prepared(project, worker, grant, spec, paths, uid, gid)
+
+
+def prepare_filesystem(prepared: Prepared) -> None:
+    """Create the run's folders and check every mount source before the container exists."""
+    uid, gid, paths = prepared.uid, prepared.gid, prepared.paths
+    private(paths.sandbox_root)
+    for zone in prepared.grant.zones:
+        if zone.standard and zone.name in ("session", "workspace", "staged"):
+            owned_folder(zone.host_path, uid, gid, fresh=zone.fresh)
+        elif not zone.standard and not zone.host_path.exists() and not zone.read_only:
+            owned_folder(zone.host_path, uid, gid)
+        check_zone(zone, uid, gid)
+    if prepared.grant.children:
+        owned_folder(paths.broker_dir, uid, gid)
+
+
+def private(folder: Path) -> None:
+    """The sandbox root: created 0700, since it holds every session and the audit log."""
+    if not folder.exists():
+        folder.mkdir(mode=0o700, parents=True)
+
+
+def owned_folder(folder: Path, uid: int, gid: int, *, fresh: bool = False) -> None:
+    """Create ``folder`` for the worker's uid; a fresh one must not exist yet."""
+    if fresh and folder.exists():
+        raise OrchestratorError(f"{folder} already exists; a fresh outbox must be new")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if os.getuid() == 0 and folder.stat().st_uid != uid:
+        os.chown(folder, uid, gid)
+
+
+def check_zone(zone: ZoneGrant, uid: int, gid: int) -> None:
+    """Refuse a mount source that is missing, not a folder, reached through a symlink, or
+    unusable by the worker's uid: a clear message now instead of a confusing failure inside."""
+    path = zone.host_path
+    label = f"zone '{zone.name}' ({zone.target})"
+    try:
+        info = path.lstat()
+    except OSError:
+        raise OrchestratorError(
+            f"{label}: {path} does not exist; create it or fix the zone's path"
+        ) from None
+    real = Path(os.path.realpath(path))
+    if real != path:
+        raise OrchestratorError(
+            f"{label}: {path} leads through a symlink to {real}; refusing to mount it"
+        )
+    if zone.target == "/repo/.git":
+        return  # a file (worktree) or folder, mounted read-only; git's own permissions apply
+    if not stat.S_ISDIR(info.st_mode):
+        raise OrchestratorError(f"{label}: {path} is not a folder; fix its path")
+    needed = "rx" if zone.read_only else "rwx"
+    if not _permits(info, uid, gid, needed):
+        raise OrchestratorError(
+            f"{label}: {path} is not {'readable' if zone.read_only else 'writable'} by uid "
+            f"{uid} (the worker's user); `chown {uid}:{gid} {path}`, or run the orchestrator "
+            "as the folder's owner"
+        )
+
+
+def _permits(info: os.stat_result, uid: int, gid: int, needed: str) -> bool:
+    """Whether classic permission bits grant ``needed`` (r, w, x) to ``uid:gid``."""
+    if info.st_uid == uid:
+        shift = 6
+    elif info.st_gid == gid:
+        shift = 3
+    else:
+        shift = 0
+    bits = {"r": 4, "w": 2, "x": 1}
+    return all(info.st_mode >> shift & bits[flag] for flag in needed)
