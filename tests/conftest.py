@@ -42,9 +42,10 @@ class ProjectDir:
         for rel, content in (files or {}).items():
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             (path / rel).write_text(content)
-        if mode == "rw" and os.getuid() == 0:
+        if mode == "rw" and os.getuid() == 0:  # as root, workers run as an unprivileged uid
             uid, gid = self.identity
-            os.chown(path, uid, gid)
+            for folder in (path, *(p for p in path.rglob("*") if not p.is_symlink())):
+                os.chown(folder, uid, gid)
         self.zones[name] = (name, mode, f", {extra}" if extra else "")
         self.write_project()
         return path

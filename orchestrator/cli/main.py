@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from orchestrator.cli.audit import audit as audit_group
+
 if TYPE_CHECKING:
+    from orchestrator.audit import AuditLog
     from orchestrator.runtime import Prepared, RunResult
 
 EXIT_ERROR = 125
@@ -75,7 +78,16 @@ def cli() -> None:
 @run_options
 def plan(worker: str, as_json: bool, **options: Any) -> None:
     """Compile WORKER (a path or a name) into a container spec, without touching Docker."""
-    prepared = _prepare(worker, **options)
+    prepared, audit = _prepare(worker, **options)
+    spec = prepared.spec
+    audit.record(
+        "plan.compiled",
+        worker=spec.worker,
+        run_id=spec.run_id,
+        session_id=spec.session_id,
+        trust_level=spec.trust,
+        metadata={"image": spec.image, "network": spec.network_mode, "mounts": len(spec.mounts)},
+    )
     if as_json:
         emit_json(prepared.spec.to_dict())
     else:
@@ -90,7 +102,7 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
     from orchestrator.docker import DockerEngine
     from orchestrator.runtime import Interrupted, execute
 
-    prepared = _prepare(worker, **options)
+    prepared, audit = _prepare(worker, **options)
     spec = prepared.spec
     zones = ", ".join(f"{m.target} {'ro' if m.read_only else 'rw'}" for m in spec.mounts)
     say(
@@ -108,7 +120,7 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
 
     try:
         with _signals_interrupt():
-            result = execute(engine, prepared, on_output=echo)
+            result = execute(engine, prepared, on_output=echo, audit=audit)
     except Interrupted as exc:
         say(f"run {spec.run_id}: interrupted; container removed")
         raise SystemExit(128 + exc.signum) from None
@@ -165,12 +177,29 @@ def images_build(base: str | None, suite: str | None, rebuild_base: bool) -> Non
     say(f"built {', '.join(result.images)} on {result.base}")
 
 
-def _prepare(worker: str, project_dir: Path, **options: Any) -> Prepared:
+def _prepare(worker: str, project_dir: Path, **options: Any) -> tuple[Prepared, AuditLog]:
+    """Load and check the declarations; a refusal is audited before it is reported."""
     from orchestrator.config import load_project, load_worker
-    from orchestrator.runtime import prepare
+    from orchestrator.errors import ConfigError, PolicyError
+    from orchestrator.runtime import open_audit, prepare
 
     project = load_project(project_dir)
-    return prepare(project, load_worker(project, worker), **options)
+    audit = open_audit(project)
+    try:
+        prepared = prepare(project, load_worker(project, worker), **options)
+    except ConfigError as exc:
+        audit.record(
+            "policy.denied" if isinstance(exc, PolicyError) else "config.rejected",
+            allowed=False,
+            reason=str(exc),
+            worker=worker,
+            trust_level=options.get("trust"),
+        )
+        raise
+    return prepared, audit
+
+
+cli.add_command(audit_group)
 
 
 def _describe(prepared: Prepared) -> str:

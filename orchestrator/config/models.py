@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 #: Zone names the orchestrator keeps for its standard zones.
 STANDARD_ZONES = frozenset({"session", "workspace", "repo", "staged", "workers"})
@@ -213,6 +214,14 @@ class WorkerConfig(Strict):
     """Preset over the standard zones; see docs/security.md."""
     children: list[str] = []
     """Workers this one may call through the broker (``orchestrator-call NAME``)."""
+
+    @field_validator("children")
+    @classmethod
+    def _child_names(cls, children: list[str]) -> list[str]:
+        for child in children:
+            if not WORKER_NAME.match(child):
+                raise ValueError(f"child '{child}' must be a worker name, not a path")
+        return children
 
     @field_validator("workdir")
     @classmethod

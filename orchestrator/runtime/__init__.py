@@ -2,7 +2,7 @@
 
 from orchestrator.runtime.engine import Engine, ExitState, ManagedObject
 from orchestrator.runtime.gc import GcReport, collect
-from orchestrator.runtime.preparation import Prepared, prepare
+from orchestrator.runtime.preparation import Prepared, open_audit, prepare
 from orchestrator.runtime.run import Interrupted, RunResult, execute
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "RunResult",
     "collect",
     "execute",
+    "open_audit",
     "prepare",
 ]

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.audit import AuditLog
 from orchestrator.config import Project, Worker
 from orchestrator.config.models import Trust
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -22,6 +23,7 @@ from orchestrator.plan import ContainerSpec, compile_plan
 from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
 from orchestrator.policy.grant import ZoneGrant
 
+AUDIT_FILE = "audit.jsonl"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -99,6 +101,12 @@ def prepare_filesystem(prepared: Prepared) -> None:
         check_zone(zone, uid, gid)
     if prepared.grant.children:
         owned_folder(paths.broker_dir, uid, gid)
+
+
+def open_audit(project: Project) -> AuditLog:
+    """The project's audit log, in its private sandbox root."""
+    private(project.sandbox_root)
+    return AuditLog(project.sandbox_root / AUDIT_FILE)
 
 
 def private(folder: Path) -> None:

@@ -15,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from orchestrator.audit import AuditLog
 from orchestrator.errors import EngineError
+from orchestrator.plan import ContainerSpec
+from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.engine import Engine, Stream
 from orchestrator.runtime.gc import collect
 from orchestrator.runtime.preparation import Prepared, prepare_filesystem
@@ -81,61 +84,153 @@ def execute(
     prepared: Prepared,
     *,
     on_output: OutputSink | None = None,
-    on_created: Callable[[str], None] | None = None,
+    audit: AuditLog | None = None,
+    depth: int = 0,
 ) -> RunResult:
-    """Run a prepared plan in a new container and remove it afterwards, on every path."""
+    """Run a prepared plan in a new container and remove it afterwards, on every path.
+
+    With ``audit``, the start (everything the container gets) is recorded before anything
+    is created, so a run that cannot be audited never starts; the end is recorded after the
+    container is gone.
+    """
     spec = prepared.spec
     prepare_filesystem(prepared)
-    collect(engine)
+    for obj in collect(engine).removed:
+        if audit is not None:
+            audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
+    if audit is not None:
+        audit.record("run.started", **_context(spec), metadata=_start_metadata(prepared, depth))
+    broker: Broker | None = None
     started = time.monotonic()
     tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
+    outcome = _Outcome()
+    try:
+        if prepared.grant.children:
+            broker = Broker(
+                prepared,
+                depth=depth,
+                run_child=lambda child, level: execute(engine, child, audit=audit, depth=level),
+                audit=audit,
+            )
+            broker.start()
+        _run_container(engine, spec, tails, on_output, outcome)
+    finally:
+        if broker is not None:
+            broker.close()
+        result = RunResult(
+            run_id=spec.run_id,
+            worker=spec.worker,
+            exit_code=outcome.exit_code,
+            status=outcome.status,
+            duration_s=round(time.monotonic() - started, 3),
+            stdout=tails["stdout"].text(),
+            stderr=tails["stderr"].text(),
+            container_removed=outcome.removed,
+            error=outcome.error,
+        )
+        if audit is not None:
+            audit.record(
+                "run.ended",
+                allowed=result.status == "exited",
+                reason=result.error,
+                **_context(spec),
+                metadata={
+                    "exit_code": result.exit_code,
+                    "status": result.status,
+                    "duration_s": result.duration_s,
+                    "container_removed": result.container_removed,
+                },
+            )
+    return result
+
+
+@dataclass
+class _Outcome:
+    status: Status = "error"
+    exit_code: int = 125
+    error: str | None = None
+    removed: bool = True
+
+
+def _run_container(
+    engine: Engine,
+    spec: ContainerSpec,
+    tails: dict[Stream, Tail],
+    on_output: OutputSink | None,
+    outcome: _Outcome,
+) -> None:
+    """create → attach → start → wait → remove; ``outcome`` is filled in on every path."""
     container_id: str | None = None
     reader: threading.Thread | None = None
-    status: Status = "error"
-    exit_code = 125
-    error: str | None = None
-    removed = False
     try:
         container_id = engine.create(spec)
-        if on_created:
-            on_created(container_id)
+        outcome.removed = False
         reader = _start_reader(engine, container_id, tails, on_output)
         try:
             engine.start(container_id)
         except EngineError as exc:
             code = _start_failure_code(str(exc))
             if code is None:
+                outcome.error = str(exc)
                 raise
-            status, exit_code, error = "error", code, str(exc)
+            outcome.status, outcome.exit_code, outcome.error = "error", code, str(exc)
+            return
+        code = engine.wait(container_id, timeout=spec.timeout_s)
+        if code is None:
+            engine.kill(container_id)
+            outcome.status, outcome.exit_code = "timeout", EXIT_TIMEOUT
+            outcome.error = f"timed out after {spec.timeout_s:g} s; the container was killed"
+            return
+        state = engine.exit_state(container_id)
+        if state.oom_killed:
+            outcome.status, outcome.exit_code = "oom", EXIT_OOM
+            outcome.error = f"killed for exceeding its memory limit ({spec.mem_limit} bytes)"
         else:
-            code = engine.wait(container_id, timeout=spec.timeout_s)
-            if code is None:
-                engine.kill(container_id)
-                status, exit_code = "timeout", EXIT_TIMEOUT
-                error = f"timed out after {spec.timeout_s:g} s; the container was killed"
-            else:
-                state = engine.exit_state(container_id)
-                if state.oom_killed:
-                    status, exit_code = "oom", EXIT_OOM
-                    error = f"killed for exceeding its memory limit ({spec.mem_limit} bytes)"
-                else:
-                    status, exit_code = "exited", code
+            outcome.status, outcome.exit_code = "exited", code
+    except Interrupted as exc:
+        outcome.status, outcome.exit_code = "interrupted", 128 + exc.signum
+        outcome.error = str(exc)
+        raise
+    except EngineError as exc:
+        outcome.error = outcome.error or str(exc)
+        raise
     finally:
         if container_id is not None:
-            removed = _remove(engine, container_id)
+            outcome.removed = _remove(engine, container_id)
         if reader is not None:
             reader.join(timeout=5)
-    return RunResult(
-        run_id=spec.run_id,
-        worker=spec.worker,
-        exit_code=exit_code,
-        status=status,
-        duration_s=round(time.monotonic() - started, 3),
-        stdout=tails["stdout"].text(),
-        stderr=tails["stderr"].text(),
-        container_removed=removed,
-        error=error,
-    )
+
+
+def _context(spec: ContainerSpec) -> dict[str, Any]:
+    return {
+        "worker": spec.worker,
+        "run_id": spec.run_id,
+        "session_id": spec.session_id,
+        "trust_level": spec.trust,
+    }
+
+
+def _start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
+    spec = prepared.spec
+    return {
+        "image": spec.image,
+        "user": spec.user,
+        "mounts": [
+            {"target": m.target, "source": m.source, "mode": "ro" if m.read_only else "rw"}
+            for m in spec.mounts
+        ],
+        "masks": sorted(prepared.grant.masks),
+        "network": spec.network_mode,
+        "limits": {
+            "memory": spec.mem_limit,
+            "nano_cpus": spec.nano_cpus,
+            "pids": spec.pids_limit,
+            "timeout_s": spec.timeout_s,
+        },
+        "children": list(prepared.grant.children),
+        "depth": depth,
+        "env": sorted(spec.env),  # names only: values may be sensitive
+    }
 
 
 def _start_reader(

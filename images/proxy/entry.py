@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Render squid's configuration from the allowlist in the environment, then run squid.
+
+Environment:
+  EGRESS_ALLOW    entries separated by spaces or commas: DOMAIN (ports 80 and 443),
+                  DOMAIN:PORT, *.DOMAIN[:PORT] (subdomains only, not DOMAIN itself) or an
+                  IPv4 address[:PORT]. Required and non-empty.
+  EGRESS_PORT     the port squid listens on (default 3128).
+  EGRESS_CLIENTS  IPv4 networks (CIDR) allowed to use the proxy, separated by spaces or
+                  commas (default: any client).
+
+Every request is logged on stdout as one line:
+
+  EGRESS <start time> <method> <host> <port> <allow|-> <status> <squid status>
+
+where the fifth field is ``allow`` when the allowlist admitted the request and ``-`` when
+it was denied. Squid's own messages go to stderr. ``--check`` renders the configuration,
+lets squid parse it and exits; ``--print`` prints it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import subprocess
+import sys
+
+CONFIG = "/tmp/squid.conf"
+DEFAULT_PORTS = (80, 443)
+LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def fail(message: str) -> None:
+    print(f"egress-proxy: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def split(text: str) -> list[str]:
+    return [part for part in re.split(r"[\s,]+", text) if part]
+
+
+def parse_entry(entry: str) -> tuple[str, tuple[int, ...]]:
+    """One allowlist entry as (squid host pattern, ports); exits on anything invalid."""
+    text = entry.strip().lower()
+    host, sep, port_text = text.rpartition(":") if ":" in text else (text, "", "")
+    if sep:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            fail(f"{entry!r}: the port must be a number from 1 to 65535")
+        ports: tuple[int, ...] = (int(port_text),)
+    else:
+        ports = DEFAULT_PORTS
+    host = host.removesuffix(".")
+    if host.startswith("*."):
+        domain = host[2:]
+        wildcard = True
+    else:
+        domain = host
+        wildcard = False
+    labels = domain.split(".")
+    if labels[-1].isdigit() and not wildcard:
+        try:
+            address = ipaddress.IPv4Address(domain)
+        except ValueError:
+            fail(f"{entry!r}: not a valid IPv4 address")
+        if address.is_loopback or address.is_link_local or address.is_unspecified:
+            fail(f"{entry!r}: loopback and link-local addresses are never reachable")
+        return str(address), ports
+    if len(labels) < 2 or not all(LABEL.match(label) for label in labels):
+        fail(f"{entry!r}: not a fully qualified domain name")
+    if len(domain) > 253:
+        fail(f"{entry!r}: the name is longer than 253 characters")
+    return ("." + domain if wildcard else domain), ports
+
+
+def render(allow: list[str], port: int, clients: list[str]) -> str:
+    rules: dict[str, set[int]] = {}
+    for entry in allow:
+        host, ports = parse_entry(entry)
+        rules.setdefault(host, set()).update(ports)
+    lines = [
+        "# Rendered by egress-proxy from EGRESS_ALLOW; do not edit.",
+        f"http_port {port}",
+        "visible_hostname orchestrator-egress",
+        "pid_filename none",
+        "cache_log /dev/stderr",
+        "logfile_rotate 0",
+        "netdb_filename none",
+        "pinger_enable off",
+        "coredump_dir none",
+        "cache deny all",
+        "cache_mem 8 MB",
+        "max_filedescriptors 4096",
+        "shutdown_lifetime 1 seconds",
+        "forwarded_for delete",
+        "httpd_suppress_version_string on",
+        "connect_timeout 15 seconds",
+        "logformat egress EGRESS %tS %rm %>rd %>rP %{egress}note %>Hs %Ss",
+        "access_log stdio:/dev/stdout logformat=egress",
+        "acl egress_allow annotate_transaction egress=allow",
+        "acl egress_http proto HTTP",
+        # Never a destination, whatever a name resolves to: loopback, 'this host',
+        # link-local (cloud metadata services live there).
+        "acl egress_never dst 127.0.0.0/8 0.0.0.0/8 169.254.0.0/16 ::1 fe80::/10",
+        "http_access deny manager",
+    ]
+    if clients:
+        lines.append(f"acl egress_clients src {' '.join(clients)}")
+        lines.append("http_access deny !egress_clients")
+    for index, (host, ports) in enumerate(sorted(rules.items())):
+        name = f"allow{index}"
+        lines.append(f"acl {name}_host dstdomain -n {host}")
+        lines.append(f"acl {name}_port port {' '.join(str(p) for p in sorted(ports))}")
+        match = f"{name}_host"
+        if host.startswith("."):
+            # squid's ".example.org" also matches example.org itself; a wildcard does not.
+            lines.append(f"acl {name}_apex dstdomain -n {host[1:]}")
+            match += f" !{name}_apex"
+        for kind in ("CONNECT", "egress_http"):
+            lines.append(
+                f"http_access allow {kind} {match} {name}_port !egress_never egress_allow"
+            )
+    lines.append("http_access deny all")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    allow = split(os.environ.get("EGRESS_ALLOW", ""))
+    if not allow:
+        fail("EGRESS_ALLOW is empty: nothing would be reachable")
+    port_text = os.environ.get("EGRESS_PORT", "3128")
+    if not port_text.isdigit() or not 1024 <= int(port_text) < 65536:
+        fail("EGRESS_PORT must be a number from 1024 to 65535")
+    clients = []
+    for network in split(os.environ.get("EGRESS_CLIENTS", "")):
+        try:
+            clients.append(str(ipaddress.IPv4Network(network, strict=False)))
+        except ValueError:
+            fail(f"EGRESS_CLIENTS: {network!r} is not an IPv4 network")
+    config = render(allow, int(port_text), clients)
+    if "--print" in sys.argv[1:]:
+        sys.stdout.write(config)
+        return
+    with open(CONFIG, "w") as handle:
+        handle.write(config)
+    if "--check" in sys.argv[1:]:
+        sys.exit(subprocess.call(["squid", "-k", "parse", "-f", CONFIG]))
+    summary = ", ".join(sorted(allow))
+    print(f"egress-proxy: allowing {summary}", file=sys.stderr, flush=True)
+    os.execvp("squid", ["squid", "-N", "-f", CONFIG])
+
+
+if __name__ == "__main__":
+    main()

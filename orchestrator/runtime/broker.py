@@ -1,0 +1,203 @@
+"""The broker: how a running worker asks the host for a child worker.
+
+A parent whose grant lists ``children`` gets one narrow request channel: a unix socket in a
+folder of its own, mounted read-only at ``/run/orchestrator``. Containers never get the
+Docker socket. For each request the host checks that the child is in the parent's
+``children:`` list, computes the child's grant with the parent's as ceiling, checks that
+every attachment is readable in both grants, runs the child in its own disposable container
+(which may, in turn, get a broker of its own), and answers with the child's result. Every
+call and every refusal goes to the audit log.
+
+Protocol: the client sends one JSON line ``{"child": NAME, "attach": [PATH, ...]}`` and
+reads one JSON line back: ``{"ok": true, "run_id", "exit_code", "status", "stdout",
+"stderr"}`` or ``{"ok": false, "error": MESSAGE}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from orchestrator.audit import AuditLog
+from orchestrator.config import load_worker
+from orchestrator.errors import OrchestratorError, PolicyError
+from orchestrator.policy import RunPaths, ZoneView, restrict
+from orchestrator.runtime.preparation import Prepared, compile_prepared, new_id
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "broker.sock"
+MAX_REQUEST = 64 << 10
+MAX_DEPTH = 4
+RunChild = Callable[[Prepared, int], Any]
+
+
+class Broker:
+    """Serves one parent run's request socket until :meth:`close`."""
+
+    def __init__(
+        self, parent: Prepared, *, depth: int, run_child: RunChild, audit: AuditLog | None
+    ) -> None:
+        self.parent = parent
+        self.depth = depth
+        self.run_child = run_child
+        self.audit = audit
+        self.path = parent.paths.broker_dir / SOCKET_NAME
+        self._server: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
+
+    def start(self) -> None:
+        if self.path.exists():
+            self.path.unlink()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Socket paths are limited to 108 bytes; bind through a directory fd instead.
+        folder = os.open(self.path.parent, os.O_PATH | os.O_DIRECTORY)
+        try:
+            server.bind(f"/proc/self/fd/{folder}/{SOCKET_NAME}")
+        finally:
+            os.close(folder)
+        os.chmod(self.path, 0o600)
+        if os.getuid() == 0:
+            os.chown(self.path, self.parent.uid, self.parent.gid)
+        server.listen(8)
+        self._server = server
+        thread = threading.Thread(target=self._accept, name="broker", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def close(self) -> None:
+        """Stop accepting; in-flight children finish (their own timeouts bound them)."""
+        self._closing.set()
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+        for thread in self._threads:
+            thread.join(timeout=self.parent.grant.limits.timeout)
+        self.path.unlink(missing_ok=True)
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            try:
+                request = _read_request(conn)
+                conn.settimeout(None)
+                answer = self.handle(request)
+            except (OSError, ValueError) as exc:
+                answer = {"ok": False, "error": f"bad request: {exc}"}
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps(answer).encode() + b"\n")
+
+    def _record(self, operation: str, allowed: bool, child: str, **fields: Any) -> None:
+        if self.audit is None:
+            return
+        spec = self.parent.spec
+        self.audit.record(
+            operation,
+            allowed=allowed,
+            reason=fields.pop("reason", None),
+            worker=spec.worker,
+            run_id=spec.run_id,
+            session_id=spec.session_id,
+            trust_level=spec.trust,
+            metadata={"child": child, **fields},
+        )
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Check and run one child request; never raises for a refusal."""
+        name = request.get("child")
+        attach = request.get("attach", [])
+        if not isinstance(name, str) or not isinstance(attach, list):
+            return {"ok": False, "error": "request needs 'child' (a name) and 'attach' (a list)"}
+        try:
+            child = self._prepare_child(name, [str(a) for a in attach])
+        except OrchestratorError as exc:
+            reason = str(exc)
+            self._record("broker.refused", False, name, reason=reason, attach=attach)
+            return {"ok": False, "error": reason}
+        self._record("broker.call", True, name, child_run=child.spec.run_id, attach=attach)
+        try:
+            result = self.run_child(child, self.depth + 1)
+        except OrchestratorError as exc:
+            self._record("broker.failed", False, name, reason=str(exc))
+            return {"ok": False, "error": str(exc)}
+        return {
+            "ok": True,
+            "run_id": child.spec.run_id,
+            "exit_code": result.exit_code,
+            "status": result.status,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+        }
+
+    def _prepare_child(self, name: str, attach: list[str]) -> Prepared:
+        parent = self.parent
+        parent_name = parent.spec.worker
+        if name not in parent.grant.children:
+            allowed = ", ".join(parent.grant.children) or "none"
+            raise PolicyError(
+                [f"parent '{parent_name}' may not call '{name}' (its children: {allowed})"]
+            )
+        if self.depth + 1 > MAX_DEPTH:
+            raise PolicyError([f"child calls nest deeper than {MAX_DEPTH}; refusing '{name}'"])
+        project = parent.project
+        child = load_worker(project, name)
+        run_id = new_id()
+        paths = RunPaths.of(
+            project,
+            session_id=parent.session_id,
+            workspace=parent.paths.workspace.name,
+            run_id=run_id,
+        )
+        grant = restrict(parent.grant, parent_name, project, child, paths)
+        for path in attach:
+            ZoneView(parent.grant).check_read(path)
+            try:
+                ZoneView(grant).check_read(path)
+            except PolicyError as exc:
+                raise PolicyError(
+                    [f"attachment '{path}' is not readable by child '{name}': {exc}"]
+                ) from None
+        prepared = compile_prepared(
+            project, child, grant, paths, run_id=run_id, session_id=parent.session_id
+        )
+        env = {
+            **prepared.spec.env,
+            "ORCHESTRATOR_PARENT_RUN": parent.spec.run_id,
+            "ORCHESTRATOR_ATTACHMENTS": json.dumps(attach),
+        }
+        return replace(prepared, spec=replace(prepared.spec, env=env))
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST:
+            raise ValueError("request larger than 64 KiB")
+    request = json.loads(data.decode("utf-8"))
+    if not isinstance(request, dict):
+        raise ValueError("request must be a JSON object")
+    return request
