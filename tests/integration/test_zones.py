@@ -122,7 +122,7 @@ def test_repo_never_exposes_the_sandbox_and_git_stays_read_only(engine, project,
         """,
         f"sandbox: {{}}\ntrust: {trust}",
     )
-    result, prepared, _ = run(engine, project, "w")
+    result, _, _ = run(engine, project, "w")
     out = result.stdout
     assert "readme hello" in out, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
