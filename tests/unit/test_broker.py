@@ -1,0 +1,102 @@
+"""The broker's request channel, with a fake child runner (no Docker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from orchestrator.audit import AuditFilter, AuditLog
+from orchestrator.config import load_project, load_worker
+from orchestrator.runtime import prepare
+from orchestrator.runtime.broker import Broker
+from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.run import RunResult
+
+
+@pytest.fixture
+def broker(project):
+    project.zone("data", "ro", files={"in.txt": "x"})
+    project.worker("main", "trust: session\nchildren: [kid]\nsandbox: {zones: [{name: data}]}")
+    project.worker("kid", "sandbox: {zones: [{name: data}]}")
+    loaded = load_project(project.root)
+    parent = prepare(loaded, load_worker(loaded, "main"))
+    prepare_filesystem(parent)
+    calls = []
+
+    def run_child(child, depth):
+        calls.append((child, depth))
+        return RunResult(child.spec.run_id, child.spec.worker, 3, "exited", 0.1, "out", "err", True)
+
+    audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
+    b = Broker(parent, depth=0, run_child=run_child, audit=audit)
+    b.start()
+    b.calls = calls
+    b.log = audit
+    yield b
+    b.close()
+
+
+def ask(broker, payload: bytes) -> dict:
+    folder = os.open(broker.path.parent, os.O_PATH)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(f"/proc/self/fd/{folder}/{broker.path.name}")  # tmp paths are long
+        os.close(folder)
+        conn.sendall(payload)
+        conn.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    return json.loads(data)
+
+
+def test_runs_a_listed_child_with_its_attachments(broker):
+    answer = ask(broker, b'{"child": "kid", "attach": ["/data/in.txt"]}\n')
+    assert answer["ok"] is True
+    assert (answer["exit_code"], answer["stdout"]) == (3, "out")
+    ((child, depth),) = broker.calls
+    assert depth == 1
+    assert child.spec.env["ORCHESTRATOR_ATTACHMENTS"] == '["/data/in.txt"]'
+    assert child.spec.env["ORCHESTRATOR_PARENT_RUN"] == broker.parent.spec.run_id
+    assert child.session_id == broker.parent.session_id
+    assert [
+        e.metadata["child"] for e in broker.log.query(AuditFilter(operation="broker.call"))
+    ] == ["kid"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (b'{"child": "../../etc/x.worker"}\n', "may not call '../../etc/x.worker'"),
+        (b'{"child": "kid", "attach": ["/data/../../etc/passwd"]}\n', "'..' is not allowed"),
+        (b'{"child": "kid", "attach": ["/workspace/x"]}\n', "not readable by child 'kid'"),
+        (b"not json\n", "bad request"),
+        (b'["a list"]\n', "bad request"),
+        (b'{"child": 5}\n', "request needs 'child'"),
+    ],
+)
+def test_refusals_are_answered_and_audited(broker, payload, error):
+    answer = ask(broker, payload)
+    assert answer["ok"] is False
+    assert error in answer["error"]
+    assert broker.calls == []
+
+
+def test_oversized_requests_are_cut_off(broker):
+    try:
+        answer = ask(broker, b'{"child": "kid", "pad": "' + b"x" * (1 << 20) + b'"}\n')
+    except (ConnectionResetError, BrokenPipeError):
+        answer = {"ok": False, "error": "request larger than 64 KiB"}
+    assert (
+        answer == {"ok": False, "error": "bad request: request larger than 64 KiB"}
+        or "64 KiB" in answer["error"]
+    )
+    assert broker.calls == []
+
+
+def test_socket_is_private_and_removed_on_close(broker):
+    assert broker.path.stat().st_mode & 0o777 == 0o600
+    broker.close()
+    assert not broker.path.exists()

@@ -1,0 +1,297 @@
+"""Trust profiles, restriction algebra, approvals and host-side path checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.config import load_project, load_worker
+from orchestrator.errors import PolicyError
+from orchestrator.policy import RunPaths, ZoneView, covers, effective_trust, grant_for, restrict
+from orchestrator.policy.restrict import NETWORK_ORDER
+from orchestrator.policy.trust import rank
+
+
+def paths_of(loaded, run_id="r1"):
+    return RunPaths.of(loaded, session_id="s1", workspace="default", run_id=run_id)
+
+
+def grant(project, name, **kwargs):
+    loaded = load_project(project.root)
+    return grant_for(loaded, load_worker(loaded, name), paths_of(loaded), **kwargs)
+
+
+def targets(g):
+    return {z.target: z.mode for z in g.zones}
+
+
+# -- trust ------------------------------------------------------------------------------
+
+
+def test_trust_can_be_lowered_but_raising_needs_promote():
+    assert effective_trust("session", None, promote=False) == "session"
+    assert effective_trust("session", "untrusted", promote=False) == "untrusted"
+    with pytest.raises(PolicyError, match="pass --promote"):
+        effective_trust("session", "full", promote=False)
+    assert effective_trust("session", "full", promote=True) == "full"
+
+
+@pytest.mark.parametrize(
+    ("trust", "expected"),
+    [
+        ("untrusted", {"/session": "rw", "/workers": "ro", "/staged": "rw"}),
+        ("session", {"/session": "rw", "/workspace": "rw", "/workers": "ro", "/staged": "rw"}),
+        ("workspace", {"/session": "rw", "/workspace": "rw", "/workers": "ro", "/staged": "rw",
+                       "/repo": "ro", "/repo/.git": "ro"}),
+        ("full", {"/session": "rw", "/workspace": "rw", "/workers": "rw", "/staged": "rw",
+                  "/repo": "rw", "/repo/.git": "ro"}),
+    ],
+)  # fmt: skip
+def test_profiles(project, trust, expected):
+    (project.root / ".git").mkdir()
+    project.worker("w", f"trust: {trust}\nsandbox: {{}}")
+    g = grant(project, "w")
+    assert targets(g) == expected
+    staged = next(z for z in g.zones if z.target == "/staged")
+    assert staged.fresh is (trust == "untrusted")
+    assert staged.host_path.name == ("staged" if trust == "untrusted" else "s1")
+    if "/repo" in expected:
+        assert g.masks == ("/repo/.sandbox",)
+
+
+def test_untrusted_gets_project_zones_read_only_unless_marked_output(project):
+    project.zone("notes", "rw")
+    project.zone("out", "rw", extra="untrusted_output: true")
+    project.worker("w", "sandbox: {zones: [{name: notes, mode: rw}]}")
+    with pytest.raises(PolicyError, match="trust 'untrusted' gets project zones read-only"):
+        grant(project, "w")
+    project.worker("w", "sandbox: {zones: [{name: notes}, {name: out, mode: rw}]}")
+    assert targets(grant(project, "w"))["/out"] == "rw"
+    project.worker("w", "trust: session\nsandbox: {zones: [{name: notes, mode: rw}]}")
+    assert targets(grant(project, "w"))["/notes"] == "rw"
+
+
+def test_readonly_downgrades_every_zone(project):
+    project.zone("out", "rw", extra="untrusted_output: true")
+    project.worker("w", "sandbox: {readonly: true, zones: [{name: out, mode: rw}]}")
+    assert set(targets(grant(project, "w")).values()) == {"ro"}
+
+
+# -- approvals --------------------------------------------------------------------------
+
+
+def test_blocked_write_mounts_read_only_and_ask_is_refused(project):
+    project.zone("out", "rw", extra="untrusted_output: true")
+    project.worker("w", "sandbox: {zones: [{name: out, mode: rw, approval: {write: blocked}}]}")
+    assert targets(grant(project, "w"))["/out"] == "ro"
+    project.worker(
+        "w",
+        "sandbox: {zones: [{name: out, mode: rw, approval: {write: preApproved, delete: blocked}}]}",
+    )
+    zone = grant(project, "w").zone("out")
+    assert (zone.mode, zone.delete) == ("rw", "blocked")
+    project.worker("w", "sandbox: {zones: [{name: out, mode: rw, approval: {write: ask}}]}")
+    with pytest.raises(PolicyError, match="'ask' .* is not yet supported"):
+        grant(project, "w")
+
+
+# -- restriction --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def family(project):
+    project.zone("data", "rw", files={"sub/deep/x.txt": "x", "other/y.txt": "y"})
+    project.zone("logs", "ro")
+    project.worker(
+        "main",
+        "trust: session\nchildren: [kid]\nresources: {memory: 256m, timeout: 60}\n"
+        "sandbox: {zones: [{name: data, mode: rw, restrict: sub}, {name: logs}]}",
+    )
+    return project
+
+
+def restrict_kid(project, front):
+    project.worker("kid", front)
+    loaded = load_project(project.root)
+    parent = grant_for(loaded, load_worker(loaded, "main"), paths_of(loaded))
+    return restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+
+
+@pytest.mark.parametrize(
+    ("front", "message"),
+    [
+        (
+            "trust: session\nsandbox: {zones: [{name: logs, mode: rw}]}",
+            "asks rw on zone 'logs' but",
+        ),
+        ("trust: full\nsandbox: {}", "declares trust 'full' but parent 'main' runs at 'session'"),
+        (
+            "sandbox: {zones: [{name: data}]}",
+            "asks for /data but parent 'main' only sees /data/sub",
+        ),
+        ("sandbox: {zones: [{name: data, restrict: other}]}", "only sees /data/sub"),
+        ("resources: {memory: 1g}", "asks memory"),
+        ("resources: {timeout: 600}", "asks timeout 600 but parent 'main' has 60"),
+        ("network: full", "asks network 'full' but parent 'main' has 'none'"),
+    ],
+)
+def test_child_asking_more_than_its_parent_is_refused(family, front, message):
+    with pytest.raises(PolicyError, match=message):
+        restrict_kid(family, front)
+
+
+def test_child_not_in_the_list_is_refused(family):
+    loaded = load_project(family.root)
+    family.worker("stranger", "{}")
+    parent = grant_for(loaded, load_worker(loaded, "main"), paths_of(loaded))
+    with pytest.raises(PolicyError, match="may not call 'stranger' .*children: kid"):
+        restrict(parent, "main", loaded, load_worker(loaded, "stranger"), paths_of(loaded, "r2"))
+
+
+def test_rw_on_ro_message_names_child_zone_and_parent(family):
+    family.worker(
+        "main", "trust: session\nchildren: [kid]\nsandbox: {zones: [{name: data, mode: ro}]}"
+    )
+    with pytest.raises(PolicyError, match="child 'kid' asks rw on 'data' but parent 'main' has ro"):
+        restrict_kid(family, "trust: session\nsandbox: {zones: [{name: data, mode: rw}]}")
+
+
+def test_child_narrows_and_inherits_capped_limits(family):
+    child = restrict_kid(
+        family, "sandbox: {readonly: true, zones: [{name: data, restrict: sub/deep}]}"
+    )
+    assert targets(child)["/data/sub/deep"] == "ro"
+    assert child.limits.memory == 256 << 20  # capped to the parent's, not the built-in 512m
+    assert child.limits.timeout == 60
+    assert child.trust == "untrusted"
+    assert child.network == "none"
+
+
+def test_child_without_sandbox_gets_nothing(family):
+    assert restrict_kid(family, 'command: ["true"]').zones == ()
+
+
+# Property: whatever the declarations, a child's grant is never wider than its parent's.
+
+MODES = st.sampled_from(["ro", "rw"])
+SUBS = st.sampled_from([None, "a", "a/b", "c"])
+TRUSTS = st.sampled_from(["untrusted", "session", "workspace", "full"])
+
+
+@st.composite
+def declaration(draw):
+    zones = []
+    for name in draw(st.lists(st.sampled_from(["z1", "z2", "z3"]), unique=True, max_size=3)):
+        sub = draw(SUBS)
+        zones.append(
+            f"{{name: {name}, mode: {draw(MODES)}" + (f", restrict: {sub}" if sub else "") + "}"
+        )
+    lines = [f"trust: {draw(TRUSTS)}", f"network: {draw(st.sampled_from(NETWORK_ORDER))}"]
+    if draw(st.booleans()):
+        lines.append(
+            f"sandbox: {{readonly: {str(draw(st.booleans())).lower()}, zones: [{', '.join(zones)}]}}"
+        )
+    if draw(st.booleans()):
+        lines.append(
+            f"resources: {{memory: {draw(st.sampled_from(['64m', '512m', '2g']))}, pids: {draw(st.integers(8, 512))}}}"
+        )
+    return "\n".join(lines)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(parent_decl=declaration(), child_decl=declaration())
+def test_a_child_grant_is_never_wider_than_its_parent(project, parent_decl, child_decl):
+    for name in ("z1", "z2", "z3"):
+        if name not in project.zones:
+            project.zone(name, "rw", files={"a/b/f": "x", "c/f": "y"})
+    (project.root / ".git").mkdir(exist_ok=True)
+    project.worker("main", parent_decl + "\nchildren: [kid]")
+    project.worker("kid", child_decl)
+    loaded = load_project(project.root)
+    try:
+        parent = grant_for(loaded, load_worker(loaded, "main"), paths_of(loaded))
+        child = restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    except PolicyError:
+        return
+    for zone in child.zones:
+        assert any(covers(p, zone) for p in parent.zones if p.name == zone.name), (
+            zone,
+            parent.zones,
+        )
+    assert rank(child.trust) <= rank(parent.trust)
+    assert NETWORK_ORDER.index(child.network) <= NETWORK_ORDER.index(parent.network)
+    for field in ("memory", "cpus", "pids", "timeout", "tmp"):
+        assert getattr(child.limits, field) <= getattr(parent.limits, field)
+    assert set(parent.masks) <= set(child.masks)
+
+
+# -- host-side path checks ----------------------------------------------------------------
+
+
+@pytest.fixture
+def view(project, tmp_path):
+    project.zone("input", "ro", files={"a.txt": "a"})
+    out = project.zone(
+        "output",
+        "rw",
+        extra="untrusted_output: true, suffixes: ['.md', '.json'], max_file_size: 1k",
+    )
+    (out / "escape").symlink_to(tmp_path)
+    (out / "inner").symlink_to(out / "..")
+    project.worker("w", "sandbox: {zones: [{name: input}, {name: output, mode: rw}]}")
+    return ZoneView(grant(project, "w"))
+
+
+def test_view_reads_and_writes_inside_zones(view, project):
+    assert view.check_read("/input/a.txt") == (project.root / "input" / "a.txt").resolve()
+    assert view.can_write("/output/report.md", size=100)
+    assert view.can_write("/session/notes.txt")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda v: v.check_write("/input/x"),
+            "Cannot write '/input/x': /input is read-only. Writable: /output, /session, /staged",
+        ),
+        (lambda v: v.check_write("/output/run.sh"), "/output accepts only .md, .json files"),
+        (
+            lambda v: v.check_write("/output/big.md", size=4096),
+            "exceeds /output's per-file cap of 1024",
+        ),
+        (lambda v: v.check_read("/output/../input/a.txt"), "'..' is not allowed"),
+        (lambda v: v.check_read("/output/escape/x"), "leads outside /output through a symlink"),
+        (lambda v: v.check_read("/output/inner/input/a.txt"), "through a symlink"),
+        (lambda v: v.check_read("/etc/passwd"), "it is in no granted zone"),
+        (lambda v: v.check_read("relative"), "use an absolute path"),
+    ],
+)
+def test_view_refusals_say_what_is_allowed(view, call, message):
+    with pytest.raises(PolicyError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        call(view)
+
+
+def test_view_hides_masked_paths(project):
+    (project.root / ".git").mkdir()
+    project.worker("w", "trust: workspace\nsandbox: {}")
+    v = ZoneView(grant(project, "w"))
+    assert v.can_read("/repo/orchestrator.yaml")
+    assert not v.can_read("/repo/.sandbox/audit.jsonl")
+    assert not v.can_write("/repo/.git/config")
+
+
+def test_symlinked_project_root_is_resolved(tmp_path):
+    real = tmp_path / "real"
+    (real / "workers").mkdir(parents=True)
+    (real / "orchestrator.yaml").write_text("zones: {}\n")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert load_project(link).root == real
+    assert Path(os.path.realpath(link)) == real
