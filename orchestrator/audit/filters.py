@@ -1,11 +1,12 @@
 """Selecting entries: :class:`AuditFilter` and the fast line matcher behind queries.
 
-A query over a large log must not parse every line. :class:`LineMatcher` first checks
-that each value a filter asks for appears in the raw line as the JSON string it would be
-written as (``"run-42"`` with its quotes; ``false`` for denials): a cheap substring test
-that most lines fail. Only the lines that pass are parsed and checked field by field.
-Time bounds compare the log's fixed-width timestamps as strings; a timestamp in any
-other form is parsed.
+A query over a large log must not parse every line. :class:`LineMatcher` first looks,
+in a whole block of lines at once, for a value the filter asks for as it would be
+written (``"run-42"`` with its quotes; ``false`` for denials): most lines do not hold
+it and are never looked at again. A filter on time alone uses a regular expression
+that matches only the fixed-width timestamps within bounds (the log's timestamps sort
+as strings), plus any timestamp in another form. Only the lines found are parsed and
+checked field by field, so every criterion is exact.
 """
 
 from __future__ import annotations

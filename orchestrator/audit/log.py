@@ -306,13 +306,17 @@ class AuditLog:
 
     def export(self, flt: AuditFilter | None, out: TextIO) -> int:
         """Write the entries ``flt`` selects to ``out`` as a JSON array; return how many."""
-        count = 0
-        out.write("[")
-        for entry in self.iter_query(flt):
-            out.write(",\n  " if count else "\n  ")
-            out.write(json.dumps(entry.to_dict(), ensure_ascii=False))
+        entries = self.iter_query(flt)
+        first = next(entries, None)  # the log is opened (or fails) before anything is written
+        if first is None:
+            out.write("[]\n")
+            return 0
+        out.write("[\n  " + json.dumps(first.to_dict(), ensure_ascii=False))
+        count = 1
+        for entry in entries:
+            out.write(",\n  " + json.dumps(entry.to_dict(), ensure_ascii=False))
             count += 1
-        out.write("\n]\n" if count else "]\n")
+        out.write("\n]\n")
         return count
 
     # -- maintenance ---------------------------------------------------------------

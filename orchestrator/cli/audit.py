@@ -252,14 +252,19 @@ def export(
     if output is None:
         log.export(flt, sys.stdout)
         return
+    # Written beside the target and renamed into place: a failure leaves no partial file.
+    temp = output.with_name(f".{output.name}.partial")
     try:
-        with output.open("w", encoding="utf-8") as out:
+        with temp.open("w", encoding="utf-8") as out:
             count = log.export(flt, out)
+        temp.replace(output)
     except OSError as exc:
         raise AuditError(
             f"cannot write the export to {output}: {exc.strerror or exc}; "
             "choose a writable file with --output"
         ) from None
+    finally:
+        temp.unlink(missing_ok=True)
     click.echo(f"orchestrator: exported {count} entries to {output}", err=True)
 
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -111,10 +119,54 @@ class Defaults(Strict):
     network: Network = "none"
 
 
+class OutboxLimits(Strict):
+    """Caps on what one run may bring out through ``/staged``."""
+
+    size: Size = 256 << 20
+    """Hard cap of the outbox (a tmpfs): the worker gets 'no space left' beyond it."""
+    max_files: int = Field(default=10_000, ge=1, le=1_000_000)
+    max_file_size: Size = 64 << 20
+
+
 class SandboxSettings(Strict):
     """Where the orchestrator keeps its run state."""
 
     root: str = ".sandbox"
+    outbox: OutboxLimits = OutboxLimits()
+
+
+class CredentialConfig(Strict):
+    """Where a credential comes from and how a push may use it. Values never live here."""
+
+    source: Literal["env", "file", "command"]
+    env: str | None = None
+    """For ``source: env``: the variable holding the value."""
+    path: str | None = None
+    """For ``source: file``: the file holding the value (first line)."""
+    command: list[str] | None = None
+    """For ``source: command``: a program that prints the value (e.g. a CLI's token command)."""
+    mode: Literal["inherit", "explicit"] = "explicit"
+    """``inherit``: git uses the host's agents and helpers; ``explicit``: only this value."""
+    username: str = "x-access-token"
+    """User name sent with the token over HTTP."""
+
+    @model_validator(mode="after")
+    def _source_field(self) -> CredentialConfig:
+        needed = {"env": self.env, "file": self.path, "command": self.command}[self.source]
+        if self.mode == "explicit" and not needed:
+            field = {"env": "env", "file": "path", "command": "command"}[self.source]
+            raise ValueError(f"source '{self.source}' needs '{field}'")
+        return self
+
+
+class ClearanceSettings(Strict):
+    """Where cleared change sets go."""
+
+    remote: str = "origin"
+    branch: str | None = None
+    """Branch to commit on (default: the repo's current branch)."""
+    credential: str | None = None
+    """Name of the credential a push uses (see ``credentials``)."""
 
 
 class ProjectConfig(Strict):
@@ -127,6 +179,8 @@ class ProjectConfig(Strict):
     """Folder holding ``NAME.worker`` files, relative to the project folder."""
     repo: str = "."
     """The project's git working tree, mounted at ``/repo`` for trusted enough workers."""
+    credentials: dict[str, CredentialConfig] = {}
+    clearance: ClearanceSettings = ClearanceSettings()
 
 
 def check_zone_name(name: str) -> str:
@@ -214,6 +268,8 @@ class WorkerConfig(Strict):
     """Preset over the standard zones; see docs/security.md."""
     children: list[str] = []
     """Workers this one may call through the broker (``orchestrator-call NAME``)."""
+    secrets: list[str] = []
+    """Names from the project's ``credentials`` delivered as files under /run/secrets."""
 
     @field_validator("children")
     @classmethod

@@ -235,6 +235,14 @@ def test_a_folder_without_a_project_is_a_config_error(tmp_path: Path) -> None:
     assert isinstance(result.exception, ConfigError)
 
 
+def test_a_failed_export_leaves_no_file(project: Path, tmp_path: Path) -> None:
+    (load_project(project).sandbox_root / "audit.jsonl").mkdir(parents=True)
+    target = tmp_path / "out.json"
+    result = invoke("export", "--project", project, "--output", target)
+    assert isinstance(result.exception, AuditError)
+    assert sorted(tmp_path.iterdir()) == [project]
+
+
 def test_an_unreadable_log_is_an_audit_error(project: Path) -> None:
     path = load_project(project).sandbox_root / "audit.jsonl"
     path.mkdir(parents=True)
