@@ -73,6 +73,12 @@ class ContainerSpec:
     worker: str = ""
     trust: str = "untrusted"
     session_id: str = ""
+    outbox: str | None = None
+    """Container path of the run's outbox (a size-capped tmpfs), collected after the run."""
+    supervisor_user: str | None = None
+    """With an outbox, the container's own process runs as this user, only keeping the
+    mounts alive; the worker runs by exec as ``user``, so that its outbox can be read after
+    all of its processes are gone."""
     devices: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,9 +103,11 @@ def compile_plan(
     env = _environment(worker, run_id)
     env["ORCHESTRATOR_TRUST"] = grant.trust
     env["ORCHESTRATOR_SESSION"] = session_id
+    outbox = next((zone for zone in grant.zones if zone.outbox), None)
     mounts = [
         Mount(source=str(zone.host_path), target=zone.target, read_only=zone.read_only)
         for zone in grant.zones
+        if not zone.outbox
     ]
     if grant.children and grant.paths is not None:
         mounts.append(Mount(source=str(grant.paths.broker_dir), target=BROKER_DIR, read_only=True))
@@ -107,6 +115,9 @@ def compile_plan(
     limits = grant.limits
     tmpfs = {"/tmp": f"rw,nosuid,nodev,size={limits.tmp},mode=1777"}
     tmpfs.update((mask, MASK_OPTIONS) for mask in grant.masks)
+    if outbox is not None:
+        size = project.config.sandbox.outbox.size
+        tmpfs[outbox.target] = f"rw,nosuid,nodev,noexec,size={size},mode=0700,uid={uid},gid={gid}"
     return ContainerSpec(
         image=config.image or project.config.defaults.image,
         command=list(config.command) if config.command else None,
@@ -130,7 +141,16 @@ def compile_plan(
         worker=config.name,
         trust=grant.trust,
         session_id=session_id,
+        outbox=outbox.target if outbox else None,
+        supervisor_user=_supervisor(uid) if outbox else None,
     )
+
+
+def _supervisor(uid: int) -> str:
+    """A uid for the keep-alive process: unprivileged and never the worker's own, so that
+    killing all of the worker's processes (``kill -9 -1`` as the worker) spares it."""
+    other = 65533 if uid != 65533 else 65532
+    return f"{other}:{other}"
 
 
 def _environment(worker: Worker, run_id: str) -> dict[str, str]:

@@ -102,6 +102,20 @@ def engine_errors(action: str) -> Iterator[None]:
         raise EngineError(f"Docker error while {action}: {exc}") from None
 
 
+class DockerExec:
+    """One exec'd command: its output frames, then its exit code."""
+
+    def __init__(self, engine: DockerEngine, exec_id: str, frames: Iterator[tuple[Stream, bytes]]):
+        self.engine = engine
+        self.exec_id = exec_id
+        self.frames = frames
+
+    def exit_code(self) -> int | None:
+        with engine_errors("reading a command's exit code"):
+            code = self.engine.api.exec_inspect(self.exec_id).get("ExitCode")
+        return None if code is None else int(code)
+
+
 class DockerEngine:
     """:class:`~orchestrator.runtime.engine.Engine` over the Docker SDK's low-level client."""
 
@@ -157,11 +171,16 @@ class DockerEngine:
             devices=spec.devices or None,
         )
 
+        # With an outbox, the container only keeps its mounts alive (as a user of its own)
+        # while the worker runs by exec; see orchestrator.runtime.run.
+        supervised = spec.supervisor_user is not None
+
         def create() -> str:
             result = self.api.create_container(
                 image=spec.image,
-                command=spec.command,
-                user=spec.user,
+                entrypoint=["sleep"] if supervised else None,
+                command=["infinity"] if supervised else spec.command,
+                user=spec.supervisor_user or spec.user,
                 environment=spec.env,
                 working_dir=spec.working_dir,
                 labels=self.labels_for(spec.labels),
@@ -249,6 +268,33 @@ class DockerEngine:
         return True
 
     # -- garbage collection ---------------------------------------------------------------
+
+    def image_argv(self, image: str, command: list[str] | None) -> list[str]:
+        with engine_errors(f"reading the command of image '{image}'"):
+            config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
+        return [*(config.get("Entrypoint") or []), *(command or config.get("Cmd") or [])]
+
+    def exec(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        user: str,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> DockerExec:
+        with engine_errors("starting a command in the container"):
+            exec_id = self.api.exec_create(
+                container_id,
+                argv,
+                stdout=True,
+                stderr=True,
+                user=user,
+                environment=env,
+                workdir=workdir,
+            )["Id"]
+            frames = self.api.exec_start(exec_id, stream=True, demux=True)
+        return DockerExec(self, exec_id, self._frames(frames))
 
     def list_managed(self) -> list[ManagedObject]:
         label = {"label": labels.MANAGED}

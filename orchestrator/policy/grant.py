@@ -24,7 +24,8 @@ BUILTIN_LIMITS = Resources(memory=512 << 20, cpus=1.0, pids=256, timeout=600.0, 
 class ZoneGrant:
     """One mount as a run gets it: the host folder, where it appears, and the mode.
 
-    ``fresh`` marks a write-only outbox: a new, empty folder for this run only.
+    ``outbox`` marks ``/staged``: not a host folder but a fresh, size-capped tmpfs for this run
+    only, collected into a change set after the worker's processes are gone.
     """
 
     name: str
@@ -32,7 +33,7 @@ class ZoneGrant:
     target: str
     mode: str
     standard: bool = False
-    fresh: bool = False
+    outbox: bool = False
     delete: str = "preApproved"
     suffixes: tuple[str, ...] | None = None
     max_file_size: int | None = None
@@ -59,8 +60,6 @@ class RunPaths:
 
     session: Path
     workspace: Path
-    session_staged: Path
-    run_staged: Path
     repo: Path
     repo_git: Path | None
     workers: Path
@@ -78,8 +77,6 @@ class RunPaths:
         return cls(
             session=root / "sessions" / session_id,
             workspace=root / "workspaces" / workspace,
-            session_staged=root / "staged" / session_id,
-            run_staged=root / "runs" / run_id / "staged",
             repo=project.repo,
             repo_git=git if (git := project.repo / ".git").exists() else None,
             workers=project.workers_dir,
@@ -138,9 +135,8 @@ def standard_zones(trust: Trust, paths: RunPaths) -> tuple[list[ZoneGrant], list
     masks: list[str] = []
     for name, mode in PROFILES[trust].standard.items():
         if name == "staged":
-            fresh = mode == "wo"
-            source = paths.run_staged if fresh else paths.session_staged
-            zones.append(ZoneGrant("staged", source, "/staged", "rw", standard=True, fresh=fresh))
+            outbox = paths.run_dir / "outbox"  # nominal: the outbox lives in the container
+            zones.append(ZoneGrant("staged", outbox, "/staged", "rw", standard=True, outbox=True))
             continue
         zones.append(ZoneGrant(name, host[name], f"/{name}", mode, standard=True))
         if name == "repo":
@@ -182,8 +178,8 @@ def grant_for(
             granted = _project_zone(project, request, level, where, problems)
             if granted is not None:
                 zones.append(granted)
-        if sandbox.readonly:
-            zones = [_readonly(z) for z in zones]
+        if sandbox.readonly:  # read-only everything: no outbox to write into either
+            zones = [_readonly(z) for z in zones if not z.outbox]
     if problems:
         raise PolicyError(problems)
     limits = resolve_limits(
@@ -202,7 +198,7 @@ def grant_for(
 
 
 def _readonly(zone: ZoneGrant) -> ZoneGrant:
-    return zone if zone.read_only else replace(zone, mode="ro", fresh=False)
+    return zone if zone.read_only else replace(zone, mode="ro")
 
 
 def _project_zone(

@@ -45,6 +45,8 @@ class ZoneView:
                 raise self._deny(verb, path, f"{mask} is hidden from workers")
         for zone in self._mounts:
             if clean == zone.target or clean.startswith(zone.target + "/"):
+                if zone.outbox:
+                    raise self._deny(verb, path, f"{zone.target} is the run's write-only outbox")
                 relative = clean[len(zone.target) :].lstrip("/")
                 return zone, zone.host_path / relative
         raise self._deny(verb, path, f"it is in no granted zone. Readable: {self._readable_list()}")

@@ -54,7 +54,7 @@ def restrict(
         if any(covers(p, zone) for p in ceiling):
             zones.append(zone)
         elif zone.standard:
-            read_only = replace(zone, mode="ro", fresh=False)
+            read_only = replace(zone, mode="ro")
             if any(covers(p, read_only) for p in ceiling):
                 zones.append(read_only)  # an implicit preset: capped to what the parent has
         elif any(covers(p, replace(zone, mode="ro")) for p in ceiling):

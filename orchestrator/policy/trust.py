@@ -3,16 +3,18 @@
 =========== ======== ========= ==================== ======== ======== ==============
 level       /session /workspace /staged              /repo    /workers project zones
 =========== ======== ========= ==================== ======== ======== ==============
-untrusted   rw       -          write-only (fresh)   -        ro       ro, or rw where
+untrusted   rw       -          outbox               -        ro       ro, or rw where
                                                                        the zone is an
                                                                        untrusted output
-session     rw       rw         rw (the session's)   -        ro       as declared
-workspace   rw       rw         rw (the session's)   ro       ro       as declared
-full        rw       rw         rw (the session's)   rw       rw       as declared
+session     rw       rw         outbox               -        ro       as declared
+workspace   rw       rw         outbox               ro       ro       as declared
+full        rw       rw         outbox               rw       rw       as declared
 =========== ======== ========= ==================== ======== ======== ==============
 
-``/repo/.git`` stays read-only at every level, and the sandbox root (other sessions, change
-sets, the audit log) is never visible through ``/repo``.
+The outbox ``/staged`` is, at every level, a fresh tmpfs of its own with a hard size cap: a
+worker can add files, never see what earlier runs staged; what it leaves there becomes a
+pending change set on the host. ``/repo/.git`` stays read-only at every level, and the
+sandbox root (other sessions, change sets, the audit log) is never visible through ``/repo``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from orchestrator.config.models import TRUST_ORDER, Trust
 from orchestrator.errors import PolicyError
 
-#: Mode of a standard zone: ``wo`` is a fresh, empty, writable folder per run.
+#: Mode of a standard zone. ``/staged`` is always a fresh, size-capped outbox per run.
 StandardMode = str
 
 
@@ -33,7 +35,7 @@ class Profile:
 
 
 PROFILES: dict[Trust, Profile] = {
-    "untrusted": Profile({"session": "rw", "workers": "ro", "staged": "wo"}, False),
+    "untrusted": Profile({"session": "rw", "workers": "ro", "staged": "rw"}, False),
     "session": Profile({"session": "rw", "workspace": "rw", "workers": "ro", "staged": "rw"}, True),
     "workspace": Profile(
         {"session": "rw", "workspace": "rw", "workers": "ro", "staged": "rw", "repo": "ro"}, True

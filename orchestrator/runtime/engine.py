@@ -35,6 +35,15 @@ class ManagedObject:
     labels: dict[str, str]
 
 
+class ExecHandle(Protocol):
+    """A command running inside a container, started by :meth:`Engine.exec`."""
+
+    frames: Iterator[tuple[Stream, bytes]]
+
+    def exit_code(self) -> int | None:
+        """The command's exit code once its output has ended (None while running)."""
+
+
 class Engine(Protocol):
     """The container operations one run and ``gc`` use."""
 
@@ -61,6 +70,21 @@ class Engine(Protocol):
 
     def remove(self, container_id: str) -> bool:
         """Force-remove the container; True when it is gone (also when it never existed)."""
+
+    def image_argv(self, image: str, command: list[str] | None) -> list[str]:
+        """What ``docker run`` would execute: the image's entrypoint, then ``command`` or
+        the image's own command. Needed to run a worker by ``exec``."""
+
+    def exec(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        user: str,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecHandle:
+        """Start ``argv`` inside a running container and attach to its output."""
 
     def list_managed(self) -> list[ManagedObject]:
         """Every container, network and volume carrying the orchestrator's labels."""

@@ -94,9 +94,11 @@ def prepare_filesystem(prepared: Prepared) -> None:
     uid, gid, paths = prepared.uid, prepared.gid, prepared.paths
     private(paths.sandbox_root)
     for zone in prepared.grant.zones:
-        if zone.standard and zone.name in ("session", "workspace", "staged"):
-            owned_folder(zone.host_path, uid, gid, fresh=zone.fresh)
-        elif not zone.standard and not zone.host_path.exists() and not zone.read_only:
+        if zone.outbox:
+            continue  # a tmpfs inside the container
+        ours = zone.standard and zone.name in ("session", "workspace")
+        missing_output = not zone.standard and not zone.read_only and not zone.host_path.exists()
+        if ours or missing_output:
             owned_folder(zone.host_path, uid, gid)
         check_zone(zone, uid, gid)
     if prepared.grant.children:
@@ -115,10 +117,8 @@ def private(folder: Path) -> None:
         folder.mkdir(mode=0o700, parents=True)
 
 
-def owned_folder(folder: Path, uid: int, gid: int, *, fresh: bool = False) -> None:
-    """Create ``folder`` for the worker's uid; a fresh one must not exist yet."""
-    if fresh and folder.exists():
-        raise OrchestratorError(f"{folder} already exists; a fresh outbox must be new")
+def owned_folder(folder: Path, uid: int, gid: int) -> None:
+    """Create ``folder`` for the worker's uid."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if os.getuid() == 0 and folder.stat().st_uid != uid:
         os.chown(folder, uid, gid)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -22,6 +22,12 @@ from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.engine import Engine, Stream
 from orchestrator.runtime.gc import collect
 from orchestrator.runtime.preparation import Prepared, prepare_filesystem
+from orchestrator.runtime.supervised import (
+    OutboxReader,
+    oom_killed,
+    read_outbox,
+    run_worker_exec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +62,13 @@ class RunResult:
     stderr: str
     container_removed: bool
     error: str | None = None
+    outbox: Any = None
+    """What the outbox reader made of the run's outbox (e.g. a change set summary)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["outbox"] = getattr(self.outbox, "summary", lambda: self.outbox)()
+        return data
 
 
 class Tail:
@@ -86,6 +96,7 @@ def execute(
     on_output: OutputSink | None = None,
     audit: AuditLog | None = None,
     depth: int = 0,
+    outbox_reader: OutboxReader | None = None,
 ) -> RunResult:
     """Run a prepared plan in a new container and remove it afterwards, on every path.
 
@@ -109,11 +120,13 @@ def execute(
             broker = Broker(
                 prepared,
                 depth=depth,
-                run_child=lambda child, level: execute(engine, child, audit=audit, depth=level),
+                run_child=lambda child, level: execute(
+                    engine, child, audit=audit, depth=level, outbox_reader=outbox_reader
+                ),
                 audit=audit,
             )
             broker.start()
-        _run_container(engine, spec, tails, on_output, outcome)
+        _run_container(engine, spec, tails, on_output, outcome, outbox_reader)
     finally:
         if broker is not None:
             broker.close()
@@ -127,6 +140,7 @@ def execute(
             stderr=tails["stderr"].text(),
             container_removed=outcome.removed,
             error=outcome.error,
+            outbox=outcome.collected,
         )
         if audit is not None:
             audit.record(
@@ -150,6 +164,15 @@ class _Outcome:
     exit_code: int = 125
     error: str | None = None
     removed: bool = True
+    collected: Any = None
+
+    def timed_out(self, spec: ContainerSpec) -> None:
+        self.status, self.exit_code = "timeout", EXIT_TIMEOUT
+        self.error = f"timed out after {spec.timeout_s:g} s; the worker was killed"
+
+    def oom(self, spec: ContainerSpec) -> None:
+        self.status, self.exit_code = "oom", EXIT_OOM
+        self.error = f"killed for exceeding its memory limit ({spec.mem_limit} bytes)"
 
 
 def _run_container(
@@ -158,6 +181,7 @@ def _run_container(
     tails: dict[Stream, Tail],
     on_output: OutputSink | None,
     outcome: _Outcome,
+    outbox_reader: OutboxReader | None,
 ) -> None:
     """create → attach → start → wait → remove; ``outcome`` is filled in on every path."""
     container_id: str | None = None
@@ -165,7 +189,11 @@ def _run_container(
     try:
         container_id = engine.create(spec)
         outcome.removed = False
-        reader = _start_reader(engine, container_id, tails, on_output)
+        if spec.supervisor_user is not None:
+            engine.start(container_id)
+            _supervised(engine, container_id, spec, tails, on_output, outcome, outbox_reader)
+            return
+        reader = _start_reader(engine.attach(container_id), tails, on_output)
         try:
             engine.start(container_id)
         except EngineError as exc:
@@ -178,13 +206,10 @@ def _run_container(
         code = engine.wait(container_id, timeout=spec.timeout_s)
         if code is None:
             engine.kill(container_id)
-            outcome.status, outcome.exit_code = "timeout", EXIT_TIMEOUT
-            outcome.error = f"timed out after {spec.timeout_s:g} s; the container was killed"
+            outcome.timed_out(spec)
             return
-        state = engine.exit_state(container_id)
-        if state.oom_killed:
-            outcome.status, outcome.exit_code = "oom", EXIT_OOM
-            outcome.error = f"killed for exceeding its memory limit ({spec.mem_limit} bytes)"
+        if engine.exit_state(container_id).oom_killed:
+            outcome.oom(spec)
         else:
             outcome.status, outcome.exit_code = "exited", code
     except Interrupted as exc:
@@ -199,6 +224,34 @@ def _run_container(
             outcome.removed = _remove(engine, container_id)
         if reader is not None:
             reader.join(timeout=5)
+
+
+def _supervised(
+    engine: Engine,
+    container_id: str,
+    spec: ContainerSpec,
+    tails: dict[Stream, Tail],
+    on_output: OutputSink | None,
+    outcome: _Outcome,
+    outbox_reader: OutboxReader | None,
+) -> None:
+    """The worker by exec (see :mod:`orchestrator.runtime.supervised`), then its outbox."""
+    code, timed_out = run_worker_exec(
+        engine, container_id, spec, lambda frames: _pump(frames, tails, on_output)
+    )
+    exec_failure = tails["stdout"].text().startswith("OCI runtime exec failed")
+    if timed_out:
+        outcome.timed_out(spec)
+    elif code in (EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND) and exec_failure:
+        message = tails["stdout"].text().strip()
+        outcome.status, outcome.error = "error", message
+        outcome.exit_code = _start_failure_code(message) or EXIT_CANNOT_INVOKE
+    elif code == EXIT_OOM and oom_killed(engine, container_id, spec.supervisor_user or spec.user):
+        outcome.oom(spec)
+    else:
+        outcome.status, outcome.exit_code = "exited", code if code is not None else 125
+    if outbox_reader is not None:
+        outcome.collected = read_outbox(engine, container_id, spec, outbox_reader)
 
 
 def _context(spec: ContainerSpec) -> dict[str, Any]:
@@ -233,22 +286,23 @@ def _start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
     }
 
 
+def _pump(
+    frames: Iterator[tuple[Stream, bytes]], tails: dict[Stream, Tail], on_output: OutputSink | None
+) -> None:
+    sink = on_output
+    for stream, chunk in frames:
+        tails[stream].add(chunk)
+        if sink is not None:
+            try:
+                sink(stream, chunk)
+            except OSError:  # the terminal went away: keep capturing, stop echoing
+                sink = None
+
+
 def _start_reader(
-    engine: Engine, container_id: str, tails: dict[Stream, Tail], on_output: OutputSink | None
+    frames: Iterator[tuple[Stream, bytes]], tails: dict[Stream, Tail], on_output: OutputSink | None
 ) -> threading.Thread:
-    frames = engine.attach(container_id)
-
-    def pump() -> None:
-        sink = on_output
-        for stream, chunk in frames:
-            tails[stream].add(chunk)
-            if sink is not None:
-                try:
-                    sink(stream, chunk)
-                except OSError:  # the terminal went away: keep capturing, stop echoing
-                    sink = None
-
-    thread = threading.Thread(target=pump, name=f"output-{container_id[:12]}", daemon=True)
+    thread = threading.Thread(target=_pump, args=(frames, tails, on_output), daemon=True)
     thread.start()
     return thread
 

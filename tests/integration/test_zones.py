@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 
 import pytest
@@ -26,11 +27,20 @@ def script_worker(project, name: str, script: str, front: str = "") -> None:
     project.worker(name, f"command: {command}\n{textwrap.dedent(front).strip()}")
 
 
-def run(engine, project, name: str, **kwargs):
+def run(engine, project, name: str, outbox_reader=None, **kwargs):
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, name), **kwargs)
     audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
-    return execute(engine, prepared, audit=audit), prepared, audit
+    result = execute(engine, prepared, audit=audit, outbox_reader=outbox_reader)
+    return result, prepared, audit
+
+
+def tar_contents(stream) -> dict[str, bytes]:
+    """A test reader for the outbox tar stream: name -> content of regular files."""
+    with tarfile.open(fileobj=stream, mode="r|") as archive:
+        return {
+            m.name.removeprefix("./"): archive.extractfile(m).read() for m in archive if m.isfile()
+        }
 
 
 LIST = """
@@ -47,16 +57,16 @@ def test_untrusted_sees_only_its_session_workers_and_a_fresh_outbox(engine, proj
         LIST + "open('/staged/out-' + os.environ['ORCHESTRATOR_RUN_ID'], 'w').write('x')",
         "sandbox: {}\ntrust: untrusted",
     )
-    first, _, _ = run(engine, project, "w")
-    second, prepared, _ = run(engine, project, "w")
+    first, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    second, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
     assert first.exit_code == 0, first.stderr
     assert "/workspace ABSENT" in second.stdout
     assert "/repo ABSENT" in second.stdout
     assert "/staged []" in second.stdout  # the first run's outbox is not visible
     assert "/workers ['w.worker']" in second.stdout
-    # ...but it was collected on the host, in that run's own outbox
-    outbox = prepared.paths.sandbox_root / "runs" / first.run_id / "staged"
-    assert (outbox / f"out-{first.run_id}").read_text() == "x"
+    # ...but it was read out after the run: each run's outbox holds its own file only
+    assert first.outbox == {f"out-{first.run_id}": b"x"}
+    assert second.outbox == {f"out-{second.run_id}": b"x"}
 
 
 def test_sessions_never_see_each_other(engine, project):

@@ -1,0 +1,117 @@
+"""Runs with an outbox: the worker runs by exec, so its outbox can be read after it ends.
+
+A tmpfs outbox disappears with the container, and the engine's archive API cannot see
+tmpfs mounts. So the container's own process (as a user of its own) only keeps the mounts
+alive; the worker runs by ``exec`` as the worker's user; when it ends (or times out), every
+process of that user is killed (``kill -9 -1`` as the worker spares only other users'
+processes), and only then is the outbox read, as a tar stream, by one more exec. The host
+parses that stream as hostile data (``orchestrator.staging``).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.plan import ContainerSpec
+from orchestrator.runtime.engine import Engine, ExecHandle, Stream
+
+#: Kill everything the worker's user runs. Twice: a process forking during the first
+#: sweep is caught by the second (the PID limit bounds how many there can be).
+KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; true"]
+OOM_COUNTERS = [
+    "sh",
+    "-c",
+    "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null",
+]
+OutboxReader = Callable[[IO[bytes]], Any]
+
+
+class FrameReader(io.RawIOBase):
+    """A binary file over an exec's stdout frames (stderr kept aside), for ``tarfile``."""
+
+    def __init__(self, frames: Iterator[tuple[Stream, bytes]]) -> None:
+        self.frames = frames
+        self.pending = b""
+        self.stderr = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            try:
+                stream, chunk = next(self.frames)
+            except StopIteration:
+                return 0
+            if stream == "stdout":
+                self.pending = chunk
+            elif len(self.stderr) < 4096:
+                self.stderr += chunk
+        size = min(len(buffer), len(self.pending))
+        buffer[:size] = self.pending[:size]
+        self.pending = self.pending[size:]
+        return size
+
+
+def drain(handle: ExecHandle) -> bytes:
+    return b"".join(chunk for _, chunk in handle.frames)
+
+
+def run_worker_exec(
+    engine: Engine,
+    container_id: str,
+    spec: ContainerSpec,
+    pump: Callable[[Iterator[tuple[Stream, bytes]]], None],
+) -> tuple[int | None, bool]:
+    """Exec the worker and wait up to its timeout; return (exit code, timed out).
+
+    Whatever happens, every process of the worker's user is gone when this returns.
+    """
+    argv = engine.image_argv(spec.image, spec.command)
+    if not argv:
+        raise OrchestratorError(
+            f"image '{spec.image}' has no command; set command: in the worker file"
+        )
+    handle = engine.exec(container_id, argv, user=spec.user, env=spec.env, workdir=spec.working_dir)
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            pump(handle.frames)
+        finally:
+            done.set()
+
+    reader = threading.Thread(target=read, name=f"exec-{container_id[:12]}", daemon=True)
+    reader.start()
+    finished = done.wait(timeout=spec.timeout_s)
+    drain(engine.exec(container_id, KILL_ALL, user=spec.user))
+    done.wait(timeout=10)
+    return handle.exit_code(), not finished
+
+
+def oom_killed(engine: Engine, container_id: str, user: str) -> bool:
+    """Whether the container's memory cgroup has OOM-killed anything (cgroup v1 or v2)."""
+    text = drain(engine.exec(container_id, OOM_COUNTERS, user=user)).decode(errors="replace")
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def read_outbox(
+    engine: Engine, container_id: str, spec: ContainerSpec, reader: OutboxReader
+) -> Any:
+    """Stream the outbox as tar, as the worker's user, into ``reader`` (hostile data)."""
+    assert spec.outbox is not None
+    handle = engine.exec(container_id, ["tar", "-C", spec.outbox, "-cf", "-", "."], user=spec.user)
+    stream = FrameReader(handle.frames)
+    try:
+        return reader(io.BufferedReader(stream, buffer_size=1 << 20))
+    finally:
+        for _ in iter(lambda: stream.read(1 << 20), b""):
+            pass  # let tar finish so the exec ends cleanly
