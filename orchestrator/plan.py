@@ -17,6 +17,7 @@ from orchestrator.policy import Grant
 INSTRUCTIONS_ENV = "ORCHESTRATOR_INSTRUCTIONS"
 BROKER_DIR = "/run/orchestrator"
 BROKER_SOCKET = f"{BROKER_DIR}/broker.sock"
+SECRETS_DIR = "/run/secrets"
 #: An empty, read-only tmpfs hides a path (e.g. the sandbox root under /repo).
 MASK_OPTIONS = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
 MAX_INSTRUCTIONS = 64 << 10
@@ -109,6 +110,9 @@ def compile_plan(
         for zone in grant.zones
         if not zone.outbox
     ]
+    if grant.secrets and grant.paths is not None:
+        secrets = str(grant.paths.secrets_dir)
+        mounts.append(Mount(source=secrets, target=SECRETS_DIR, read_only=True))
     if grant.children and grant.paths is not None:
         mounts.append(Mount(source=str(grant.paths.broker_dir), target=BROKER_DIR, read_only=True))
         env["ORCHESTRATOR_BROKER"] = BROKER_SOCKET

@@ -67,6 +67,11 @@ class RunPaths:
     run_dir: Path
 
     @property
+    def secrets_dir(self) -> Path:
+        """In-memory folder (host /dev/shm) holding this run's secret files while it runs."""
+        return Path("/dev/shm") / f"orchestrator-secrets-{self.run_dir.name}"
+
+    @property
     def broker_dir(self) -> Path:
         """Holds the run's broker socket; mounted read-only at /run/orchestrator."""
         return self.run_dir / "broker"
@@ -96,6 +101,8 @@ class Grant:
     masks: tuple[str, ...] = ()
     """Container paths covered by an empty read-only tmpfs (e.g. the sandbox under /repo)."""
     children: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
+    """Credential names delivered as files under /run/secrets (never for untrusted)."""
     paths: RunPaths | None = field(default=None, compare=False)
 
     def zone(self, name: str) -> ZoneGrant | None:
@@ -180,6 +187,7 @@ def grant_for(
                 zones.append(granted)
         if sandbox.readonly:  # read-only everything: no outbox to write into either
             zones = [_readonly(z) for z in zones if not z.outbox]
+    _check_secrets(project, worker, level, problems)
     if problems:
         raise PolicyError(problems)
     limits = resolve_limits(
@@ -193,8 +201,26 @@ def grant_for(
         limits=limits,
         masks=tuple(masks),
         children=tuple(worker.config.children),
+        secrets=tuple(worker.config.secrets),
         paths=paths,
     )
+
+
+def _check_secrets(project: Project, worker: Worker, level: Trust, problems: list[str]) -> None:
+    secrets = worker.config.secrets
+    if secrets and level == "untrusted":
+        problems.append(
+            f"{worker.file}: secrets: refused at trust 'untrusted' (credentials never reach an "
+            "untrusted worker); remove them or raise the worker's trust"
+        )
+    known = project.config.credentials
+    for name in secrets:
+        if name not in known:
+            offered = ", ".join(sorted(known)) or "none"
+            problems.append(
+                f"{worker.file}: secrets: '{name}' is not in {project.file} credentials "
+                f"(known: {offered}); add it there"
+            )
 
 
 def _readonly(zone: ZoneGrant) -> ZoneGrant:

@@ -74,6 +74,11 @@ def restrict(
             )
     network = _network(own.network, parent.network, child, parent_name, problems)
     limits = _limits(own.limits, parent.limits, child, parent_name, problems)
+    problems += [
+        f"child '{name}' asks secret '{secret}' but parent '{parent_name}' does not hold it"
+        for secret in own.secrets
+        if secret not in parent.secrets
+    ]
     if problems:
         raise PolicyError(problems)
     masks = tuple(dict.fromkeys((*own.masks, *parent.masks)))

@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from orchestrator.audit import AuditLog
-from orchestrator.errors import EngineError
+from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.engine import Engine, Stream
 from orchestrator.runtime.gc import collect
 from orchestrator.runtime.preparation import Prepared, prepare_filesystem
+from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.supervised import (
     OutboxReader,
     oom_killed,
@@ -97,14 +98,21 @@ def execute(
     audit: AuditLog | None = None,
     depth: int = 0,
     outbox_reader: OutboxReader | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a prepared plan in a new container and remove it afterwards, on every path.
 
     With ``audit``, the start (everything the container gets) is recorded before anything
     is created, so a run that cannot be audited never starts; the end is recorded after the
-    container is gone.
+    container is gone. ``secrets`` holds resolved values by name; the grant decides which of
+    them this run gets, and every value is redacted from output, errors and the audit log.
     """
     spec = prepared.spec
+    values = _granted_secrets(prepared, secrets or {})
+    redactor = Redactor(list(values.values()))
+    if audit is not None:
+        for value in values.values():
+            audit.add_secret(value)
     prepare_filesystem(prepared)
     for obj in collect(engine).removed:
         if audit is not None:
@@ -121,12 +129,21 @@ def execute(
                 prepared,
                 depth=depth,
                 run_child=lambda child, level: execute(
-                    engine, child, audit=audit, depth=level, outbox_reader=outbox_reader
+                    engine,
+                    child,
+                    audit=audit,
+                    depth=level,
+                    outbox_reader=outbox_reader,
+                    secrets=values,
                 ),
                 audit=audit,
             )
             broker.start()
-        _run_container(engine, spec, tails, on_output, outcome, outbox_reader)
+        with delivered(prepared.paths.secrets_dir, values, prepared.uid, prepared.gid):
+            sink = RedactingSink(on_output, values) if redactor and on_output else None
+            _run_container(engine, spec, tails, sink or on_output, outcome, outbox_reader)
+            if sink is not None:
+                sink.flush()
     finally:
         if broker is not None:
             broker.close()
@@ -136,10 +153,10 @@ def execute(
             exit_code=outcome.exit_code,
             status=outcome.status,
             duration_s=round(time.monotonic() - started, 3),
-            stdout=tails["stdout"].text(),
-            stderr=tails["stderr"].text(),
+            stdout=redactor.text(tails["stdout"].text()),
+            stderr=redactor.text(tails["stderr"].text()),
             container_removed=outcome.removed,
-            error=outcome.error,
+            error=redactor.text(outcome.error) if outcome.error else None,
             outbox=outcome.collected,
         )
         if audit is not None:
@@ -156,6 +173,16 @@ def execute(
                 },
             )
     return result
+
+
+def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str, str]:
+    missing = [name for name in prepared.grant.secrets if name not in secrets]
+    if missing:
+        raise OrchestratorError(
+            f"secret(s) {', '.join(missing)} for '{prepared.spec.worker}' were not resolved; "
+            "check the project's credentials"
+        )
+    return {name: secrets[name] for name in prepared.grant.secrets}
 
 
 @dataclass

@@ -70,10 +70,12 @@ def test_hardened_defaults(project):
     assert [(m.target, m.read_only) for m in spec.mounts] == [
         ("/session", False),
         ("/workers", True),
-        ("/staged", False),
         ("/data", True),
         ("/out", False),
     ]
+    assert spec.outbox == "/staged"
+    assert spec.tmpfs["/staged"].startswith("rw,nosuid,nodev,noexec,size=268435456,mode=0700")
+    assert spec.supervisor_user not in (None, spec.user)
     assert spec.trust == "untrusted"
     assert spec.env["ORCHESTRATOR_INSTRUCTIONS"] == "Do it."
     assert not any("docker.sock" in m.source for m in spec.mounts)

@@ -57,8 +57,7 @@ def test_profiles(project, trust, expected):
     g = grant(project, "w")
     assert targets(g) == expected
     staged = next(z for z in g.zones if z.target == "/staged")
-    assert staged.fresh is (trust == "untrusted")
-    assert staged.host_path.name == ("staged" if trust == "untrusted" else "s1")
+    assert staged.outbox  # always a fresh, capped tmpfs of the run's own
     if "/repo" in expected:
         assert g.masks == ("/repo/.sandbox",)
 
@@ -295,3 +294,17 @@ def test_symlinked_project_root_is_resolved(tmp_path):
     link.symlink_to(real)
     assert load_project(link).root == real
     assert Path(os.path.realpath(link)) == real
+
+
+def test_child_secrets_can_only_shrink(project):
+    project.extra = "credentials:\n  a: {source: env, env: A}\n  b: {source: env, env: B}\n"
+    project.write_project()
+    project.worker("main", "trust: session\nchildren: [kid]\nsecrets: [a]")
+    project.worker("kid", "trust: session\nsecrets: [a, b]")
+    loaded = load_project(project.root)
+    parent = grant_for(loaded, load_worker(loaded, "main"), paths_of(loaded))
+    with pytest.raises(PolicyError, match="asks secret 'b' but parent 'main' does not hold it"):
+        restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    project.worker("kid", "trust: session\nsecrets: [a]")
+    child = restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    assert child.secrets == ("a",)
