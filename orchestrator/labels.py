@@ -16,6 +16,8 @@ MANAGED = f"{PREFIX}.managed"
 RUN_ID = f"{PREFIX}.run-id"
 WORKER = f"{PREFIX}.worker"
 TRUST = f"{PREFIX}.trust"
+#: Objects shared between runs (egress proxies, networks): no owner process.
+SHARED = f"{PREFIX}.shared"
 OWNER_PID = f"{PREFIX}.owner-pid"
 OWNER_START = f"{PREFIX}.owner-start"
 OWNER_NS = f"{PREFIX}.owner-pidns"

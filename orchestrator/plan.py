@@ -13,6 +13,12 @@ from orchestrator import labels
 from orchestrator.config import Project, Worker
 from orchestrator.errors import ConfigError
 from orchestrator.policy import Grant
+from orchestrator.policy.network import (
+    PROXY_VARIABLES,
+    full_network,
+    internal_network,
+    network_env,
+)
 
 INSTRUCTIONS_ENV = "ORCHESTRATOR_INSTRUCTIONS"
 BROKER_DIR = "/run/orchestrator"
@@ -33,6 +39,7 @@ RESERVED_ENV = frozenset(
         "ORCHESTRATOR_BROKER",
         "ORCHESTRATOR_PARENT_RUN",
         "ORCHESTRATOR_ATTACHMENTS",
+        *PROXY_VARIABLES,
     }
 )
 
@@ -74,6 +81,9 @@ class ContainerSpec:
     worker: str = ""
     trust: str = "untrusted"
     session_id: str = ""
+    egress: list[str] | None = None
+    """With an allowlist: its normalised entries; ``network_mode`` is then the internal
+    network the egress proxy serves."""
     outbox: str | None = None
     """Container path of the run's outbox (a size-capped tmpfs), collected after the run."""
     supervisor_user: str | None = None
@@ -102,6 +112,8 @@ def compile_plan(
         raise ValueError("a worker never runs as uid 0")
     config = worker.config
     env = _environment(worker, run_id)
+    if isinstance(grant.network, tuple):
+        env.update(network_env())
     env["ORCHESTRATOR_TRUST"] = grant.trust
     env["ORCHESTRATOR_SESSION"] = session_id
     outbox = next((zone for zone in grant.zones if zone.outbox), None)
@@ -129,7 +141,7 @@ def compile_plan(
         working_dir=config.workdir or "/tmp",
         env=env,
         mounts=mounts,
-        network_mode=grant.network if grant.network == "none" else "bridge",
+        network_mode=_network_mode(project, grant),
         read_only_rootfs=True,
         cap_drop=["ALL"],
         cap_add=[],
@@ -145,9 +157,18 @@ def compile_plan(
         worker=config.name,
         trust=grant.trust,
         session_id=session_id,
+        egress=[str(e) for e in grant.network] if isinstance(grant.network, tuple) else None,
         outbox=outbox.target if outbox else None,
         supervisor_user=_supervisor(uid) if outbox else None,
     )
+
+
+def _network_mode(project: Project, grant: Grant) -> str:
+    if isinstance(grant.network, tuple):
+        return internal_network(grant.network)
+    if grant.network == "full":
+        return full_network(project.root)
+    return "none"
 
 
 def _supervisor(uid: int) -> str:

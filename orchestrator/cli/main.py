@@ -229,6 +229,9 @@ def _report(result: RunResult, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
         return
+    for decision in result.egress:
+        verdict = "allowed" if decision["allowed"] else "DENIED"
+        say(f"egress {verdict}: {decision['host']}:{decision['port']}")
     removed = "container removed" if result.container_removed else "CONTAINER NOT REMOVED"
     detail = f" ({result.error})" if result.error else ""
     say(

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.config.allowlist import validate_allowlist
+
 ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -103,7 +105,29 @@ class ZoneConfig(Strict):
         return suffixes
 
 
-Network = Literal["none", "full"]
+class Allowlist(Strict):
+    """``network: {allow: [...]}``: only these destinations, through the egress proxy."""
+
+    allow: list[str]
+    """``DOMAIN`` (ports 80 and 443), ``DOMAIN:PORT``, ``*.DOMAIN[:PORT]`` or an IPv4 address."""
+
+    @field_validator("allow")
+    @classmethod
+    def _valid(cls, allow: list[str]) -> list[str]:
+        validate_allowlist(allow)  # raises ValueError naming each bad entry and the fix
+        return allow
+
+
+def _network(value: object) -> object:
+    """One clear message for a wrong network, instead of one per union member."""
+    if isinstance(value, str) and value not in ("none", "full"):
+        raise ValueError(f"'{value}' must be none, full, or {{allow: [DOMAIN, ...]}}")
+    if isinstance(value, dict):
+        return Allowlist.model_validate(value)
+    return value
+
+
+Network = Annotated[Literal["none", "full"] | Allowlist, BeforeValidator(_network)]
 Trust = Literal["untrusted", "session", "workspace", "full"]
 Approval = Literal["preApproved", "ask", "blocked"]
 #: Trust levels from least to most access.
@@ -181,6 +205,8 @@ class ProjectConfig(Strict):
     """The project's git working tree, mounted at ``/repo`` for trusted enough workers."""
     credentials: dict[str, CredentialConfig] = {}
     clearance: ClearanceSettings = ClearanceSettings()
+    untrusted_network: Literal["none", "allow", "full"] = "allow"
+    """The widest network an ``untrusted`` worker may get: nothing, an allowlist, or full."""
 
 
 def check_zone_name(name: str) -> str:

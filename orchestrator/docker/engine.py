@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 import docker
@@ -28,7 +29,7 @@ from tenacity import (
 from orchestrator import labels
 from orchestrator.errors import EngineError, EngineUnreachable, ImageMissing
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.engine import ExitState, ManagedObject, Stream
+from orchestrator.runtime.engine import EgressDecision, ExitState, ManagedObject, Stream
 
 #: The oldest engine API with everything the plan uses (Docker 20.10).
 API_VERSION = os.environ.get("DOCKER_API_VERSION", "1.41")
@@ -186,6 +187,7 @@ class DockerEngine:
                 labels=self.labels_for(spec.labels),
                 host_config=host_config,
                 network_disabled=spec.network_mode == "none",
+                use_config_proxy=False,  # a worker gets exactly the plan's proxy settings
                 stdin_open=False,
                 tty=False,
             )
@@ -262,6 +264,9 @@ class DockerEngine:
                 self.api.remove_container(container_id, force=True, v=True)
             except docker_errors.NotFound:
                 return
+            except docker_errors.APIError as exc:
+                if "already in progress" not in str(exc.explanation or ""):
+                    raise
 
         with engine_errors("removing the container"):
             _retrying(remove)
@@ -296,6 +301,21 @@ class DockerEngine:
             frames = self.api.exec_start(exec_id, stream=True, demux=True)
         return DockerExec(self, exec_id, self._frames(frames))
 
+    def prepare_network(self, spec: ContainerSpec) -> None:
+        from orchestrator.docker.networks import prepare_network
+
+        prepare_network(self, spec)
+
+    def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
+        from orchestrator.docker.networks import network_decisions
+
+        return network_decisions(self, spec, since)
+
+    def collect_shared(self, idle_seconds: float) -> list[str]:
+        from orchestrator.docker.networks import collect_shared
+
+        return collect_shared(self, idle_seconds)
+
     def list_managed(self) -> list[ManagedObject]:
         label = {"label": labels.MANAGED}
         found: list[ManagedObject] = []
@@ -320,4 +340,7 @@ class DockerEngine:
                     self.api.remove_volume(obj.id, force=True)
             except docker_errors.NotFound:
                 pass
+            except docker_errors.APIError as exc:
+                if "already in progress" not in str(exc.explanation or ""):
+                    raise  # another gc is removing it: as good as gone
         return True

@@ -24,6 +24,7 @@ from orchestrator.errors import ImageBuildError
 Progress = Callable[[str], None]
 
 WORKER_IMAGE = "orchestrator/worker:latest"
+PROXY_IMAGE = "orchestrator/proxy:latest"
 BASE_REPOSITORY = "orchestrator/base"
 BASE_PACKAGES = ("python3", "ca-certificates")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -163,4 +164,5 @@ def build_all(
         with engine_errors(f"pulling {base} (no registry? omit --base to bootstrap one)"):
             engine.api.pull(repository, tag=version or "latest")
     build_image(engine, "worker", WORKER_IMAGE, base, progress)
-    return BuildResult(base=base, base_built=base_built, images=[WORKER_IMAGE])
+    build_image(engine, "proxy", PROXY_IMAGE, base, progress)
+    return BuildResult(base=base, base_built=base_built, images=[WORKER_IMAGE, PROXY_IMAGE])

@@ -14,6 +14,8 @@ from pathlib import Path
 from orchestrator.config import Project, Resources, Worker
 from orchestrator.config.models import Trust, ZoneRequest
 from orchestrator.errors import PolicyError
+from orchestrator.policy.network import NetworkGrant, describe, network_grant
+from orchestrator.policy.network import rank as network_rank
 from orchestrator.policy.trust import PROFILES
 
 #: Built-in limits, used where neither the worker nor the project sets one.
@@ -96,7 +98,7 @@ class Grant:
 
     trust: Trust
     zones: tuple[ZoneGrant, ...]
-    network: str
+    network: NetworkGrant
     limits: Limits
     masks: tuple[str, ...] = ()
     """Container paths covered by an empty read-only tmpfs (e.g. the sandbox under /repo)."""
@@ -188,12 +190,18 @@ def grant_for(
         if sandbox.readonly:  # read-only everything: no outbox to write into either
             zones = [_readonly(z) for z in zones if not z.outbox]
     _check_secrets(project, worker, level, problems)
+    network = network_grant(worker.config.network or project.config.defaults.network)
+    cap = project.config.untrusted_network
+    if level == "untrusted" and network_rank(network) > {"none": 0, "allow": 1, "full": 2}[cap]:
+        problems.append(
+            f"{worker.file}: network: '{describe(network)}' is more than {project.file} allows "
+            f"untrusted workers (untrusted_network: {cap}); narrow it or raise the trust"
+        )
     if problems:
         raise PolicyError(problems)
     limits = resolve_limits(
         Resources(timeout=timeout), worker.config.resources, project.config.defaults.resources
     )
-    network = worker.config.network or project.config.defaults.network
     return Grant(
         trust=level,
         zones=tuple(zones),

@@ -14,9 +14,8 @@ from dataclasses import replace
 from orchestrator.config import Project, Worker
 from orchestrator.errors import PolicyError
 from orchestrator.policy.grant import Grant, Limits, RunPaths, ZoneGrant, grant_for
+from orchestrator.policy.network import NetworkGrant, describe, narrower_or_equal
 from orchestrator.policy.trust import rank
-
-NETWORK_ORDER = ("none", "full")
 
 
 def covers(outer: ZoneGrant, inner: ZoneGrant) -> bool:
@@ -86,16 +85,20 @@ def restrict(
 
 
 def _network(
-    wanted: str, ceiling: str, child: Worker, parent_name: str, problems: list[str]
-) -> str:
-    if NETWORK_ORDER.index(wanted) <= NETWORK_ORDER.index(ceiling):
+    wanted: NetworkGrant,
+    ceiling: NetworkGrant,
+    child: Worker,
+    parent_name: str,
+    problems: list[str],
+) -> NetworkGrant:
+    if narrower_or_equal(wanted, ceiling):
         return wanted
     if child.config.network is not None:
         problems.append(
-            f"child '{child.name}' asks network '{wanted}' but parent '{parent_name}' has "
-            f"'{ceiling}'; a child's network can only be narrower"
+            f"child '{child.name}' asks network '{describe(wanted)}' but parent "
+            f"'{parent_name}' has '{describe(ceiling)}'; a child's network can only be narrower"
         )
-    return ceiling
+    return ceiling  # an undeclared (project default) network is capped to the parent's
 
 
 def _limits(

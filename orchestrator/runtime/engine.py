@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, Protocol
 
 from orchestrator.plan import ContainerSpec
@@ -33,6 +34,16 @@ class ManagedObject:
     id: str
     name: str
     labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class EgressDecision:
+    """One request the egress proxy allowed or denied."""
+
+    host: str
+    port: int
+    allowed: bool
+    method: str
 
 
 class ExecHandle(Protocol):
@@ -85,6 +96,15 @@ class Engine(Protocol):
         workdir: str | None = None,
     ) -> ExecHandle:
         """Start ``argv`` inside a running container and attach to its output."""
+
+    def prepare_network(self, spec: ContainerSpec) -> None:
+        """Create or reuse the network (and egress proxy) ``spec`` names."""
+
+    def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
+        """The egress proxy's decisions on this run's requests (empty without one)."""
+
+    def collect_shared(self, idle_seconds: float) -> list[str]:
+        """Remove shared objects (proxies, networks) that no container uses any more."""
 
     def list_managed(self) -> list[ManagedObject]:
         """Every container, network and volume carrying the orchestrator's labels."""

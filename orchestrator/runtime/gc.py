@@ -32,6 +32,8 @@ def collect(engine: Engine, *, everything: bool = False) -> GcReport:
     in any pid namespace)."""
     report = GcReport()
     for obj in sorted(engine.list_managed(), key=lambda o: _ORDER[o.kind]):
+        if obj.labels.get(labels.SHARED) == "true":
+            continue  # proxies and networks shared between runs: see collect_shared
         state = labels.owner_state(obj.labels)
         if state == "alive" or (state == "foreign" and not everything):
             report.kept.append(obj)

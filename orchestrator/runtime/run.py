@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from orchestrator.audit import AuditLog
@@ -65,6 +66,8 @@ class RunResult:
     error: str | None = None
     outbox: Any = None
     """What the outbox reader made of the run's outbox (e.g. a change set summary)."""
+    egress: list[dict[str, Any]] = field(default_factory=list)
+    """The egress proxy's decisions on this run's requests: host, port, allowed."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -117,8 +120,11 @@ def execute(
     for obj in collect(engine).removed:
         if audit is not None:
             audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
+    if spec.network_mode != "none":
+        engine.prepare_network(spec)
     if audit is not None:
         audit.record("run.started", **_context(spec), metadata=_start_metadata(prepared, depth))
+    wall_start = datetime.now(UTC) - timedelta(seconds=1)
     broker: Broker | None = None
     started = time.monotonic()
     tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
@@ -147,6 +153,7 @@ def execute(
     finally:
         if broker is not None:
             broker.close()
+        egress = _egress_decisions(engine, spec, wall_start, audit)
         result = RunResult(
             run_id=spec.run_id,
             worker=spec.worker,
@@ -158,6 +165,7 @@ def execute(
             container_removed=outcome.removed,
             error=redactor.text(outcome.error) if outcome.error else None,
             outbox=outcome.collected,
+            egress=egress,
         )
         if audit is not None:
             audit.record(
@@ -173,6 +181,31 @@ def execute(
                 },
             )
     return result
+
+
+def _egress_decisions(
+    engine: Engine, spec: ContainerSpec, since: datetime, audit: AuditLog | None
+) -> list[dict[str, Any]]:
+    """Collect the proxy's decisions after the run, into the audit log and the result."""
+    if spec.egress is None:
+        return []
+    try:
+        found = engine.network_decisions(spec, since)
+    except OrchestratorError as exc:
+        log.warning("could not read the egress proxy's decisions: %s", exc)
+        return []
+    rows = []
+    for decision in found:
+        rows.append({"host": decision.host, "port": decision.port, "allowed": decision.allowed})
+        if audit is not None:
+            audit.record(
+                "egress.decision",
+                allowed=decision.allowed,
+                reason=None if decision.allowed else "not in the allowlist",
+                **_context(spec),
+                metadata={"host": decision.host, "port": decision.port, "method": decision.method},
+            )
+    return rows
 
 
 def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str, str]:
@@ -301,6 +334,7 @@ def _start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
         ],
         "masks": sorted(prepared.grant.masks),
         "network": spec.network_mode,
+        "egress": spec.egress,
         "limits": {
             "memory": spec.mem_limit,
             "nano_cpus": spec.nano_cpus,

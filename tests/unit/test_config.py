@@ -78,7 +78,7 @@ def test_every_problem_is_reported_once(project):
     lines = problems(excinfo)
     assert len(lines) == 4
     joined = "\n".join(lines)
-    assert "network: must be one of 'none' or 'full'" in joined
+    assert "network: 'wide' must be none, full, or {allow: [DOMAIN, ...]}" in joined
     assert "resources.memory: 'lots' is not a size; write it like 512m or 2g" in joined
     assert "resources.pids:" in joined
     assert "bogus: unknown field" in joined

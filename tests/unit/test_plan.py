@@ -84,13 +84,13 @@ def test_hardened_defaults(project):
 def test_limits_merge_worker_over_project_over_builtin(project):
     project.extra = "defaults:\n  resources: {memory: 1g, pids: 100}\n  network: full\n"
     project.write_project()
-    project.worker("w", "resources: {memory: 128m, timeout: 5}")
+    project.worker("w", "trust: session\nresources: {memory: 128m, timeout: 5}")
     spec = prepare(*load(project), timeout=2).spec
     assert spec.mem_limit == 128 << 20  # worker
     assert spec.pids_limit == 100  # project
     assert spec.nano_cpus == 1_000_000_000  # built in
     assert spec.timeout_s == 2  # command line
-    assert spec.network_mode == "bridge"
+    assert spec.network_mode.startswith("orchestrator-full-")  # never the default bridge
 
 
 def test_never_uid_0(project):
@@ -135,7 +135,7 @@ def test_cli_errors_are_one_line_per_problem_and_exit_125(project, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.count("\n") == 1
-    assert err.startswith("orchestrator: error: ") and "network: must be one of" in err
+    assert err.startswith("orchestrator: error: ") and "network: 'wide' must be none, full" in err
 
 
 def test_cli_refuses_a_bad_policy_before_docker(project, capsys, monkeypatch):

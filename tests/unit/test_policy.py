@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import PolicyError
 from orchestrator.policy import RunPaths, ZoneView, covers, effective_trust, grant_for, restrict
-from orchestrator.policy.restrict import NETWORK_ORDER
+from orchestrator.policy.network import narrower_or_equal
 from orchestrator.policy.trust import rank
 
 
@@ -135,7 +135,7 @@ def restrict_kid(project, front):
         ("sandbox: {zones: [{name: data, restrict: other}]}", "only sees /data/sub"),
         ("resources: {memory: 1g}", "asks memory"),
         ("resources: {timeout: 600}", "asks timeout 600 but parent 'main' has 60"),
-        ("network: full", "asks network 'full' but parent 'main' has 'none'"),
+        ("trust: session\nnetwork: full", "asks network 'full' but parent 'main' has 'none'"),
     ],
 )
 def test_child_asking_more_than_its_parent_is_refused(family, front, message):
@@ -189,7 +189,10 @@ def declaration(draw):
         zones.append(
             f"{{name: {name}, mode: {draw(MODES)}" + (f", restrict: {sub}" if sub else "") + "}"
         )
-    lines = [f"trust: {draw(TRUSTS)}", f"network: {draw(st.sampled_from(NETWORK_ORDER))}"]
+    network = draw(
+        st.sampled_from(["none", "full", "{allow: [a.test]}", "{allow: [a.test, b.test:8080]}"])
+    )
+    lines = [f"trust: {draw(TRUSTS)}", f"network: {network}"]
     if draw(st.booleans()):
         lines.append(
             f"sandbox: {{readonly: {str(draw(st.booleans())).lower()}, zones: [{', '.join(zones)}]}}"
@@ -224,7 +227,7 @@ def test_a_child_grant_is_never_wider_than_its_parent(project, parent_decl, chil
             parent.zones,
         )
     assert rank(child.trust) <= rank(parent.trust)
-    assert NETWORK_ORDER.index(child.network) <= NETWORK_ORDER.index(parent.network)
+    assert narrower_or_equal(child.network, parent.network)
     for field in ("memory", "cpus", "pids", "timeout", "tmp"):
         assert getattr(child.limits, field) <= getattr(parent.limits, field)
     assert set(parent.masks) <= set(child.masks)

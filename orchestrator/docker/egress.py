@@ -1,0 +1,739 @@
+"""Allowlisted egress: an internal network whose only way out is a logging proxy.
+
+A worker with ``network: {allow: [...]}`` is attached to an *internal* Docker network (no
+route out). The only other member of that network is a squid proxy (``images/proxy``),
+which is also attached to one shared outside bridge (``orchestrator-egress``). The proxy
+admits plain HTTP and HTTPS ``CONNECT`` to the listed hosts and ports only, and logs every
+decision on its stdout, from where :func:`decisions` reads them back.
+
+One proxy and one internal network exist per distinct allowlist, named after a hash of
+the normalised allowlist (the *key*), and are shared by every run with that allowlist:
+:func:`ensure_egress` creates them or reuses what is already up, and is safe to call from
+several processes at once. Shared objects outlive the run that created them, so they do
+not carry the per-process owner labels; they are removed by :func:`remove_egress`, or by
+:func:`remove_idle_egress` once :func:`is_idle` says no run uses them. See docs/network.md.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+import docker.types
+from docker import errors as docker_errors
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from orchestrator import labels
+from orchestrator.config.allowlist import (
+    DEFAULT_PORTS,
+    AllowEntry,
+    allow_text,
+    allowlist_key,
+    validate_allowlist,
+)
+from orchestrator.docker.engine import DockerEngine, engine_errors, is_transient
+from orchestrator.docker.images import PROXY_IMAGE, build_image
+from orchestrator.errors import EngineError, ImageMissing
+from orchestrator.policy.network import INTERNAL_PREFIX, PROXY_ALIAS, PROXY_PORT, network_env
+
+__all__ = [
+    "DEFAULT_PORTS",
+    "OUTSIDE_NETWORK",
+    "PROXY_IMAGE",
+    "PROXY_PORT",
+    "AllowEntry",
+    "Decision",
+    "Egress",
+    "allowlist_key",
+    "build_proxy_image",
+    "decisions",
+    "egress_keys",
+    "ensure_egress",
+    "ensure_outside_network",
+    "is_idle",
+    "parse_decisions",
+    "proxy_env",
+    "remove_egress",
+    "remove_idle_egress",
+    "validate_allowlist",
+]
+
+T = TypeVar("T")
+Progress = Callable[[str], None]
+Role = Literal["proxy", "internal", "outside", "full"]
+
+#: The bridge every proxy shares to reach the outside.
+OUTSIDE_NETWORK = "orchestrator-egress"
+PROXY_PREFIX = "orchestrator-egress-proxy-"
+#: Host interface names of the bridges (at most 15 characters): ``oeg-outside`` and
+#: ``oeg-<key prefix>``. Fixed names make the host firewall rule in docs/network.md
+#: simple, and the kernel's uniqueness of interface names makes a racing second creation
+#: of the same network fail instead of leaving two networks with one name.
+BRIDGE_PREFIX = "oeg-"
+OUTSIDE_BRIDGE = "oeg-outside"
+
+SHARED = labels.SHARED
+EGRESS_KEY = f"{labels.PREFIX}.egress-key"
+EGRESS_ROLE = f"{labels.PREFIX}.egress-role"
+EGRESS_ALLOW = f"{labels.PREFIX}.egress-allow"
+
+#: Proxy hardening and limits.
+PROXY_MEMORY = 128 << 20
+PROXY_PIDS = 64
+PROXY_NANO_CPUS = 1_000_000_000
+PROXY_NOFILE = 4096
+PROXY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,size=16m,mode=1777"}
+PROXY_LOG_CONFIG = {"max-size": "10m", "max-file": "3"}
+
+#: squid's line once its listening socket is open.
+_READY_MARK = b"Accepting HTTP Socket connections"
+_DECISION_MARK = "EGRESS "
+#: A proxy started longer ago than this is taken to be ready without reading its log.
+_READY_GRACE = timedelta(seconds=60)
+#: A proxy container still in state ``created`` after this long was abandoned by its
+#: creator (a killed process) and is replaced.
+_STALE_CREATED = timedelta(seconds=20)
+_KEY_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+_DOCKER_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Egress:
+    """A ready proxy: attach a worker to ``network`` and give it :func:`proxy_env`.
+
+    ``network`` is the internal network's name (unique: see ``BRIDGE_PREFIX``), usable
+    as a container's network mode; ``network_id`` is its id; ``proxy_container`` is the
+    proxy container's id.
+    """
+
+    network: str
+    proxy_url: str
+    proxy_container: str
+    key: str
+    network_id: str = ""
+    allow: tuple[AllowEntry, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One request the proxy decided on.
+
+    ``time`` is when the proxy received the request (aware, UTC); ``status`` is the HTTP
+    status the proxy answered (403 for a denial, 200 for an opened tunnel, 0 when the
+    client went away first).
+    """
+
+    host: str
+    port: int
+    allowed: bool
+    time: datetime
+    method: str
+    status: int = 0
+
+
+def proxy_env(egress: Egress) -> dict[str, str]:
+    """The environment that sends a worker's HTTP(S) clients through the proxy."""
+    return network_env(egress.proxy_url)
+
+
+# -- engine plumbing --------------------------------------------------------------------
+
+
+def _retrying(func: Callable[[], T]) -> T:
+    """Call ``func``, retrying transient engine errors (3 attempts)."""
+    wrapped = retry(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(3),
+        wait=wait_exponential(multiplier=0.1, max=1.0),
+        reraise=True,
+    )(func)
+    return wrapped()
+
+
+def _explanation(exc: docker_errors.APIError) -> str:
+    detail = exc.explanation or str(exc)
+    if isinstance(detail, bytes):
+        detail = detail.decode(errors="replace")
+    return str(detail)
+
+
+def shared_labels(role: Role, key: str = "", allow: str = "") -> dict[str, str]:
+    """Labels of a shared egress object: managed and shared, but no owner process."""
+    found = {labels.MANAGED: "true", SHARED: "true", EGRESS_ROLE: role}
+    if key:
+        found[EGRESS_KEY] = key
+    if allow:
+        found[EGRESS_ALLOW] = allow
+    return found
+
+
+def _parse_docker_time(text: str) -> datetime | None:
+    """Docker's RFC 3339 times (nanoseconds) as aware datetimes; None for the zero time."""
+    match = _DOCKER_TIME.match(text or "")
+    if not match or text.startswith("0001-"):
+        return None
+    whole, fraction, zone = match.groups()
+    micro = (fraction or "0")[:6].ljust(6, "0")
+    zone = "+00:00" if zone == "Z" else zone
+    return datetime.fromisoformat(f"{whole}.{micro}{zone}").astimezone(UTC)
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC; a naive datetime is taken to be UTC already (as in the audit)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _inspect_container(engine: DockerEngine, name: str) -> dict[str, Any] | None:
+    with engine_errors(f"looking up the egress proxy {name}"):
+        try:
+            info: dict[str, Any] = _retrying(lambda: engine.api.inspect_container(name))
+        except docker_errors.NotFound:
+            return None
+    return info
+
+
+def _networks_named(engine: DockerEngine, name: str) -> list[dict[str, Any]]:
+    """Networks whose name is exactly ``name`` (the engine's name filter matches parts)."""
+    with engine_errors(f"listing networks named {name}"):
+        found = _retrying(lambda: engine.api.networks(names=[name])) or []
+    return [n for n in found if n.get("Name") == name]
+
+
+def network_users(engine: DockerEngine, network: str, network_id: str) -> list[dict[str, Any]]:
+    """Containers in any state that reference a network (by name or id)."""
+    wanted = [v for v in (network, network_id) if v]
+    with engine_errors(f"listing the containers on network {network}"):
+        found = _retrying(lambda: engine.api.containers(all=True, filters={"network": wanted}))
+    return list(found or [])
+
+
+def _remove_container(engine: DockerEngine, container: str) -> None:
+    with engine_errors(f"removing the egress proxy {container}"):
+        try:
+            _retrying(lambda: engine.api.remove_container(container, force=True, v=True))
+        except docker_errors.NotFound:
+            pass
+        except docker_errors.APIError as exc:
+            if exc.status_code != 409:  # removal already in progress elsewhere
+                raise
+
+
+def _remove_network(engine: DockerEngine, network: str) -> bool:
+    """Remove a network; True when it is gone, False when it is still in use."""
+    with engine_errors(f"removing network {network}"):
+        try:
+            _retrying(lambda: engine.api.remove_network(network))
+        except docker_errors.NotFound:
+            return True
+        except docker_errors.APIError as exc:
+            if exc.status_code in (403, 409) or "active endpoints" in _explanation(exc):
+                return False
+            raise
+    return True
+
+
+def ensure_network(
+    engine: DockerEngine, name: str, *, internal: bool, bridge: str, labels_: dict[str, str]
+) -> dict[str, Any]:
+    """Find or create a labelled bridge network called ``name``; return its summary.
+
+    Two processes may try at once. The fixed bridge interface name makes the engine refuse
+    the second creation (403 "same bridge name") or the name check refuses it (409); the
+    loser then finds the winner's network on the next look.
+    """
+    role = labels_.get(EGRESS_ROLE, "")
+    for _attempt in range(5):
+        found = _networks_named(engine, name)
+        if found:
+            network = min(found, key=lambda n: (str(n.get("Created", "")), n["Id"]))
+            got = network.get("Labels") or {}
+            if got.get(SHARED) != "true" or got.get(EGRESS_ROLE) != role:
+                raise EngineError(
+                    f"a network named '{name}' exists that the orchestrator did not create "
+                    f"as egress {role} network; remove it (`docker network rm {name}`)"
+                )
+            if bool(network.get("Internal")) != internal:
+                raise EngineError(
+                    f"network '{name}' has the wrong 'internal' setting; remove it "
+                    f"(`docker network rm {name}`) and try again"
+                )
+            return network
+        with engine_errors(f"creating the egress network {name}"):
+            try:
+                engine.api.create_network(
+                    name,
+                    driver="bridge",
+                    internal=internal,
+                    labels=labels_,
+                    check_duplicate=True,
+                    options={"com.docker.network.bridge.name": bridge},
+                )
+            except docker_errors.APIError as exc:
+                text = _explanation(exc)
+                racing = exc.status_code == 409 or "same bridge name" in text
+                if not racing and not is_transient(exc):
+                    raise
+                time.sleep(0.05)
+    raise EngineError(f"could not create or find the egress network '{name}'")
+
+
+def ensure_outside_network(engine: DockerEngine) -> str:
+    """Create (or find) the shared outside bridge all proxies use; return its id."""
+    network = ensure_network(
+        engine,
+        OUTSIDE_NETWORK,
+        internal=False,
+        bridge=OUTSIDE_BRIDGE,
+        labels_=shared_labels("outside"),
+    )
+    return str(network["Id"])
+
+
+# -- building and starting the proxy ----------------------------------------------------
+
+
+def build_proxy_image(engine: DockerEngine, base: str, progress: Progress = lambda _: None) -> None:
+    """Build ``orchestrator/proxy:latest`` from ``images/proxy`` on ``base``."""
+    build_image(engine, "proxy", PROXY_IMAGE, base, progress)
+
+
+def ensure_egress(
+    engine: DockerEngine, allow: Sequence[AllowEntry], *, timeout: float = 30.0
+) -> Egress:
+    """Return a ready proxy for ``allow``, creating it and its networks when needed.
+
+    Reusing a running proxy costs one engine request. A proxy another process is creating
+    at the same moment is waited for; one left behind half-created or stopped is replaced.
+    Returns only once squid accepts connections; raises EngineError after ``timeout``
+    seconds, or at once when the proxy cannot start (with the end of its log).
+    """
+    entries = tuple(sorted(set(allow)))
+    if not entries:
+        raise ValueError("the allowlist is empty: it would allow nothing")
+    for entry in entries:
+        if not isinstance(entry, AllowEntry):
+            raise TypeError("ensure_egress takes entries from validate_allowlist()")
+    key = allowlist_key(entries)
+    name = PROXY_PREFIX + key
+    deadline = time.monotonic() + timeout
+    while time.monotonic() <= deadline:
+        info = _inspect_container(engine, name)
+        if info is not None:
+            egress = _reuse(engine, info, entries, key, deadline)
+        else:
+            egress = _create(engine, entries, key, deadline)
+        if egress is not None:
+            return egress
+        # A stale proxy was removed, another process won the race for the name, or a
+        # network vanished under a concurrent removal: look again.
+    raise EngineError(f"timed out setting up the egress proxy {name}")
+
+
+def _check_ours(info: dict[str, Any], key: str) -> None:
+    got = (info.get("Config") or {}).get("Labels") or {}
+    if got.get(SHARED) != "true" or got.get(EGRESS_KEY) != key:
+        name = str(info.get("Name", "")).lstrip("/")
+        raise EngineError(
+            f"a container named '{name}' exists that the orchestrator did not create; "
+            f"remove it (`docker rm -f {name}`)"
+        )
+
+
+def _egress_from(info: dict[str, Any], entries: tuple[AllowEntry, ...], key: str) -> Egress | None:
+    """The Egress a proxy container serves; None when it lost its internal network."""
+    network = INTERNAL_PREFIX + key
+    attached = ((info.get("NetworkSettings") or {}).get("Networks")) or {}
+    endpoint = attached.get(network)
+    if endpoint is None:
+        return None
+    return Egress(
+        network=network,
+        proxy_url=f"http://{PROXY_ALIAS}:{PROXY_PORT}",
+        proxy_container=str(info["Id"]),
+        key=key,
+        network_id=str(endpoint.get("NetworkID") or ""),
+        allow=entries,
+    )
+
+
+def _reuse(
+    engine: DockerEngine,
+    info: dict[str, Any],
+    entries: tuple[AllowEntry, ...],
+    key: str,
+    deadline: float,
+) -> Egress | None:
+    """Use an existing proxy container, waiting for it if it is being set up.
+
+    Returns None after removing a container that cannot serve (stopped, abandoned while
+    being created, or detached from its network), so the caller creates a new one.
+    """
+    _check_ours(info, key)
+    container = str(info["Id"])
+    while True:
+        state = info.get("State") or {}
+        status = state.get("Status", "")
+        if status == "running":
+            egress = _egress_from(info, entries, key)
+            if egress is None:
+                break
+            started = _parse_docker_time(str(state.get("StartedAt", "")))
+            if started is None or _now() - started < _READY_GRACE:
+                try:
+                    _wait_ready(engine, container, deadline)
+                except _Vanished:
+                    return None  # its creator gave up on it: start over
+            return egress
+        created = _parse_docker_time(str(info.get("Created", "")))
+        young = created is not None and _now() - created < _STALE_CREATED
+        if status not in ("created", "restarting") or not young:
+            break
+        if time.monotonic() > deadline:
+            raise EngineError(f"timed out waiting for the egress proxy {container[:12]}")
+        time.sleep(0.05)  # another process is between create and start
+        refreshed = _inspect_container(engine, container)
+        if refreshed is None:
+            return None
+        info = refreshed
+    _remove_container(engine, container)
+    return None
+
+
+def _create(
+    engine: DockerEngine, entries: tuple[AllowEntry, ...], key: str, deadline: float
+) -> Egress | None:
+    """Create and start the proxy; None when another process won the race for the name."""
+    allowed = allow_text(entries)
+    outside = ensure_outside_network(engine)
+    internal = ensure_network(
+        engine,
+        INTERNAL_PREFIX + key,
+        internal=True,
+        bridge=BRIDGE_PREFIX + key[:11],
+        labels_=shared_labels("internal", key),
+    )
+    network = str(internal["Name"])
+    subnets = _subnets(internal)
+    if not subnets:  # the list answer lacked the addresses: ask the network itself
+        with engine_errors(f"inspecting the egress network {network}"):
+            subnets = _subnets(engine.api.inspect_network(internal["Id"]))
+    if not subnets:
+        raise EngineError(f"egress network {network} has no IPv4 subnet")
+    host_config = engine.api.create_host_config(
+        network_mode=network,
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges:true"],
+        tmpfs=dict(PROXY_TMPFS),
+        mem_limit=PROXY_MEMORY,
+        memswap_limit=PROXY_MEMORY,
+        pids_limit=PROXY_PIDS,
+        nano_cpus=PROXY_NANO_CPUS,
+        init=True,
+        ipc_mode="private",
+        ulimits=[docker.types.Ulimit(name="nofile", soft=PROXY_NOFILE, hard=PROXY_NOFILE)],
+        log_config=docker.types.LogConfig(type="json-file", config=dict(PROXY_LOG_CONFIG)),
+    )
+    name = PROXY_PREFIX + key
+    with engine_errors(f"creating the egress proxy {name}"):
+        try:
+            created = engine.api.create_container(
+                image=PROXY_IMAGE,
+                name=name,
+                environment={
+                    "EGRESS_ALLOW": allowed,
+                    "EGRESS_PORT": str(PROXY_PORT),
+                    "EGRESS_CLIENTS": " ".join(subnets),
+                },
+                labels=shared_labels("proxy", key, allowed),
+                host_config=host_config,
+                networking_config={"EndpointsConfig": {network: {"Aliases": [PROXY_ALIAS]}}},
+                use_config_proxy=False,
+            )
+        except docker_errors.ImageNotFound:
+            raise ImageMissing(PROXY_IMAGE) from None
+        except docker_errors.APIError as exc:
+            if exc.status_code == 409:
+                return None  # another process created it first: reuse theirs
+            if exc.status_code == 404 and "image" in _explanation(exc).lower():
+                raise ImageMissing(PROXY_IMAGE) from None
+            if exc.status_code == 404:
+                return None  # a network vanished under us (a concurrent removal): retry
+            raise
+    container = str(created["Id"])
+    try:
+        with engine_errors(f"starting the egress proxy {name}"):
+            try:
+                engine.api.connect_container_to_network(container, outside)
+            except docker_errors.NotFound:
+                # The outside network was removed by a concurrent cleanup: start over.
+                _remove_container(engine, container)
+                return None
+            _retrying(lambda: engine.api.start(container))
+        _wait_ready(engine, container, deadline)
+        info = _inspect_container(engine, container)
+    except _Vanished:
+        return None  # removed under us (a concurrent clean-up): start over
+    except BaseException:
+        _remove_container(engine, container)
+        raise
+    egress = _egress_from(info or {}, entries, key)
+    if info is None or egress is None:
+        raise EngineError(f"the egress proxy {name} vanished while starting")
+    return egress
+
+
+def _subnets(network: Mapping[str, Any]) -> list[str]:
+    """A network's IPv4 subnets: the only clients its proxy serves."""
+    configs = (network.get("IPAM") or {}).get("Config") or []
+    return [str(c["Subnet"]) for c in configs if c.get("Subnet") and ":" not in c["Subnet"]]
+
+
+class _Vanished(Exception):
+    """The proxy container was removed (by its failing creator) while being waited for."""
+
+
+def _wait_ready(engine: DockerEngine, container: str, deadline: float) -> None:
+    """Poll the proxy's log until squid accepts connections; fail fast if it exits."""
+    delay = 0.02
+    while True:
+        with engine_errors("reading the egress proxy's log"):
+            try:
+                text = engine.api.logs(container, stdout=False, stderr=True)
+                if _READY_MARK in text:
+                    return
+                state = engine.api.inspect_container(container)["State"]
+            except docker_errors.NotFound:
+                raise _Vanished(container) from None
+        if state.get("Status") in ("exited", "dead"):
+            tail = "\n".join(text.decode(errors="replace").splitlines()[-15:])
+            raise EngineError(
+                f"the egress proxy {container[:12]} exited with code "
+                f"{state.get('ExitCode')} before accepting connections:\n{tail}"
+            )
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"the egress proxy {container[:12]} did not accept connections in time"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+# -- decisions --------------------------------------------------------------------------
+
+
+def parse_decisions(text: str) -> list[Decision]:
+    """Parse the proxy's decision lines (other lines are ignored).
+
+    A line reads ``EGRESS <start> <method> <host> <port> <allow|-> <status> <squid code>``;
+    requests squid could not parse (no host) are reported with host ``-`` and port 0.
+    """
+    found: list[Decision] = []
+    for line in text.splitlines():
+        if not line.startswith(_DECISION_MARK):
+            continue
+        fields = line.split()
+        if len(fields) < 7:
+            continue
+        _, start, method, host, port, verdict, status = fields[:7]
+        try:
+            moment = datetime.fromtimestamp(float(start), UTC)
+        except (ValueError, OverflowError):
+            continue
+        found.append(
+            Decision(
+                host=host.lower(),
+                port=int(port) if port.isdigit() else 0,
+                allowed=verdict == "allow",
+                time=moment,
+                method=method,
+                status=int(status) if status.isdigit() else 0,
+            )
+        )
+    return found
+
+
+def decisions(engine: DockerEngine, egress: Egress, since: datetime) -> list[Decision]:
+    """The proxy's decisions on requests received at or after ``since`` (naive = UTC).
+
+    A run collects its own by passing its start time. HTTPS tunnels are logged when they
+    close, so read after the run's containers have gone. Only the proxy's recent log is
+    kept (3 files of 10 MB), which bounds how far back this can look.
+    """
+    start = _as_utc(since)
+    with engine_errors("reading the egress proxy's decisions"):
+        try:
+            raw = engine.api.logs(
+                egress.proxy_container,
+                stdout=True,
+                stderr=False,
+                since=max(start.timestamp() - 1.0, 1.0),
+            )
+        except docker_errors.NotFound:
+            return []
+    return [d for d in parse_decisions(raw.decode(errors="replace")) if d.time >= start]
+
+
+# -- idleness and removal ---------------------------------------------------------------
+
+
+def _labels_of(engine: DockerEngine, target: Mapping[str, str] | str) -> dict[str, str]:
+    """The labels of a shared egress object given its labels, key, id or name."""
+    if not isinstance(target, str):
+        return dict(target)
+    if _KEY_PATTERN.match(target):
+        return shared_labels("internal", target)
+    with engine_errors(f"looking up {target}"):
+        try:
+            info = engine.api.inspect_container(target)
+            return dict((info.get("Config") or {}).get("Labels") or {})
+        except docker_errors.NotFound:
+            pass
+        try:
+            return dict(engine.api.inspect_network(target).get("Labels") or {})
+        except docker_errors.NotFound:
+            return {}
+
+
+def _by_key(engine: DockerEngine, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The proxy containers and internal networks carrying ``key``."""
+    label = {"label": [f"{SHARED}=true", f"{EGRESS_KEY}={key}"]}
+    with engine_errors(f"listing egress objects of {key}"):
+        containers = _retrying(lambda: engine.api.containers(all=True, filters=label))
+        networks = _retrying(lambda: engine.api.networks(filters=label))
+    return list(containers or []), list(networks or [])
+
+
+def is_idle(engine: DockerEngine, target: Mapping[str, str] | str, idle_seconds: float) -> bool:
+    """Whether a shared egress object is unused and may be removed.
+
+    ``target`` is an object's labels (e.g. a ``ManagedObject.labels``), an egress key, or a
+    container or network id or name. A proxy and its internal network are idle when no
+    other container (running or not) references the network, the proxy started more than
+    ``idle_seconds`` ago, and it logged no decision in the last ``idle_seconds``. The
+    outside network is idle when no container references it. Objects that are not shared
+    egress objects are never idle here.
+    """
+    found = _labels_of(engine, target)
+    if found.get(SHARED) != "true":
+        return False
+    if found.get(EGRESS_ROLE) == "outside":
+        return not network_users(engine, OUTSIDE_NETWORK, "")
+    key = found.get(EGRESS_KEY, "")
+    if not key:
+        return False
+    containers, networks = _by_key(engine, key)
+    proxies = {c["Id"] for c in containers}
+    for network in networks:
+        for user in network_users(engine, network["Name"], network["Id"]):
+            if user["Id"] not in proxies:
+                return False
+    horizon = _now() - timedelta(seconds=idle_seconds)
+    for network in networks:
+        created = _parse_docker_time(str(network.get("Created", "")))
+        if created is None or created > horizon:
+            return False  # just made: its proxy and first worker may be on their way
+    for proxy in containers:
+        if float(proxy.get("Created") or 0) > horizon.timestamp():
+            return False
+        if proxy.get("State") != "running":
+            continue
+        with engine_errors("reading the egress proxy's log"):
+            try:
+                raw = engine.api.logs(
+                    proxy["Id"], stdout=True, stderr=False, since=max(horizon.timestamp(), 1.0)
+                )
+            except docker_errors.NotFound:
+                continue
+        if any(d.time >= horizon for d in parse_decisions(raw.decode(errors="replace"))):
+            return False
+    return True
+
+
+def egress_keys(engine: DockerEngine) -> set[str]:
+    """The keys of every shared proxy and internal network on the engine."""
+    label = {"label": [f"{SHARED}=true", EGRESS_KEY]}
+    with engine_errors("listing egress objects"):
+        containers = _retrying(lambda: engine.api.containers(all=True, filters=label)) or []
+        networks = _retrying(lambda: engine.api.networks(filters=label)) or []
+    return {
+        str((obj.get("Labels") or {}).get(EGRESS_KEY))
+        for obj in [*containers, *networks]
+        if (obj.get("Labels") or {}).get(EGRESS_KEY)
+    }
+
+
+def remove_egress(engine: DockerEngine, key: str) -> list[str]:
+    """Remove the proxy and internal network of ``key``, and the outside network when no
+    container uses it any more; return the names removed.
+
+    Raises EngineError, removing nothing, while a worker still references the internal
+    network: check :func:`is_idle` first.
+    """
+    containers, networks = _by_key(engine, key)
+    proxies = {c["Id"] for c in containers}
+    for network in networks:
+        users = [
+            str((u.get("Names") or ["?"])[0]).lstrip("/")
+            for u in network_users(engine, network["Name"], network["Id"])
+            if u["Id"] not in proxies
+        ]
+        if users:
+            raise EngineError(
+                f"egress network {network['Name']} is still used by {', '.join(users)}; "
+                "remove those containers first"
+            )
+    removed: list[str] = []
+    for container in containers:
+        _remove_container(engine, container["Id"])
+        removed.append(str((container.get("Names") or [container["Id"]])[0]).lstrip("/"))
+    for network in networks:
+        if _remove_network(engine, network["Id"]):
+            removed.append(str(network["Name"]))
+        else:
+            raise EngineError(f"egress network {network['Name']} could not be removed")
+    removed.extend(_remove_outside_if_unused(engine))
+    return removed
+
+
+def _remove_outside_if_unused(engine: DockerEngine) -> list[str]:
+    removed: list[str] = []
+    for network in _networks_named(engine, OUTSIDE_NETWORK):
+        if (network.get("Labels") or {}).get(SHARED) != "true":
+            continue
+        if network_users(engine, OUTSIDE_NETWORK, network["Id"]):
+            continue
+        if _remove_network(engine, network["Id"]):  # False: a proxy just joined it
+            removed.append(OUTSIDE_NETWORK)
+    return removed
+
+
+def remove_idle_egress(engine: DockerEngine, idle_seconds: float) -> list[str]:
+    """Remove every shared proxy and network that :func:`is_idle`; return the names.
+
+    This is the garbage collector's pass over shared egress objects, which the owner
+    labels cannot cover. A proxy that becomes busy between the check and the removal
+    makes :func:`remove_egress` refuse, and is kept.
+    """
+    removed: list[str] = []
+    for key in sorted(egress_keys(engine)):
+        if not is_idle(engine, key, idle_seconds):
+            continue
+        try:
+            removed.extend(remove_egress(engine, key))
+        except EngineError:
+            continue
+    if not removed:
+        removed.extend(_remove_outside_if_unused(engine))
+    return removed

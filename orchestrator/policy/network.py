@@ -1,0 +1,79 @@
+"""Network grants: ``none`` < an allowlist < ``full``, and what a plan shows for them. Pure.
+
+An allowlisted worker sits on an internal network (no route out) named after its
+allowlist, with the egress proxy as its only way out; ``full`` uses a per-project network
+with outbound access, never Docker's default bridge. See docs/network.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from orchestrator.config.allowlist import AllowEntry, allowlist_key, validate_allowlist
+from orchestrator.config.models import Allowlist
+
+#: The port the proxy listens on, and its DNS name on every internal network.
+PROXY_PORT = 3128
+PROXY_ALIAS = "proxy"
+PROXY_URL = f"http://{PROXY_ALIAS}:{PROXY_PORT}"
+#: Internal (no route out) networks are named after the allowlist's key.
+INTERNAL_PREFIX = "orchestrator-egress-"
+FULL_PREFIX = "orchestrator-full-"
+#: Proxy variables a worker file may not set itself.
+PROXY_VARIABLES = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+
+#: A network grant: "none", "full", or a normalised allowlist.
+NetworkGrant = str | tuple[AllowEntry, ...]
+
+
+def network_env(proxy_url: str = PROXY_URL) -> dict[str, str]:
+    """The environment that sends a worker's HTTP(S) clients through the proxy."""
+    no_proxy = "localhost,127.0.0.1"
+    values = (proxy_url, proxy_url, proxy_url, proxy_url, no_proxy, no_proxy)
+    return dict(zip(PROXY_VARIABLES, values, strict=True))
+
+
+def internal_network(allow: Iterable[AllowEntry]) -> str:
+    """The name of the internal network serving this allowlist."""
+    return INTERNAL_PREFIX + allowlist_key(allow)
+
+
+def narrower_or_equal(child: NetworkGrant, parent: NetworkGrant) -> bool:
+    """none < allowlist ⊆ parent's allowlist < full."""
+    if parent == "full" or child == "none":
+        return True
+    if child == "full" or parent == "none":
+        return False
+    return isinstance(child, tuple) and isinstance(parent, tuple) and set(child) <= set(parent)
+
+
+def describe(network: NetworkGrant) -> str:
+    if isinstance(network, str):
+        return network
+    return "allow " + ", ".join(str(entry) for entry in network)
+
+
+def network_grant(declared: str | Allowlist) -> NetworkGrant:
+    """A declaration's network as a grant: "none", "full", or the normalised allowlist."""
+    if isinstance(declared, str):
+        return declared
+    return validate_allowlist(declared.allow)
+
+
+def rank(network: NetworkGrant) -> int:
+    """0 none, 1 allowlist, 2 full."""
+    return {"none": 0, "full": 2}.get(network, 1) if isinstance(network, str) else 1
+
+
+def full_network(project_root: Path) -> str:
+    """The per-project network with outbound access that ``network: full`` uses."""
+    return FULL_PREFIX + hashlib.sha256(str(project_root).encode()).hexdigest()[:12]
