@@ -9,7 +9,10 @@
     │   ├── EngineUnreachable      no engine answers
     │   └── ImageMissing           the image a plan names is not there
     ├── ImageBuildError            building an image failed
+    ├── CredentialError            a named credential cannot be read
     └── AuditError                 the audit log cannot be read or written
+
+Packages add their own branches: ``staging.StagingError``, ``clearance.ClearanceError``.
 
 A worker's own failure is not an exception: it is a run result with an exit code.
 Every message is written for the person at the terminal: it says what is wrong, where
@@ -66,3 +69,7 @@ class ImageBuildError(OrchestratorError):
 
 class AuditError(OrchestratorError):
     """The audit log cannot be read or written; nothing unaudited is allowed to run."""
+
+
+class CredentialError(OrchestratorError):
+    """A named credential cannot be read; the message names it and its source, never a value."""

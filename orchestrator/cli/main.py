@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from orchestrator.cli.audit import audit as audit_group
+from orchestrator.cli.clear import clear as clear_command
+from orchestrator.cli.staged import staged as staged_group
 
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog
@@ -101,6 +103,7 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
     """Run WORKER in a new container; the container is removed on every path."""
     from orchestrator.docker import DockerEngine
     from orchestrator.runtime import Interrupted, execute
+    from orchestrator.runtime.outbox import StagingReader
 
     prepared, audit = _prepare(worker, **options)
     spec = prepared.spec
@@ -120,7 +123,14 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
 
     try:
         with _signals_interrupt():
-            result = execute(engine, prepared, on_output=echo, audit=audit)
+            result = execute(
+                engine,
+                prepared,
+                on_output=echo,
+                audit=audit,
+                outbox_reader=StagingReader(prepared.project, audit),
+                secrets=_resolve_secrets(prepared, audit),
+            )
     except Interrupted as exc:
         say(f"run {spec.run_id}: interrupted; container removed")
         raise SystemExit(128 + exc.signum) from None
@@ -200,6 +210,28 @@ def _prepare(worker: str, project_dir: Path, **options: Any) -> tuple[Prepared, 
 
 
 cli.add_command(audit_group)
+cli.add_command(staged_group)
+cli.add_command(clear_command)
+
+
+def _resolve_secrets(prepared: Prepared, audit: AuditLog) -> dict[str, str]:
+    """Read the values of the secrets the grant allows, on the host, just before the run."""
+    from orchestrator.credentials import resolve
+
+    credentials = prepared.project.config.credentials
+    values = {}
+    for name in prepared.grant.secrets:
+        credential = resolve(name, credentials[name], audit=audit, base=prepared.project.root)
+        values[name] = credential.reveal()  # an 'inherit' credential holds no value: refused
+        audit.record(
+            "credential.used",
+            worker=prepared.spec.worker,
+            run_id=prepared.spec.run_id,
+            session_id=prepared.session_id,
+            trust_level=prepared.spec.trust,
+            metadata={"credential": name, "use": "worker secret"},
+        )
+    return values
 
 
 def _describe(prepared: Prepared) -> str:
@@ -232,6 +264,13 @@ def _report(result: RunResult, as_json: bool) -> None:
     for decision in result.egress:
         verdict = "allowed" if decision["allowed"] else "DENIED"
         say(f"egress {verdict}: {decision['host']}:{decision['port']}")
+    outbox = result.outbox
+    if outbox is not None and outbox.change_id:
+        rejected = f", {len(outbox.rejected)} entries rejected" if outbox.rejected else ""
+        say(
+            f"staged change set {outbox.change_id} ({outbox.files} files{rejected}): review with "
+            f"`orchestrator staged show {outbox.change_id}`"
+        )
     removed = "container removed" if result.container_removed else "CONTAINER NOT REMOVED"
     detail = f" ({result.error})" if result.error else ""
     say(

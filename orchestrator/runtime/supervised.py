@@ -27,7 +27,8 @@ OOM_COUNTERS = [
     "-c",
     "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null",
 ]
-OutboxReader = Callable[[IO[bytes]], Any]
+#: Reads one run's outbox tar stream (hostile data) and says what it became.
+OutboxReader = Callable[[ContainerSpec, IO[bytes]], Any]
 
 
 class FrameReader(io.RawIOBase):
@@ -111,7 +112,7 @@ def read_outbox(
     handle = engine.exec(container_id, ["tar", "-C", spec.outbox, "-cf", "-", "."], user=spec.user)
     stream = FrameReader(handle.frames)
     try:
-        return reader(io.BufferedReader(stream, buffer_size=1 << 20))
+        return reader(spec, io.BufferedReader(stream, buffer_size=1 << 20))
     finally:
         for _ in iter(lambda: stream.read(1 << 20), b""):
             pass  # let tar finish so the exec ends cleanly

@@ -100,7 +100,7 @@ def test_real_scanners_block_and_the_override_is_audited(project):
 
 
 def test_push_with_the_configured_credential_and_branch(project, monkeypatch, tmp_path):
-    root, store, stage = project
+    root, _, stage = project
     remote = tmp_path / "remote.git"
     git(tmp_path, "init", "-q", "--bare", str(remote))
     git(root, "remote", "add", "origin", str(remote))

@@ -47,10 +47,10 @@ CHILD = textwrap.dedent(
 )
 
 STAGES = [
+    "commit-written",
     "mid-apply",
     "temp-written",
     "applied",
-    "commit-written",
     "index-updated",
     "ref-updated",
     "marked",

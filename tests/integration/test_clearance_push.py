@@ -178,7 +178,7 @@ def files_holding(needle: bytes, roots, since: float) -> list[str]:
     """Every regular file under ``roots`` containing ``needle`` (tmp: only recent files)."""
     hits = []
     for root in roots:
-        for folder, dirs, files in os.walk(root):
+        for folder, _, files in os.walk(root):
             for name in files:
                 path = Path(folder) / name
                 try:
@@ -215,9 +215,7 @@ def test_a_missing_remote_is_refused_before_anything_is_committed(setup):
     assert setup["store"].get(change_id).status == "pending"
 
 
-def test_an_explicit_credential_is_never_sent_over_ssh_or_beside_a_url_password(
-    setup, monkeypatch
-):
+def test_an_explicit_credential_is_never_sent_over_ssh_or_beside_a_url_password(setup, monkeypatch):
     credential = token_credential(monkeypatch, "tok-" + secrets.token_hex(8))
     change_id = setup["stage"]()
     git(setup["repo"], "remote", "add", "origin", "git@forge.invalid:team/project.git")
@@ -245,7 +243,11 @@ def test_http_push_with_the_right_token(setup, monkeypatch, caplog):
         assert token not in str(credential)
         change_id = setup["stage"]()
         result = clear(
-            setup["store"], change_id, setup["repo"], push=True, credential=credential,
+            setup["store"],
+            change_id,
+            setup["repo"],
+            push=True,
+            credential=credential,
             audit=setup["audit"],
         )
         assert any(authorised for _, _, authorised in server.seen)
@@ -272,7 +274,11 @@ def test_http_push_with_a_wrong_token_fails_safely_and_can_be_retried(setup, mon
         bad = token_credential(monkeypatch, wrong, audit=setup["audit"])
         with pytest.raises(PushFailed) as failed:
             clear(
-                setup["store"], change_id, setup["repo"], push=True, credential=bad,
+                setup["store"],
+                change_id,
+                setup["repo"],
+                push=True,
+                credential=bad,
                 audit=setup["audit"],
             )
         message = str(failed.value)
@@ -284,14 +290,28 @@ def test_http_push_with_a_wrong_token_fails_safely_and_can_be_retried(setup, mon
         # The commit is local and marked; nothing reached the remote.
         assert git(setup["repo"], "rev-parse", "HEAD") == commit
         assert setup["store"].get(change_id).status == "committed"
-        assert git(setup["served"] / "project.git", "rev-parse", "--verify", "-q", "refs/heads/main", check=False) == ""
+        assert (
+            git(
+                setup["served"] / "project.git",
+                "rev-parse",
+                "--verify",
+                "-q",
+                "refs/heads/main",
+                check=False,
+            )
+            == ""
+        )
         # Inherit mode without any helper: no prompt, a clear failure.
         with pytest.raises(PushFailed):
             clear(setup["store"], change_id, setup["repo"], push=True, audit=setup["audit"])
         # The retry only pushes.
         good = token_credential(monkeypatch, token, audit=setup["audit"])
         again = clear(
-            setup["store"], change_id, setup["repo"], push=True, credential=good,
+            setup["store"],
+            change_id,
+            setup["repo"],
+            push=True,
+            credential=good,
             audit=setup["audit"],
         )
     assert again.already

@@ -35,7 +35,7 @@ def run(engine, project, name: str, outbox_reader=None, **kwargs):
     return result, prepared, audit
 
 
-def tar_contents(stream) -> dict[str, bytes]:
+def tar_contents(spec, stream) -> dict[str, bytes]:
     """A test reader for the outbox tar stream: name -> content of regular files."""
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         return {

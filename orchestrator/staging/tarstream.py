@@ -1,0 +1,242 @@
+"""Collecting a tar stream written by an untrusted container: every byte of it is hostile.
+
+The stream is what ``tar -C /staged -cf - .`` printed inside the container. It is parsed
+with :mod:`tarfile` in streaming mode (``r|``: no seeking, no compression, nothing
+extracted), and only regular files are kept, each copied into a blob while being hashed.
+The parser is fenced in:
+
+- the whole stream may be at most twice the outbox cap plus header room
+  (:func:`stream_budget`); past that, reading stops;
+- a member claiming more bytes than the stream may still hold stops reading at once, so a
+  header claiming 10 GB costs nothing; a member over a per-file or total cap is refused
+  and its data skipped without being stored;
+- GNU long-name and pax headers are capped at :data:`META_MAX` bytes (tarfile reads them
+  into memory);
+- a read after the end of the stream raises instead of looping (tarfile skips data by
+  reading, even past the end).
+
+A stream that ends early or breaks is not an error: what was fully read and hashed is
+kept, and a rejection describes where the stream broke.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+from typing import BinaryIO, Self
+
+from orchestrator.config.models import OutboxLimits
+from orchestrator.staging.collected import (
+    STREAM,
+    BlobSink,
+    Collected,
+    CollectedFile,
+    Intake,
+    SourceFailed,
+)
+from orchestrator.staging.names import is_root, normal_mode, printable
+
+__all__ = ["META_MAX", "collect_tar", "stream_budget"]
+
+#: tarfile's read-ahead: it copies what is left of it on every read, so keep it modest.
+READ_AHEAD = 64 << 10
+#: Largest GNU long-name or pax extended header accepted (they are read into memory).
+META_MAX = 256 << 10
+_META_TYPES = frozenset(
+    {tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+     tarfile.SOLARIS_XHDTYPE}
+)  # fmt: skip
+_KINDS = {
+    tarfile.SYMTYPE: "symbolic link",
+    tarfile.LNKTYPE: "hard link",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "FIFO (named pipe)",
+}
+
+
+class _StreamProblem(Exception):
+    """The stream went past its budget or was read again after its end."""
+
+
+def stream_budget(limits: OutboxLimits) -> int:
+    """The most bytes :func:`collect_tar` reads from one stream."""
+    return 2 * limits.size + 4096 * (2 * limits.max_files + 16)
+
+
+class _Fenced:
+    """A read-only view of the stream that stops at a byte budget and at its end."""
+
+    def __init__(self, stream: BinaryIO, budget: int) -> None:
+        self._stream = stream
+        self.budget = budget
+        self.remaining = budget
+        self._ends = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self.remaining <= 0:
+            raise _StreamProblem("the stream is longer than the outbox can be")
+        want = self.remaining if size < 0 else min(size, self.remaining)
+        data = self._stream.read(want)
+        if not data:
+            self._ends += 1
+            if self._ends > 1:
+                raise _StreamProblem("the stream ended in the middle of the archive")
+            return b""
+        self.remaining -= len(data)
+        return data
+
+    def write(self, data: bytes, /) -> int:
+        raise OSError("read-only stream")
+
+    def tell(self) -> int:
+        raise OSError("not seekable")
+
+    def seek(self, pos: int, /) -> int:
+        raise OSError("not seekable")
+
+    def close(self) -> None:
+        """The caller owns the stream and closes it."""
+
+
+class _GuardedInfo(tarfile.TarInfo):
+    """Member headers with meta headers capped, noting how the archive ended."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile: tarfile.TarFile) -> Self:
+        try:
+            return super().fromtarfile(tarfile)
+        except Exception as exc:
+            if isinstance(tarfile, _WatchedTar):
+                tarfile.ending = type(exc).__name__
+            raise
+
+    def _proc_member(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _META_TYPES and self.size > META_MAX:
+            raise _StreamProblem(f"an extended header of {self.size} bytes (over {META_MAX})")
+        return super()._proc_member(tarfile)  # type: ignore[misc,no-any-return]
+
+
+class _WatchedTar(tarfile.TarFile):
+    members: list[tarfile.TarInfo]  # set by TarFile (missing from the type stubs)
+    ending: str | None = None
+    """The exception that ended header reading: ``EOFHeaderError`` means a clean end."""
+
+
+def collect_tar(
+    stream: BinaryIO,
+    *,
+    limits: OutboxLimits,
+    suffixes: list[str] | tuple[str, ...] | None = None,
+    tmp_dir: Path | None = None,
+) -> Collected:
+    """Collect the regular files of a hostile tar ``stream`` into a :class:`Collected`.
+
+    Rejected (and recorded, the rest still collected): links, devices, FIFOs and any other
+    non-regular entry, sparse files, unsafe names (see :mod:`.names`), duplicates, entries
+    past ``limits.max_files``, files over ``limits.max_file_size`` or bringing the total
+    over ``limits.size``, and names outside ``suffixes``. Folders are accepted silently.
+    ``tmp_dir`` is where the blob folder is made (put it on the store's filesystem:
+    :meth:`ChangeStore.scratch`). The caller closes ``stream`` and stops its producer.
+    """
+    sink = BlobSink(tmp_dir)
+    try:
+        intake = Intake(limits, suffixes, sink)
+        truncated = _read_members(_Fenced(stream, stream_budget(limits)), intake)
+        return intake.finish(truncated=truncated)
+    except BaseException:
+        sink.discard()
+        raise
+
+
+def _read_members(source: _Fenced, intake: Intake) -> bool:
+    """Collect every member; return True when the stream did not end cleanly."""
+    try:
+        tar = _WatchedTar.open(
+            fileobj=source,
+            mode="r|",
+            bufsize=READ_AHEAD,
+            tarinfo=_GuardedInfo,
+            encoding="utf-8",
+            errors="surrogateescape",
+        )
+    except Exception as exc:  # noqa: BLE001 - hostile input: any parser failure is "corrupt"
+        intake.reject(STREAM, f"not a readable tar stream ({_why(exc)}); nothing was collected")
+        return True
+    read = 0
+    while True:
+        try:
+            member = tar.next()
+        except Exception as exc:  # noqa: BLE001 - as above
+            intake.reject(STREAM, f"stream broken after {read} entries ({_why(exc)}); rest skipped")
+            return True
+        tar.members.clear()  # keep memory flat however many entries arrive
+        if member is None:
+            if tar.ending == "EOFHeaderError":
+                return False
+            intake.reject(STREAM, f"stream truncated or corrupt after {read} entries; rest skipped")
+            return True
+        read += 1
+        if not _member(tar, member, source, intake):
+            return True
+
+
+def _why(exc: BaseException) -> str:
+    return printable(str(exc) or type(exc).__name__)[:200]
+
+
+def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: Intake) -> bool:
+    """Handle one member; False when reading must stop here."""
+    shown = printable(member.name.removeprefix("./"))  # `tar -C DIR -cf - .` writes ./NAME
+    if member.offset_data + member.size > source.budget:
+        intake.reject(
+            shown, f"claims {member.size} bytes, more than the stream may hold; rest skipped"
+        )
+        return False
+    if member.isdir():
+        if is_root(member.name):
+            return True
+        if not intake.count(shown, folder=True):
+            return False
+        path = intake.name(member.name, shown, suffix=False)
+        if path is not None:
+            intake.place(path, shown, folder=True)
+        return True
+    if not intake.count(shown):
+        return False
+    if not member.isreg():
+        kind = _KINDS.get(member.type, f"unsupported entry type {member.type!r}")
+        target = f" to '{printable(member.linkname)}'" if member.issym() or member.islnk() else ""
+        intake.reject(shown, f"{kind}{target}: only regular files are collected")
+        return True
+    if member.issparse():
+        intake.reject(shown, "sparse file: only plain regular files are collected")
+        return True
+    path = intake.name(member.name, shown)
+    if path is None or not intake.place(path, shown):
+        return True
+    reason = intake.over(member.size)
+    if reason:
+        intake.reject(shown, reason)
+        return True
+    data = tar.extractfile(member)
+    if data is None:  # cannot happen for a regular file; refuse rather than guess
+        intake.reject(shown, "no content could be read")
+        return True
+    try:
+        result = intake.sink.write(data.read, member.size)
+    except SourceFailed as exc:
+        intake.reject(
+            shown, f"stream broke inside this file ({printable(str(exc))[:200]}); rest skipped"
+        )
+        return False
+    if result is None or result[1] != member.size:
+        intake.reject(shown, "content does not match its header size; rest skipped")
+        return False
+    sha256, size = result
+    intake.accept(
+        CollectedFile(
+            path, "create", size, sha256, normal_mode(member.mode), intake.sink.path(sha256)
+        )
+    )
+    return True
