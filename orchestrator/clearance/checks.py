@@ -18,8 +18,8 @@ from pathlib import Path
 from orchestrator.clearance.errors import ClearanceError
 from orchestrator.clearance.gitrepo import GitRepo, TreeEntry
 from orchestrator.clearance.store import ChangeStore, FileChange
-from orchestrator.clearance.worktree import UnsafePath, WorkTree
 from orchestrator.errors import OrchestratorError
+from orchestrator.staging.worktree import UnsafePath, WorkTree
 
 __all__ = ["check_base", "check_work_tree", "entries", "one_line", "verify_blobs"]
 

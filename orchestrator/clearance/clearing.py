@@ -56,8 +56,8 @@ from orchestrator.clearance.summary import (
     commit_message,
     trailer_value,
 )
-from orchestrator.clearance.worktree import UnsafePath, WorkTree, temp_name
 from orchestrator.errors import CredentialError, OrchestratorError
+from orchestrator.staging.worktree import UnsafePath, WorkTree, temp_name
 
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from orchestrator.cli.apply import apply as apply_command
 from orchestrator.cli.audit import audit as audit_group
 from orchestrator.cli.clear import clear as clear_command
 from orchestrator.cli.staged import staged as staged_group
@@ -128,7 +129,7 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
                 prepared,
                 on_output=echo,
                 audit=audit,
-                outbox_reader=StagingReader(prepared.project, audit),
+                staging=StagingReader(prepared.project, audit),
                 secrets=_resolve_secrets(prepared, audit),
             )
     except Interrupted as exc:
@@ -210,6 +211,7 @@ def _prepare(worker: str, project_dir: Path, **options: Any) -> tuple[Prepared, 
 
 
 cli.add_command(audit_group)
+staged_group.add_command(apply_command)
 cli.add_command(staged_group)
 cli.add_command(clear_command)
 
@@ -271,6 +273,12 @@ def _report(result: RunResult, as_json: bool) -> None:
             f"staged change set {outbox.change_id} ({outbox.files} files{rejected}): review with "
             f"`orchestrator staged show {outbox.change_id}`"
         )
+    for asked in result.asked:
+        if asked.change_id:
+            say(
+                f"change set {asked.change_id} for zone '{asked.zone}' ({asked.files} files) "
+                f"waits for approval: `orchestrator staged apply {asked.change_id}`"
+            )
     removed = "container removed" if result.container_removed else "CONTAINER NOT REMOVED"
     detail = f" ({result.error})" if result.error else ""
     say(

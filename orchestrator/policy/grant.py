@@ -39,6 +39,9 @@ class ZoneGrant:
     delete: str = "preApproved"
     suffixes: tuple[str, ...] | None = None
     max_file_size: int | None = None
+    ask_base: Path | None = None
+    """``approval.write: ask``: the real zone folder. ``host_path`` is then the run's private
+    copy of it; the difference becomes a change set applied only on approval."""
 
     @property
     def read_only(self) -> bool:
@@ -184,7 +187,7 @@ def grant_for(
         zones, masks = standard_zones(level, paths)
         for index, request in enumerate(sandbox.zones):
             where = f"{worker.file}: sandbox.zones[{index}]"
-            granted = _project_zone(project, request, level, where, problems)
+            granted = _project_zone(project, request, level, where, problems, paths)
             if granted is not None:
                 zones.append(granted)
         if sandbox.readonly:  # read-only everything: no outbox to write into either
@@ -236,7 +239,12 @@ def _readonly(zone: ZoneGrant) -> ZoneGrant:
 
 
 def _project_zone(
-    project: Project, request: ZoneRequest, level: Trust, where: str, problems: list[str]
+    project: Project,
+    request: ZoneRequest,
+    level: Trust,
+    where: str,
+    problems: list[str],
+    paths: RunPaths,
 ) -> ZoneGrant | None:
     zone = project.zones.get(request.name)
     if zone is None:
@@ -261,17 +269,14 @@ def _project_zone(
         )
         return None
     approval = request.approval
-    if mode == "rw" and approval.write == "ask":
-        problems.append(
-            f"{where}: approval.write 'ask' (reviewed change sets) is not yet supported; "
-            "use preApproved or blocked"
-        )
-        return None
     if approval.write == "blocked":
         mode = "ro"
     host, target = zone.host_path, f"/{zone.name}"
     if request.restrict:
         host, target = host / request.restrict, f"{target}/{request.restrict}"
+    ask_base = None
+    if mode == "rw" and approval.write == "ask":
+        ask_base, host = host, paths.run_dir / "ask" / zone.name
     config = zone.config
     return ZoneGrant(
         zone.name,
@@ -281,4 +286,5 @@ def _project_zone(
         delete=approval.delete,
         suffixes=tuple(config.suffixes) if config.suffixes is not None else None,
         max_file_size=config.max_file_size,
+        ask_base=ask_base,
     )

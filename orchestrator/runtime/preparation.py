@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.audit import AuditLog
@@ -96,6 +97,9 @@ def prepare_filesystem(prepared: Prepared) -> None:
     for zone in prepared.grant.zones:
         if zone.outbox:
             continue  # a tmpfs inside the container
+        if zone.ask_base is not None:
+            check_zone(replace(zone, host_path=zone.ask_base, ask_base=None), uid, gid)
+            private_copy(zone.ask_base, zone.host_path, uid, gid)
         ours = zone.standard and zone.name in ("session", "workspace")
         missing_output = not zone.standard and not zone.read_only and not zone.host_path.exists()
         if ours or missing_output:
@@ -103,6 +107,33 @@ def prepare_filesystem(prepared: Prepared) -> None:
         check_zone(zone, uid, gid)
     if prepared.grant.children:
         owned_folder(paths.broker_dir, uid, gid)
+
+
+def private_copy(source: Path, target: Path, uid: int, gid: int) -> None:
+    """Copy a zone for an ``ask`` run: folders and regular files only, links as links.
+
+    Never opens anything but regular files (no FIFO can block it) and never follows a link.
+    """
+    target.mkdir(mode=0o700, parents=True)
+    for folder, dirs, files in os.walk(source):
+        here = Path(folder)
+        into = target / here.relative_to(source)
+        for name in dirs:
+            if (here / name).is_symlink():
+                os.symlink(os.readlink(here / name), into / name)
+            else:
+                (into / name).mkdir(mode=0o700)
+        for name in files:
+            origin = here / name
+            info = origin.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(origin), into / name)
+            elif stat.S_ISREG(info.st_mode):
+                shutil.copy2(origin, into / name, follow_symlinks=False)
+    if os.getuid() == 0:
+        for folder, dirs, files in os.walk(target):
+            for name in (".", *dirs, *files):
+                os.chown(Path(folder) / name, uid, gid, follow_symlinks=False)
 
 
 def open_audit(project: Project) -> AuditLog:

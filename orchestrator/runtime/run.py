@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import IO, Any, Literal, Protocol
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import EngineError, OrchestratorError
@@ -43,6 +43,16 @@ EXIT_NOT_FOUND = 127
 TAIL_BYTES = 64 << 10
 
 
+class Staging(Protocol):
+    """Where what a run produced goes: its outbox stream, and its private zone copies."""
+
+    def outbox(self, spec: ContainerSpec, stream: IO[bytes]) -> Any:
+        """Read one run's outbox tar stream (hostile data); say what it became."""
+
+    def zones(self, prepared: Prepared) -> list[Any]:
+        """Turn the run's private copies of ``ask`` zones into change sets; remove them."""
+
+
 class Interrupted(BaseException):
     """The orchestrator was told to stop (SIGINT or SIGTERM) while a run was in flight."""
 
@@ -66,12 +76,15 @@ class RunResult:
     error: str | None = None
     outbox: Any = None
     """What the outbox reader made of the run's outbox (e.g. a change set summary)."""
+    asked: list[Any] = field(default_factory=list)
+    """Change sets for zones with ``approval.write: ask`` (the worker wrote a private copy)."""
     egress: list[dict[str, Any]] = field(default_factory=list)
     """The egress proxy's decisions on this run's requests: host, port, allowed."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["outbox"] = getattr(self.outbox, "summary", lambda: self.outbox)()
+        data["asked"] = [getattr(item, "summary", lambda i=item: i)() for item in self.asked]
         return data
 
 
@@ -100,7 +113,7 @@ def execute(
     on_output: OutputSink | None = None,
     audit: AuditLog | None = None,
     depth: int = 0,
-    outbox_reader: OutboxReader | None = None,
+    staging: Staging | None = None,
     secrets: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a prepared plan in a new container and remove it afterwards, on every path.
@@ -139,7 +152,7 @@ def execute(
                     child,
                     audit=audit,
                     depth=level,
-                    outbox_reader=outbox_reader,
+                    staging=staging,
                     secrets=values,
                 ),
                 audit=audit,
@@ -147,12 +160,14 @@ def execute(
             broker.start()
         with delivered(prepared.paths.secrets_dir, values, prepared.uid, prepared.gid):
             sink = RedactingSink(on_output, values) if redactor and on_output else None
-            _run_container(engine, spec, tails, sink or on_output, outcome, outbox_reader)
+            reader = staging.outbox if staging is not None else None
+            _run_container(engine, spec, tails, sink or on_output, outcome, reader)
             if sink is not None:
                 sink.flush()
     finally:
         if broker is not None:
             broker.close()
+        asked = staging.zones(prepared) if staging is not None else []
         egress = _egress_decisions(engine, spec, wall_start, audit)
         result = RunResult(
             run_id=spec.run_id,
@@ -165,6 +180,7 @@ def execute(
             container_removed=outcome.removed,
             error=redactor.text(outcome.error) if outcome.error else None,
             outbox=outcome.collected,
+            asked=asked,
             egress=egress,
         )
         if audit is not None:

@@ -1,38 +1,32 @@
 """What collection produces, and the rules both collectors share.
 
-:class:`BlobSink` copies untrusted content into a private temporary folder, hashing it on
-the way and stopping one byte past a cap; blobs are named by their SHA-256, so the folder
-never holds anything else. :class:`Intake` applies the rules common to tar streams and
-folders (names, suffixes, duplicates, counts, per-file and total caps) and records each
-refused entry as a :class:`Rejection` instead of failing the whole collection.
+:class:`Intake` applies the rules common to tar streams and folders (names, suffixes,
+duplicates, counts, per-file and total caps) and records each refused entry as a
+:class:`Rejection` instead of failing the whole collection. Files being copied by the
+blob workers (:mod:`.blobs`) are held as pending until :meth:`Intake.finish`, which keeps
+the rejections in the order the entries were met.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import os
 import shutil
-import tempfile
-from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
 from orchestrator.config.models import OutboxLimits
-from orchestrator.staging.errors import CollectionError
+from orchestrator.staging.blobs import BlobSink, Stored
 from orchestrator.staging.names import UnsafeName, safe_path, suffix_allowed
 
-__all__ = ["CHUNK", "STREAM", "BlobSink", "Collected", "CollectedFile", "Intake", "Rejection"]
+__all__ = ["STREAM", "Collected", "CollectedFile", "Intake", "Operation", "Rejection"]
 
-#: Bytes read and written at a time.
-CHUNK = 1 << 20
 #: The path a rejection carries when it concerns the stream or folder as a whole.
 STREAM = "(stream)"
 
 Operation = Literal["create", "update", "delete"]
-Reader = Callable[[int], bytes]
 
 
 @dataclass(frozen=True)
@@ -94,99 +88,17 @@ class Collected:
         self.cleanup()
 
 
-class SourceFailed(Exception):
-    """Reading the untrusted source failed (a cut stream, an I/O error): not our fault."""
+@dataclass
+class Pending:
+    """A file whose blob a worker is still writing."""
 
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class BlobSink:
-    """A private temporary folder of blobs named by SHA-256."""
-
-    def __init__(self, tmp_dir: Path | None = None) -> None:
-        try:
-            self.folder = Path(tempfile.mkdtemp(prefix="orchestrator-blobs-", dir=tmp_dir))
-        except OSError as exc:
-            where = tmp_dir or tempfile.gettempdir()
-            raise CollectionError(
-                f"cannot create a blob folder in {where}: {exc.strerror}; "
-                "make it writable or pass another tmp_dir"
-            ) from None
-        self._parts = itertools.count()
-
-    def path(self, sha256: str) -> Path:
-        return self.folder / sha256
-
-    def digest(self, read: Reader, cap: int) -> tuple[str, int] | None:
-        """Hash what ``read`` gives, without keeping it; None past ``cap`` bytes."""
-        return self._pump(read, cap, None)
-
-    @staticmethod
-    def digest_fd(fd: int) -> str:
-        """Hash everything ``fd`` holds from its current offset (trusted input only)."""
-        digest = hashlib.sha256()
-        while data := os.read(fd, CHUNK):
-            digest.update(data)
-        return digest.hexdigest()
-
-    def write(self, read: Reader, cap: int) -> tuple[str, int] | None:
-        """Store what ``read`` gives as a blob; None (nothing kept) past ``cap`` bytes."""
-        part = self.folder / f".part-{next(self._parts)}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        kept = False
-        try:
-            fd = os.open(part, flags, 0o600)
-            try:
-                result = self._pump(read, cap, fd)
-            finally:
-                os.close(fd)
-            if result is None:
-                return None
-            final = self.path(result[0])
-            if final.exists():
-                return result  # the same content is already here
-            os.rename(part, final)
-            kept = True
-            return result
-        except OSError as exc:
-            raise CollectionError(
-                f"cannot write a blob in {self.folder}: {exc.strerror}; check that filesystem "
-                "(free space, permissions) or collect into another tmp_dir"
-            ) from None
-        finally:
-            if not kept:
-                part.unlink(missing_ok=True)
-
-    @staticmethod
-    def _pump(read: Reader, cap: int, fd: int | None) -> tuple[str, int] | None:
-        digest = hashlib.sha256()
-        size = 0
-        while True:
-            try:
-                data = read(min(CHUNK, cap + 1 - size))
-            except Exception as exc:
-                raise SourceFailed(str(exc) or type(exc).__name__) from exc
-            if not data:
-                return digest.hexdigest(), size
-            size += len(data)
-            if size > cap:
-                return None
-            digest.update(data)
-            if fd is not None:
-                _write_all(fd, data)
-
-    def prune(self, keep: set[str]) -> None:
-        """Delete blobs no accepted file refers to (left by a later-refused duplicate)."""
-        for entry in os.scandir(self.folder):
-            if entry.name not in keep:
-                os.unlink(entry.path)
-
-    def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+    tick: int
+    path: str
+    shown: str
+    operation: Operation
+    size: int
+    mode: int
+    future: Future[Stored]
 
 
 @dataclass
@@ -196,18 +108,23 @@ class Intake:
     limits: OutboxLimits
     suffixes: list[str] | tuple[str, ...] | None
     sink: BlobSink
-    files: dict[str, CollectedFile] = field(default_factory=dict)
-    rejected: list[Rejection] = field(default_factory=list)
+    files: dict[str, CollectedFile | Pending] = field(default_factory=dict)
     total: int = 0
     entries: int = 0
     folders: int = 0
-    unchanged: int = 0
     stopped: bool = False
+    unchanged: set[str] = field(default_factory=set)
+    _log: list[tuple[int, Rejection]] = field(default_factory=list)
+    _ticks: itertools.count[int] = field(default_factory=itertools.count)
     _kinds: dict[str, str] = field(default_factory=dict)
     _duplicated: set[str] = field(default_factory=set)
 
-    def reject(self, shown: str, reason: str) -> None:
-        self.rejected.append(Rejection(shown, reason))
+    @property
+    def rejected(self) -> list[Rejection]:
+        return [rejection for _, rejection in sorted(self._log, key=lambda item: item[0])]
+
+    def reject(self, shown: str, reason: str, *, tick: int | None = None) -> None:
+        self._log.append((next(self._ticks) if tick is None else tick, Rejection(shown, reason)))
 
     def count(self, shown: str, *, folder: bool = False) -> bool:
         """Count one entry; past ``max_files``, record it, stop, and return False."""
@@ -274,20 +191,57 @@ class Intake:
             )
         return None
 
-    def cap(self) -> int:
-        """The most bytes the next file may have."""
-        return min(self.limits.max_file_size, self.limits.size - self.total)
-
     def accept(self, collected: CollectedFile) -> None:
         self.files[collected.path] = collected
         self.total += collected.size
 
+    def defer(
+        self,
+        path: str,
+        shown: str,
+        operation: Operation,
+        size: int,
+        mode: int,
+        future: Future[Stored],
+    ) -> None:
+        """Count a file whose blob is being written; :meth:`finish` settles it."""
+        pending = Pending(next(self._ticks), path, shown, operation, size, mode, future)
+        self.files[path] = pending
+        self.total += size
+
+    def settle(self) -> None:
+        """Wait for every pending blob and turn it into a file, a rejection or unchanged."""
+        for path, item in list(self.files.items()):
+            if not isinstance(item, Pending):
+                continue
+            stored = item.future.result()  # a host-side failure raises CollectionError
+            if stored.sha256 is None or stored.problem or stored.unchanged:
+                del self.files[path]
+                self.total -= item.size
+                if stored.unchanged:
+                    self.unchanged.add(path)
+                else:
+                    self.reject(item.shown, stored.problem or "not collected", tick=item.tick)
+                continue
+            self.files[path] = CollectedFile(
+                path,
+                item.operation,
+                stored.size,
+                stored.sha256,
+                item.mode,
+                self.sink.path(stored.sha256),
+                stored.base_sha256,
+            )
+
     def finish(self, *, truncated: bool = False) -> Collected:
-        self.sink.prune({f.sha256 for f in self.files.values() if f.sha256})
+        self.settle()
+        files = [f for f in self.files.values() if isinstance(f, CollectedFile)]
+        self.sink.close()
+        self.sink.prune({f.sha256 for f in files if f.sha256})
         return Collected(
-            files=[self.files[path] for path in sorted(self.files)],
-            rejected=list(self.rejected),
+            files=sorted(files, key=lambda f: f.path),
+            rejected=self.rejected,
             blob_dir=self.sink.folder,
             truncated=truncated or self.stopped,
-            unchanged=self.unchanged,
+            unchanged=len(self.unchanged),
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from orchestrator.config.models import OutboxLimits
-from orchestrator.staging.collected import CHUNK
+from orchestrator.staging.blobs import CHUNK
 from orchestrator.staging.content import SAMPLE_BYTES, describe_type, entropy, is_binary
 from orchestrator.staging.manifest import ChangeFile, ChangeSet, Finding, ScanResult
 from orchestrator.staging.names import suffix_allowed

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.audit.timeutil import format_timestamp, utc_now
-from orchestrator.staging.collected import CHUNK, Collected
+from orchestrator.staging.blobs import CHUNK
+from orchestrator.staging.collected import Collected
 from orchestrator.staging.errors import (
     BlobMismatch,
     ChangeNotFound,

@@ -26,14 +26,8 @@ from pathlib import Path
 from typing import BinaryIO, Self
 
 from orchestrator.config.models import OutboxLimits
-from orchestrator.staging.collected import (
-    STREAM,
-    BlobSink,
-    Collected,
-    CollectedFile,
-    Intake,
-    SourceFailed,
-)
+from orchestrator.staging.blobs import BlobSink, BlobStream, SourceFailed
+from orchestrator.staging.collected import STREAM, Collected, Intake
 from orchestrator.staging.names import is_root, normal_mode, printable
 
 __all__ = ["META_MAX", "collect_tar", "stream_budget"]
@@ -142,14 +136,18 @@ def collect_tar(
     sink = BlobSink(tmp_dir)
     try:
         intake = Intake(limits, suffixes, sink)
-        truncated = _read_members(_Fenced(stream, stream_budget(limits)), intake)
+        writer = sink.stream()
+        try:
+            truncated = _read_members(_Fenced(stream, stream_budget(limits)), intake, writer)
+        finally:
+            writer.close()
         return intake.finish(truncated=truncated)
     except BaseException:
         sink.discard()
         raise
 
 
-def _read_members(source: _Fenced, intake: Intake) -> bool:
+def _read_members(source: _Fenced, intake: Intake, writer: BlobStream) -> bool:
     """Collect every member; return True when the stream did not end cleanly."""
     try:
         tar = _WatchedTar.open(
@@ -177,7 +175,7 @@ def _read_members(source: _Fenced, intake: Intake) -> bool:
             intake.reject(STREAM, f"stream truncated or corrupt after {read} entries; rest skipped")
             return True
         read += 1
-        if not _member(tar, member, source, intake):
+        if not _member(tar, member, source, intake, writer):
             return True
 
 
@@ -185,7 +183,9 @@ def _why(exc: BaseException) -> str:
     return printable(str(exc) or type(exc).__name__)[:200]
 
 
-def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: Intake) -> bool:
+def _member(
+    tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: Intake, writer: BlobStream
+) -> bool:
     """Handle one member; False when reading must stop here."""
     shown = printable(member.name.removeprefix("./"))  # `tar -C DIR -cf - .` writes ./NAME
     if member.offset_data + member.size > source.budget:
@@ -224,19 +224,13 @@ def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: 
         intake.reject(shown, "no content could be read")
         return True
     try:
-        result = intake.sink.write(data.read, member.size)
+        future = writer.copy(data.read, member.size)
     except SourceFailed as exc:
-        intake.reject(
-            shown, f"stream broke inside this file ({printable(str(exc))[:200]}); rest skipped"
-        )
+        reason = f"stream broke inside this file ({printable(str(exc))[:200]}); rest skipped"
+        intake.reject(shown, reason)
         return False
-    if result is None or result[1] != member.size:
+    if future is None:
         intake.reject(shown, "content does not match its header size; rest skipped")
         return False
-    sha256, size = result
-    intake.accept(
-        CollectedFile(
-            path, "create", size, sha256, normal_mode(member.mode), intake.sink.path(sha256)
-        )
-    )
+    intake.defer(path, shown, "create", member.size, normal_mode(member.mode), future)
     return True

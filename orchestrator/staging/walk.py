@@ -29,14 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.models import OutboxLimits
-from orchestrator.staging.collected import (
-    BlobSink,
-    Collected,
-    CollectedFile,
-    Intake,
-    Operation,
-    SourceFailed,
-)
+from orchestrator.staging.blobs import BlobSink
+from orchestrator.staging.collected import Collected, CollectedFile, Intake, Operation
 from orchestrator.staging.errors import CollectionError
 from orchestrator.staging.fsutil import DIR_FLAGS, FILE_FLAGS, open_beneath, special_kind
 from orchestrator.staging.names import MAX_DEPTH, UnsafeName, normal_mode, printable, safe_path
@@ -91,8 +85,7 @@ class _Walker:
         self.base_fd = base_fd
         self.base = base
         self.present: set[str] = set()  # every non-folder name met in the folder
-        self.skipped: set[str] = set()  # refused entries and folders not walked
-        self.kept: set[str] = set()  # files accepted or equal to their base
+        self.skipped: set[str] = set()  # folders not walked (refused or unreadable)
 
     def walk(self, fd: int, prefix: str, depth: int) -> None:
         intake = self.intake
@@ -119,8 +112,6 @@ class _Walker:
                 self.present.add(rel)
                 if intake.count(shown):
                     self.entry(fd, entry.name, rel, shown, st)
-                if rel not in self.kept:  # refused: what it replaced must not be deleted
-                    self.skipped.add(rel)
 
     def folder(
         self, fd: int, name: str, rel: str, shown: str, st: os.stat_result, depth: int
@@ -170,45 +161,34 @@ class _Walker:
         except OSError as exc:
             intake.reject(shown, _open_failure(exc))
             return
-        try:
-            self.read(file_fd, path, shown, st)
-        except SourceFailed as exc:
-            intake.reject(shown, f"cannot read: {printable(str(exc))[:200]}")
-        finally:
+        if not self.submit(file_fd, path, shown, st):
             os.close(file_fd)
 
-    def read(self, fd: int, path: str, shown: str, st: os.stat_result) -> None:
+    def submit(self, fd: int, path: str, shown: str, st: os.stat_result) -> bool:
+        """Check the opened file again and hand it to a blob worker (which closes it)."""
         intake = self.intake
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             intake.reject(shown, "replaced while being collected")
-            return
+            return False
         if now.st_nlink > 1:
             intake.reject(shown, f"hard link ({now.st_nlink} names share this file); not collected")
-            return
+            return False
+        reason = intake.over(now.st_size)  # the size read must be exactly this one
+        if reason:
+            intake.reject(shown, reason)
+            return False
         mode = normal_mode(now.st_mode)
         base = self.base.get(path)
-        cap = intake.cap()
-        reader = functools.partial(os.read, fd)
-        base_sha256 = None
-        if base is not None:
-            base_sha256 = self.base_digest(path)
-            if base.size == now.st_size and base.mode == mode and base_sha256 is not None:
-                same = intake.sink.digest(reader, cap)
-                if same is not None and same[0] == base_sha256:
-                    intake.unchanged += 1
-                    self.kept.add(path)
-                    return
-                os.lseek(fd, 0, os.SEEK_SET)
-        result = intake.sink.write(reader, cap)
-        if result is None:
-            intake.reject(shown, intake.over(cap + 1) or "grew past its cap while being read")
-            return
-        sha256, size = result
-        blob = intake.sink.path(sha256)
         operation: Operation = "create" if base is None else "update"
-        intake.accept(CollectedFile(path, operation, size, sha256, mode, blob, base_sha256))
-        self.kept.add(path)
+        future = intake.sink.store_file(
+            fd,
+            now.st_size,
+            base=None if base is None else functools.partial(self.base_digest, path),
+            compare=base is not None and (base.size, base.mode) == (now.st_size, mode),
+        )
+        intake.defer(path, shown, operation, now.st_size, mode, future)
+        return True
 
     def base_digest(self, path: str) -> str | None:
         if self.base_fd is None:
@@ -225,11 +205,14 @@ class _Walker:
             os.close(fd)
 
     def deletions(self) -> None:
+        """Base files gone from the folder (after :meth:`Intake.settle`)."""
+        kept = set(self.intake.files) | self.intake.unchanged
+        refused = self.skipped | (self.present - kept)  # what replaced them was refused
         for path in sorted(self.base):
             if path in self.present or path in self.intake.files:
                 continue
             parts = path.split("/")
-            if any("/".join(parts[:n]) in self.skipped for n in range(1, len(parts) + 1)):
+            if any("/".join(parts[:n]) in refused for n in range(1, len(parts) + 1)):
                 continue
             digest = self.base_digest(path)
             self.intake.accept(CollectedFile(path, "delete", 0, None, None, None, digest))
@@ -272,12 +255,13 @@ def collect_dir(
             walker.walk(root_fd, "", 0)
         finally:
             os.close(root_fd)
+        walker.intake.settle()
         if base_fd is not None and not walker.intake.stopped:
             walker.deletions()
         return walker.intake.finish()
     except BaseException:
         if sink is not None:
-            sink.discard()
+            sink.discard()  # waits for the workers, which may still read the base
         raise
     finally:
         if base_fd is not None:

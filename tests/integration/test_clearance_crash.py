@@ -22,7 +22,8 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from orchestrator.clearance import clear, clearing, worktree
+    from orchestrator.clearance import clear, clearing
+    from orchestrator.staging import worktree
     from orchestrator.staging import ChangeStore
 
     stage, store_root, repo, change_id, branch = sys.argv[1:6]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_zones import run, script_worker, tar_contents
+from tests.integration.test_zones import TarContents, run, script_worker
 
 pytestmark = pytest.mark.docker
 
@@ -27,7 +27,7 @@ def test_outbox_has_a_hard_cap_seen_as_no_space_inside(engine, project):
         """,
         "sandbox: {}",
     )
-    result, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    result, _, _ = run(engine, project, "w", staging=TarContents())
     assert "ENOSPC" in result.stdout
     assert "FILLED" not in result.stdout
     assert len(result.outbox["big"]) <= 1 << 20
@@ -49,7 +49,7 @@ def test_stragglers_are_killed_before_the_outbox_is_read(engine, project):
         """,
         "sandbox: {}\nresources: {timeout: 60}",
     )
-    result, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    result, _, _ = run(engine, project, "w", staging=TarContents())
     assert result.exit_code == 0, result.stderr
     assert result.duration_s < 15  # the straggler would have run for 30 s
     assert result.outbox["main"] == b"done"
@@ -62,7 +62,7 @@ def test_timeout_with_an_outbox_still_collects_what_was_written(engine, project)
         "import time; open('/staged/partial', 'w').write('half'); time.sleep(60)",
         "sandbox: {}",
     )
-    result, _, _ = run(engine, project, "w", outbox_reader=tar_contents, timeout=2)
+    result, _, _ = run(engine, project, "w", staging=TarContents(), timeout=2)
     assert (result.status, result.exit_code, result.container_removed) == ("timeout", 124, True)
     assert result.outbox == {"partial": b"half"}
 
@@ -74,13 +74,13 @@ def test_oom_with_an_outbox_is_137(engine, project):
         "hog = []\nwhile True: hog.append(bytearray(8 << 20))",
         "sandbox: {}\nresources: {memory: 64m}",
     )
-    result, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    result, _, _ = run(engine, project, "w", staging=TarContents())
     assert (result.status, result.exit_code) == ("oom", 137)
 
 
 def test_missing_command_with_an_outbox_is_127(engine, project):
     project.worker("w", 'command: ["/no/such/program"]\nsandbox: {}')
-    result, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    result, _, _ = run(engine, project, "w", staging=TarContents())
     assert (result.status, result.exit_code) == ("error", 127)
 
 
@@ -99,6 +99,6 @@ def test_worker_cannot_stop_the_keepalive(engine, project):
         """,
         "sandbox: {}",
     )
-    result, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    result, _, _ = run(engine, project, "w", staging=TarContents())
     assert "pid 1 refused" in result.stdout
     assert result.outbox == {"kept": b"yes"}

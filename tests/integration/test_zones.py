@@ -27,11 +27,11 @@ def script_worker(project, name: str, script: str, front: str = "") -> None:
     project.worker(name, f"command: {command}\n{textwrap.dedent(front).strip()}")
 
 
-def run(engine, project, name: str, outbox_reader=None, **kwargs):
+def run(engine, project, name: str, staging=None, **kwargs):
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, name), **kwargs)
     audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
-    result = execute(engine, prepared, audit=audit, outbox_reader=outbox_reader)
+    result = execute(engine, prepared, audit=audit, staging=staging)
     return result, prepared, audit
 
 
@@ -57,8 +57,8 @@ def test_untrusted_sees_only_its_session_workers_and_a_fresh_outbox(engine, proj
         LIST + "open('/staged/out-' + os.environ['ORCHESTRATOR_RUN_ID'], 'w').write('x')",
         "sandbox: {}\ntrust: untrusted",
     )
-    first, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
-    second, _, _ = run(engine, project, "w", outbox_reader=tar_contents)
+    first, _, _ = run(engine, project, "w", staging=TarContents())
+    second, _, _ = run(engine, project, "w", staging=TarContents())
     assert first.exit_code == 0, first.stderr
     assert "/workspace ABSENT" in second.stdout
     assert "/repo ABSENT" in second.stdout

@@ -12,7 +12,7 @@ from orchestrator.clearance import ClearanceError
 from orchestrator.clearance.paths import check_paths, split
 from orchestrator.clearance.store import FileChange
 from orchestrator.clearance.summary import Summary, SummaryFile, commit_message
-from orchestrator.clearance.worktree import UnsafePath, WorkTree
+from orchestrator.staging.worktree import UnsafePath, WorkTree
 
 PART = st.text(
     alphabet=st.characters(codec="utf-8", exclude_characters="/"), min_size=0, max_size=8

@@ -83,7 +83,7 @@ def test_readonly_downgrades_every_zone(project):
 # -- approvals --------------------------------------------------------------------------
 
 
-def test_blocked_write_mounts_read_only_and_ask_is_refused(project):
+def test_blocked_write_mounts_read_only_and_ask_gets_a_private_copy(project):
     project.zone("out", "rw", extra="untrusted_output: true")
     project.worker("w", "sandbox: {zones: [{name: out, mode: rw, approval: {write: blocked}}]}")
     assert targets(grant(project, "w"))["/out"] == "ro"
@@ -94,8 +94,10 @@ def test_blocked_write_mounts_read_only_and_ask_is_refused(project):
     zone = grant(project, "w").zone("out")
     assert (zone.mode, zone.delete) == ("rw", "blocked")
     project.worker("w", "sandbox: {zones: [{name: out, mode: rw, approval: {write: ask}}]}")
-    with pytest.raises(PolicyError, match="'ask' .* is not yet supported"):
-        grant(project, "w")
+    asked = grant(project, "w").zone("out")
+    assert asked.mode == "rw"
+    assert asked.ask_base == (project.root / "out").resolve()  # the real zone...
+    assert asked.host_path.parts[-3:] == ("r1", "ask", "out")  # ...and the private copy
 
 
 # -- restriction --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from orchestrator.staging import (
     CollectionError,
     collect_dir,
 )
-from orchestrator.staging.collected import CHUNK, BlobSink
+from orchestrator.staging.blobs import CHUNK, BlobSink
 from orchestrator.staging.fsutil import open_beneath
 from tests.unit.test_staging_support import LIMITS, blob_names, every_byte_under, sha, snapshot
 

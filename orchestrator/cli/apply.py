@@ -1,0 +1,67 @@
+"""``orchestrator staged apply ID``: apply an approved zone change set (host only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("apply")
+@click.argument("change_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--override-scanners", is_flag=True, help="Apply despite failing scanners (audited).")
+@click.option(
+    "--project",
+    "project_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Project folder (holding orchestrator.yaml).",
+)
+def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path) -> None:
+    """Apply CHANGE_ID (an `ask` zone's change set) to its zone, after confirmation.
+
+    Deletions are refused when the worker's zone approval says `delete: blocked`; a file
+    that changed in the zone since the run is a conflict, and nothing is applied.
+    """
+    from orchestrator.config import load_project, load_worker
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime.outbox import change_store
+    from orchestrator.runtime.preparation import open_audit
+    from orchestrator.staging.apply import apply_to_zone
+
+    project = load_project(project_dir)
+    audit = open_audit(project)
+    store = change_store(project)
+    change = store.get(store.resolve(change_id))
+    zone = change.target.name
+    if change.target.kind != "zone" or zone is None:
+        raise OrchestratorError(
+            f"change set {change.id} targets the repo; use `orchestrator clear {change.id}`"
+        )
+    if zone not in project.zones:
+        raise OrchestratorError(f"zone '{zone}' of change set {change.id} is no longer declared")
+    worker = load_worker(project, change.worker)
+    requests = worker.config.sandbox.zones if worker.config.sandbox else []
+    request = next((r for r in requests if r.name == zone), None)
+    allow_delete = request is not None and request.approval.delete != "blocked"
+    for item in change.files:
+        click.echo(f"  {item.operation:<7} {item.path} ({item.size} bytes)", err=True)
+    if not yes and not click.confirm(
+        f"Apply {len(change.files)} change(s) to zone '{zone}'?", err=True
+    ):
+        raise SystemExit(1)
+    done = apply_to_zone(
+        store,
+        change.id,
+        project.zones[zone].host_path,
+        allow_delete=allow_delete,
+        override_scanners=override_scanners,
+        audit=audit,
+    )
+    click.echo(
+        f"orchestrator: applied {change.id} to zone '{zone}': {done.written} written, "
+        f"{done.deleted} deleted, {done.already} already in place",
+        err=True,
+    )

@@ -1,0 +1,86 @@
+"""approval.write: ask — the worker edits a private copy; the zone changes only on approval."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from orchestrator.config import load_project
+from orchestrator.staging import ChangeStore
+from tests.integration.conftest import cli
+
+pytestmark = pytest.mark.docker
+
+EDIT = textwrap.dedent(
+    """
+    import os
+    open("/notes/keep.md", "a").write("appended by the worker\\n")
+    open("/notes/new.md", "w").write("new note\\n")
+    os.remove("/notes/old.md")
+    print(sorted(os.listdir("/notes")))
+    """
+)
+
+
+def setup(project, delete: str = "preApproved"):
+    notes = project.zone("notes", "rw", files={"keep.md": "kept\n", "old.md": "old\n"})
+    approval = f"{{write: ask, delete: {delete}}}"
+    project.worker(
+        "editor",
+        f"command: {json.dumps(['python3', '-c', EDIT])}\ntrust: session\n"
+        f"sandbox: {{zones: [{{name: notes, mode: rw, approval: {approval}}}]}}",
+    )
+    return notes
+
+
+def run_editor(project) -> str:
+    result = cli("run", "editor", "--project", str(project.root), "--json")
+    assert result.returncode == 0, result.stderr
+    data = result.json()
+    assert "['keep.md', 'new.md']" in data["stdout"]  # the worker saw its own edits
+    (asked,) = data["asked"]
+    assert (asked["zone"], asked["files"]) == ("notes", 3)
+    return asked["change_id"]
+
+
+def test_zone_is_untouched_until_the_change_set_is_applied(engine, project):
+    notes = setup(project)
+    change_id = run_editor(project)
+    assert sorted(p.name for p in notes.iterdir()) == ["keep.md", "old.md"]
+    assert (notes / "keep.md").read_text() == "kept\n"
+    store = ChangeStore(load_project(project.root).sandbox_root / "changes")
+    change = store.get(change_id)
+    assert change.target.kind == "zone"
+    assert {(f.path, f.operation) for f in change.files} == {
+        ("keep.md", "update"), ("new.md", "create"), ("old.md", "delete")
+    }  # fmt: skip
+    assert not list((load_project(project.root).sandbox_root / "runs").glob("*/ask/*"))
+
+    applied = cli("staged", "apply", change_id, "--yes", "--project", str(project.root))
+    assert applied.returncode == 0, applied.stderr
+    assert sorted(p.name for p in notes.iterdir()) == ["keep.md", "new.md"]
+    assert (notes / "keep.md").read_text() == "kept\nappended by the worker\n"
+    assert store.get(change_id).status == "applied"
+
+
+def test_blocked_deletes_are_refused_at_apply(engine, project):
+    notes = setup(project, delete="blocked")
+    change_id = run_editor(project)
+    refused = cli("staged", "apply", change_id, "--yes", "--project", str(project.root))
+    assert refused.returncode == 125
+    assert "blocks deletes" in refused.stderr
+    assert (notes / "old.md").exists()
+    assert (notes / "keep.md").read_text() == "kept\n"
+
+
+def test_a_zone_file_changed_since_the_run_is_a_conflict(engine, project):
+    notes = setup(project)
+    change_id = run_editor(project)
+    (notes / "keep.md").write_text("edited by the user meanwhile\n")
+    refused = cli("staged", "apply", change_id, "--yes", "--project", str(project.root))
+    assert refused.returncode == 125
+    assert "changed in zone 'notes' since the run" in refused.stderr
+    assert (notes / "keep.md").read_text() == "edited by the user meanwhile\n"
+    assert not (notes / "new.md").exists()
