@@ -35,12 +35,19 @@ def run(engine, project, name: str, staging=None, **kwargs):
     return result, prepared, audit
 
 
-def tar_contents(spec, stream) -> dict[str, bytes]:
-    """A test reader for the outbox tar stream: name -> content of regular files."""
-    with tarfile.open(fileobj=stream, mode="r|") as archive:
-        return {
-            m.name.removeprefix("./"): archive.extractfile(m).read() for m in archive if m.isfile()
-        }
+class TarContents:
+    """A test staging sink: the outbox as {name: content} of its regular files."""
+
+    def outbox(self, spec, stream) -> dict[str, bytes]:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
+            return {
+                m.name.removeprefix("./"): archive.extractfile(m).read()
+                for m in archive
+                if m.isfile()
+            }
+
+    def zones(self, prepared):
+        return []
 
 
 LIST = """
