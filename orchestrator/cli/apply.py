@@ -6,19 +6,14 @@ from pathlib import Path
 
 import click
 
+from orchestrator.cli.options import project_option
+
 
 @click.command("apply")
 @click.argument("change_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--override-scanners", is_flag=True, help="Apply despite failing scanners (audited).")
-@click.option(
-    "--project",
-    "project_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Project folder (holding orchestrator.yaml).",
-)
+@project_option
 def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path) -> None:
     """Apply CHANGE_ID (an `ask` zone's change set) to its zone, after confirmation.
 

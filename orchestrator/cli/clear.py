@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from orchestrator.cli.options import project_option
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -45,14 +47,7 @@ def _say(message: str) -> None:
     is_flag=True,
     help="Clear even though a scanner blocks the change set (recorded in the audit log).",
 )
-@click.option(
-    "--project",
-    "project_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Project folder (holding orchestrator.yaml).",
-)
+@project_option
 def clear(
     change_id: str,
     branch: str | None,

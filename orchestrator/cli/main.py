@@ -22,6 +22,7 @@ import click
 from orchestrator.cli.apply import apply as apply_command
 from orchestrator.cli.audit import audit as audit_group
 from orchestrator.cli.clear import clear as clear_command
+from orchestrator.cli.options import project_option
 from orchestrator.cli.staged import staged as staged_group
 
 if TYPE_CHECKING:
@@ -30,14 +31,6 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 125
 
-project_option = click.option(
-    "--project",
-    "project_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Project folder (holding orchestrator.yaml).",
-)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 

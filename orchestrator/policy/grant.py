@@ -8,6 +8,7 @@ included.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +58,18 @@ class Limits:
     pids: int
     timeout: float
     tmp: int
+
+    FIELDS = ("memory", "cpus", "pids", "timeout", "tmp")
+
+    @classmethod
+    def of(cls, values: Mapping[str, float]) -> Limits:
+        return cls(
+            memory=int(values["memory"]),
+            cpus=float(values["cpus"]),
+            pids=int(values["pids"]),
+            timeout=float(values["timeout"]),
+            tmp=int(values["tmp"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,13 +139,7 @@ def resolve_limits(*layers: Resources) -> Limits:
             if value is not None:
                 merged[name] = value
                 break
-    return Limits(
-        memory=int(merged["memory"]),
-        cpus=float(merged["cpus"]),
-        pids=int(merged["pids"]),
-        timeout=float(merged["timeout"]),
-        tmp=int(merged["tmp"]),
-    )
+    return Limits.of(merged)
 
 
 def standard_zones(trust: Trust, paths: RunPaths) -> tuple[list[ZoneGrant], list[str]]:

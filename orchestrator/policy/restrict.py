@@ -106,7 +106,7 @@ def _limits(
 ) -> Limits:
     declared = child.config.resources
     values: dict[str, float] = {}
-    for field in ("memory", "cpus", "pids", "timeout", "tmp"):
+    for field in Limits.FIELDS:
         mine, theirs = getattr(wanted, field), getattr(ceiling, field)
         if mine > theirs and getattr(declared, field) is not None:
             problems.append(
@@ -114,10 +114,4 @@ def _limits(
                 f"{theirs:g}; a child's resources can only be smaller"
             )
         values[field] = min(mine, theirs)
-    return Limits(
-        memory=int(values["memory"]),
-        cpus=float(values["cpus"]),
-        pids=int(values["pids"]),
-        timeout=float(values["timeout"]),
-        tmp=int(values["tmp"]),
-    )
+    return Limits.of(values)
