@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from orchestrator.cli.options import project_option
+
 if TYPE_CHECKING:
     from orchestrator.config import Project
     from orchestrator.staging import ChangeSet, ChangeStore, Scanner, ScanResult
@@ -27,17 +29,6 @@ __all__ = ["open_store", "staged"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 STATUSES = ("pending", "approved", "rejected", "discarded", "committed", "applied")
-
-
-def _project_option(function: F) -> F:
-    return click.option(
-        "--project",
-        "project_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=Path("."),
-        show_default=True,
-        help="Project folder (holding orchestrator.yaml).",
-    )(function)
 
 
 def _json_option(function: F) -> F:
@@ -101,7 +92,7 @@ def staged() -> None:
 @staged.command("list")
 @click.option("--status", type=click.Choice(STATUSES), help="Only change sets with this status.")
 @_json_option
-@_project_option
+@project_option
 def list_changes(status: str | None, as_json: bool, project_dir: Path) -> None:
     """List change sets, oldest first."""
     _, store = open_store(project_dir)
@@ -189,7 +180,7 @@ def _describe(
 @click.argument("change_id")
 @click.option("--no-color", is_flag=True, help="Never colour the diff.")
 @_json_option
-@_project_option
+@project_option
 def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> None:
     """Show CHANGE_ID: summary, rejected entries, scans, conflicts and the diff."""
     from orchestrator.staging import OPEN, blocking, render_diff, run_scanners
@@ -222,7 +213,7 @@ def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> No
 
 @staged.command("discard")
 @click.argument("change_id")
-@_project_option
+@project_option
 def discard(change_id: str, project_dir: Path) -> None:
     """Discard CHANGE_ID: it will never be cleared (its files stay for inspection)."""
     project, store = open_store(project_dir)
@@ -234,7 +225,7 @@ def discard(change_id: str, project_dir: Path) -> None:
 @staged.command("reject")
 @click.argument("change_id")
 @click.option("--reason", required=True, help="Why (kept in the change set and the audit log).")
-@_project_option
+@project_option
 def reject(change_id: str, reason: str, project_dir: Path) -> None:
     """Reject CHANGE_ID with a reason: it will never be cleared."""
     project, store = open_store(project_dir)

@@ -1,38 +1,33 @@
 """Blob folders: untrusted content copied into private files named by their SHA-256.
 
 Content is hashed while it is written to ``.part-N`` and then renamed to its digest, so
-the folder only ever holds finished blobs (and, for a moment, parts). Copying is done by
-worker threads, which overlap hashing and file I/O with the walk or the tar parser (both
-release the GIL): :meth:`BlobSink.store_file` for files already opened on disk (a pool),
-:class:`BlobStream` for tar members, which arrive one after another (one thread, fed
-through a bounded queue). Nothing is ever read past a cap: a file job reads at most its
-expected size plus one byte.
+the folder only ever holds finished blobs (and, for a moment, one part). Nothing is ever
+read past a cap: every copy reads at most ``cap + 1`` bytes, into one reused buffer.
+
+Copying is single-threaded on purpose: on small machines, worker threads made it slower
+(the walk and the copies fight over the GIL), and the walk must decide caps in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
-import queue
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.staging.errors import CollectionError
 
-__all__ = ["CHUNK", "BlobSink", "BlobStream", "Reader", "SourceFailed", "Stored"]
+__all__ = ["CHUNK", "BlobSink", "ReadInto", "SourceFailed", "Stored", "fd_reader"]
 
 #: Bytes read and written at a time.
 CHUNK = 1 << 20
-#: Worker threads copying files, and files opened ahead of them.
-WORKERS = max(2, min(4, os.cpu_count() or 1))
-IN_FLIGHT = 32
-Reader = Callable[[int], bytes]
+#: Fills the buffer it is given (a memoryview) and returns how many bytes it put there.
+ReadInto = Callable[[memoryview], int]
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -42,7 +37,7 @@ class SourceFailed(Exception):
 
 @dataclass(frozen=True)
 class Stored:
-    """The outcome of one file job: a blob, an unchanged file, or why nothing was kept."""
+    """The outcome of copying one file: a blob, an unchanged file, or why nothing was kept."""
 
     sha256: str | None
     size: int
@@ -51,35 +46,20 @@ class Stored:
     problem: str | None = None
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def fd_reader(fd: int) -> ReadInto:
+    """Read from a file descriptor's current offset."""
+    return lambda view: os.readv(fd, [view])
 
 
-def _pump(read: Reader, cap: int, fd: int | None) -> tuple[str, int] | None:
-    """Hash (and write to ``fd``) what ``read`` gives; None once past ``cap`` bytes."""
-    digest = hashlib.sha256()
-    size = 0
-    while True:
-        try:
-            data = read(min(CHUNK, cap + 1 - size))
-        except Exception as exc:
-            raise SourceFailed(str(exc) or type(exc).__name__) from exc
-        if not data:
-            return digest.hexdigest(), size
-        size += len(data)
-        if size > cap:
-            return None
-        digest.update(data)
-        if fd is not None:
-            _write_all(fd, data)
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 class BlobSink:
     """A private temporary folder of blobs named by SHA-256."""
 
-    def __init__(self, tmp_dir: Path | None = None, *, workers: int = WORKERS) -> None:
+    def __init__(self, tmp_dir: Path | None = None) -> None:
         try:
             self.folder = Path(tempfile.mkdtemp(prefix="orchestrator-blobs-", dir=tmp_dir))
             self._fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -90,9 +70,7 @@ class BlobSink:
                 "make it writable or pass another tmp_dir"
             ) from None
         self._parts = itertools.count()
-        self._workers = workers
-        self._pool: ThreadPoolExecutor | None = None
-        self._slots = threading.BoundedSemaphore(IN_FLIGHT)
+        self._buffer = memoryview(bytearray(CHUNK))
 
     def path(self, sha256: str) -> Path:
         return self.folder / sha256
@@ -103,41 +81,83 @@ class BlobSink:
             "(free space, permissions) or collect into another tmp_dir"
         )
 
-    def create_part(self) -> tuple[str, int]:
-        name = f".part-{next(self._parts)}"
-        try:
-            return name, os.open(name, _CREATE, 0o600, dir_fd=self._fd)
-        except OSError as exc:
-            raise self._failure(exc) from None
+    def _pump(self, read: ReadInto, cap: int, fd: int | None) -> tuple[str, int] | None:
+        """Hash (and write to ``fd``) what ``read`` gives; None once past ``cap`` bytes."""
+        digest = hashlib.sha256()
+        size = 0
+        while True:
+            view = self._buffer[: min(CHUNK, cap + 1 - size)]
+            try:
+                count = read(view)
+            except Exception as exc:
+                raise SourceFailed(str(exc) or type(exc).__name__) from exc
+            if not count:
+                return digest.hexdigest(), size
+            size += count
+            if size > cap:
+                return None
+            digest.update(view[:count])
+            if fd is not None:
+                try:
+                    _write_all(fd, view[:count])
+                except OSError as exc:
+                    raise self._failure(exc) from None
 
-    def finish_part(self, name: str, sha256: str | None) -> None:
-        """Name a written part by its digest (the same content twice is the same blob)."""
-        try:
-            if sha256 is None:
-                os.unlink(name, dir_fd=self._fd)
-            else:
-                os.rename(name, sha256, src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        except OSError as exc:
-            raise self._failure(exc) from None
+    def digest(self, read: ReadInto, cap: int) -> tuple[str, int] | None:
+        """Hash what ``read`` gives, without keeping it; None past ``cap`` bytes."""
+        return self._pump(read, cap, None)
 
-    def write(self, read: Reader, cap: int) -> tuple[str, int] | None:
+    def write(self, read: ReadInto, cap: int) -> tuple[str, int] | None:
         """Store what ``read`` gives as a blob; None (nothing kept) past ``cap`` bytes."""
-        name, fd = self.create_part()
+        name = f".part-{next(self._parts)}"
         result = None
         try:
+            fd = os.open(name, _CREATE, 0o600, dir_fd=self._fd)
             try:
-                result = _pump(read, cap, fd)
-            except OSError as exc:
-                raise self._failure(exc) from None
+                result = self._pump(read, cap, fd)
             finally:
                 os.close(fd)
-        finally:
-            self.finish_part(name, result[0] if result else None)
+            if result is None:
+                os.unlink(name, dir_fd=self._fd)
+            else:  # the same content twice is the same blob
+                os.rename(name, result[0], src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except OSError as exc:
+            raise self._failure(exc) from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self._fd)
+            raise
         return result
 
-    def digest(self, read: Reader, cap: int) -> tuple[str, int] | None:
-        """Hash what ``read`` gives, without keeping it; None past ``cap`` bytes."""
-        return _pump(read, cap, None)
+    def store_fd(
+        self,
+        fd: int,
+        size: int,
+        *,
+        base: Callable[[], str | None] | None = None,
+        compare: bool = False,
+    ) -> Stored:
+        """Copy the open file ``fd`` (from its start) into a blob.
+
+        The file must hold exactly ``size`` bytes: more or fewer means it changed while
+        being collected, and nothing is kept (at most ``size + 1`` bytes are read). ``base``
+        gives the digest of the content it replaces; with ``compare``, a file equal to it
+        is reported unchanged and not stored.
+        """
+        read = fd_reader(fd)
+        try:
+            base_sha256 = base() if base is not None else None
+            if compare and base_sha256 is not None:
+                same = self._pump(read, size, None)
+                if same == (base_sha256, size):
+                    return Stored(base_sha256, size, base_sha256, unchanged=True)
+                os.lseek(fd, 0, os.SEEK_SET)
+            result = self.write(read, size)
+        except SourceFailed as exc:
+            return Stored(None, size, problem=f"cannot read: {exc}")
+        if result is None or result[1] != size:
+            return Stored(None, size, problem="changed while being collected")
+        return Stored(result[0], size, base_sha256)
 
     @staticmethod
     def digest_fd(fd: int) -> str:
@@ -147,56 +167,6 @@ class BlobSink:
             digest.update(data)
         return digest.hexdigest()
 
-    def store_file(
-        self,
-        fd: int,
-        size: int,
-        *,
-        base: Callable[[], str | None] | None = None,
-        compare: bool = False,
-    ) -> Future[Stored]:
-        """Copy the open file ``fd`` (now owned by the job, which closes it) into a blob.
-
-        The file must hold exactly ``size`` bytes: more or fewer means it changed while
-        being collected, and nothing is kept. ``base`` gives the digest of the content it
-        replaces; with ``compare``, a file equal to it is reported unchanged, not stored.
-        """
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="blobs")
-        self._slots.acquire()
-        try:
-            future = self._pool.submit(self._file_job, fd, size, base, compare)
-        except BaseException:
-            self._slots.release()
-            os.close(fd)
-            raise
-        future.add_done_callback(lambda _: self._slots.release())
-        return future
-
-    def _file_job(
-        self, fd: int, size: int, base: Callable[[], str | None] | None, compare: bool
-    ) -> Stored:
-        read: Reader = lambda n: os.read(fd, n)  # noqa: E731 - the job's own reader
-        try:
-            base_sha256 = base() if base is not None else None
-            if compare and base_sha256 is not None:
-                same = _pump(read, size, None)
-                if same is not None and same == (base_sha256, size):
-                    return Stored(base_sha256, size, base_sha256, unchanged=True)
-                os.lseek(fd, 0, os.SEEK_SET)
-            result = self.write(read, size)
-        except SourceFailed as exc:
-            return Stored(None, size, problem=f"cannot read: {exc}")
-        finally:
-            os.close(fd)
-        if result is None or result[1] != size:
-            return Stored(None, size, problem="changed while being collected")
-        return Stored(result[0], size, base_sha256)
-
-    def stream(self) -> BlobStream:
-        """A writer thread for files fed chunk by chunk (tar members)."""
-        return BlobStream(self)
-
     def prune(self, keep: set[str]) -> None:
         """Delete blobs no accepted file refers to (left by a later-refused duplicate)."""
         for entry in os.scandir(self.folder):
@@ -204,10 +174,7 @@ class BlobSink:
                 os.unlink(entry.path)
 
     def close(self) -> None:
-        """Wait for running jobs and stop the workers (the folder stays)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Close the folder's descriptor (the folder stays)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -215,104 +182,3 @@ class BlobSink:
     def discard(self) -> None:
         self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-class BlobStream:
-    """Files fed chunk by chunk to one writer thread, in order, through a bounded queue."""
-
-    def __init__(self, sink: BlobSink) -> None:
-        self._sink = sink
-        self._queue: queue.Queue[tuple[str, object]] = queue.Queue(maxsize=8)
-        self._thread = threading.Thread(target=self._run, name="blob-stream", daemon=True)
-        self._thread.start()
-
-    def begin(self) -> Future[Stored]:
-        future: Future[Stored] = Future()
-        self._queue.put(("begin", future))
-        return future
-
-    def feed(self, data: bytes) -> None:
-        self._queue.put(("data", data))
-
-    def end(self) -> None:
-        self._queue.put(("end", None))
-
-    def abort(self) -> None:
-        self._queue.put(("abort", None))
-
-    def copy(self, read: Reader, size: int) -> Future[Stored] | None:
-        """Feed one file of exactly ``size`` bytes from ``read``; None when it is not that.
-
-        Never reads more than ``size + 1`` bytes. A failing ``read`` aborts the file and
-        raises :class:`SourceFailed`.
-        """
-        future = self.begin()
-        count = 0
-        try:
-            while True:
-                try:
-                    data = read(min(CHUNK, size + 1 - count))
-                except Exception as exc:
-                    raise SourceFailed(str(exc) or type(exc).__name__) from exc
-                if not data:
-                    break
-                count += len(data)
-                if count > size:
-                    break
-                self.feed(data)
-        except BaseException:
-            self.abort()
-            raise
-        if count != size:
-            self.abort()
-            return None
-        self.end()
-        return future
-
-    def close(self) -> None:
-        self._queue.put(("stop", None))
-        self._thread.join()
-
-    def _run(self) -> None:
-        future: Future[Stored] | None = None
-        name, fd, digest, size = "", -1, hashlib.sha256(), 0
-        failure: CollectionError | None = None
-        while True:
-            kind, item = self._queue.get()
-            if kind == "stop":
-                return
-            if kind == "begin":
-                assert isinstance(item, Future)
-                future, digest, size, failure = item, hashlib.sha256(), 0, None
-                try:
-                    name, fd = self._sink.create_part()
-                except CollectionError as exc:
-                    failure, fd = exc, -1
-                continue
-            if future is None:
-                continue
-            try:
-                if kind == "data" and failure is None:
-                    assert isinstance(item, bytes)
-                    digest.update(item)
-                    size += len(item)
-                    _write_all(fd, item)
-                elif kind in ("end", "abort"):
-                    if fd >= 0:
-                        os.close(fd)
-                        fd = -1
-                        sha256 = digest.hexdigest() if kind == "end" and not failure else None
-                        self._sink.finish_part(name, sha256)
-                    if failure is not None:
-                        future.set_exception(failure)
-                    else:
-                        sha = digest.hexdigest() if kind == "end" else None
-                        future.set_result(Stored(sha, size))
-                    future = None
-            except OSError as exc:
-                failure = self._sink._failure(exc)
-            except CollectionError as exc:
-                failure = exc
-                if future is not None and not future.done():
-                    future.set_exception(exc)
-                    future = None

@@ -2,16 +2,13 @@
 
 :class:`Intake` applies the rules common to tar streams and folders (names, suffixes,
 duplicates, counts, per-file and total caps) and records each refused entry as a
-:class:`Rejection` instead of failing the whole collection. Files being copied by the
-blob workers (:mod:`.blobs`) are held as pending until :meth:`Intake.finish`, which keeps
-the rejections in the order the entries were met.
+:class:`Rejection` instead of failing the whole collection. Blobs are written by
+:class:`~.blobs.BlobSink`.
 """
 
 from __future__ import annotations
 
-import itertools
 import shutil
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -89,42 +86,24 @@ class Collected:
 
 
 @dataclass
-class Pending:
-    """A file whose blob a worker is still writing."""
-
-    tick: int
-    path: str
-    shown: str
-    operation: Operation
-    size: int
-    mode: int
-    future: Future[Stored]
-
-
-@dataclass
 class Intake:
     """The rules shared by both collectors, and what they have accepted so far."""
 
     limits: OutboxLimits
     suffixes: list[str] | tuple[str, ...] | None
     sink: BlobSink
-    files: dict[str, CollectedFile | Pending] = field(default_factory=dict)
+    files: dict[str, CollectedFile] = field(default_factory=dict)
     total: int = 0
     entries: int = 0
     folders: int = 0
     stopped: bool = False
     unchanged: set[str] = field(default_factory=set)
-    _log: list[tuple[int, Rejection]] = field(default_factory=list)
-    _ticks: itertools.count[int] = field(default_factory=itertools.count)
+    rejected: list[Rejection] = field(default_factory=list)
     _kinds: dict[str, str] = field(default_factory=dict)
     _duplicated: set[str] = field(default_factory=set)
 
-    @property
-    def rejected(self) -> list[Rejection]:
-        return [rejection for _, rejection in sorted(self._log, key=lambda item: item[0])]
-
-    def reject(self, shown: str, reason: str, *, tick: int | None = None) -> None:
-        self._log.append((next(self._ticks) if tick is None else tick, Rejection(shown, reason)))
+    def reject(self, shown: str, reason: str) -> None:
+        self.rejected.append(Rejection(shown, reason))
 
     def count(self, shown: str, *, folder: bool = False) -> bool:
         """Count one entry; past ``max_files``, record it, stop, and return False."""
@@ -195,52 +174,24 @@ class Intake:
         self.files[collected.path] = collected
         self.total += collected.size
 
-    def defer(
-        self,
-        path: str,
-        shown: str,
-        operation: Operation,
-        size: int,
-        mode: int,
-        future: Future[Stored],
-    ) -> None:
-        """Count a file whose blob is being written; :meth:`finish` settles it."""
-        pending = Pending(next(self._ticks), path, shown, operation, size, mode, future)
-        self.files[path] = pending
-        self.total += size
-
-    def settle(self) -> None:
-        """Wait for every pending blob and turn it into a file, a rejection or unchanged."""
-        for path, item in list(self.files.items()):
-            if not isinstance(item, Pending):
-                continue
-            stored = item.future.result()  # a host-side failure raises CollectionError
-            if stored.sha256 is None or stored.problem or stored.unchanged:
-                del self.files[path]
-                self.total -= item.size
-                if stored.unchanged:
-                    self.unchanged.add(path)
-                else:
-                    self.reject(item.shown, stored.problem or "not collected", tick=item.tick)
-                continue
-            self.files[path] = CollectedFile(
-                path,
-                item.operation,
-                stored.size,
-                stored.sha256,
-                item.mode,
-                self.sink.path(stored.sha256),
-                stored.base_sha256,
-            )
+    def take(self, path: str, shown: str, operation: Operation, mode: int, stored: Stored) -> None:
+        """Record the outcome of copying one file: accepted, unchanged, or refused."""
+        if stored.unchanged:
+            self.unchanged.add(path)
+        elif stored.sha256 is None or stored.problem:
+            self.reject(shown, stored.problem or "not collected")
+        else:
+            blob = self.sink.path(stored.sha256)
+            sha256, base = stored.sha256, stored.base_sha256
+            self.accept(CollectedFile(path, operation, stored.size, sha256, mode, blob, base))
 
     def finish(self, *, truncated: bool = False) -> Collected:
-        self.settle()
-        files = [f for f in self.files.values() if isinstance(f, CollectedFile)]
+        files = sorted(self.files.values(), key=lambda f: f.path)
         self.sink.close()
         self.sink.prune({f.sha256 for f in files if f.sha256})
         return Collected(
-            files=sorted(files, key=lambda f: f.path),
-            rejected=self.rejected,
+            files=files,
+            rejected=list(self.rejected),
             blob_dir=self.sink.folder,
             truncated=truncated or self.stopped,
             unchanged=len(self.unchanged),

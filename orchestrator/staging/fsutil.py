@@ -16,6 +16,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from orchestrator.audit.files import fsync_dir
+
 __all__ = [
     "DIR_FLAGS",
     "FILE_FLAGS",
@@ -89,15 +91,6 @@ def read_limited(fd: int, limit: int) -> bytes:
         chunks.append(data)
         size += len(data)
     return b"".join(chunks)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a folder's entries (creations, renames) durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_durably(path: Path, data: bytes, *, mode: int = 0o600) -> None:

@@ -39,6 +39,11 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _IGNORABLE = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")
 
 
+# Names made only of these characters, with no component starting with a dot, need no
+# further checks but their lengths (the common case, checked first for speed).
+_PLAIN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*")
+
+
 class UnsafeName(ValueError):
     """A name that must not be accepted; the message is the reason."""
 
@@ -62,6 +67,19 @@ def safe_path(raw: str) -> str:
     lone surrogates and are refused as not UTF-8. An empty result (``.``, ``./``) raises
     too; callers that accept the root folder check for it first.
     """
+    plain = raw[2:] if raw.startswith("./") else raw
+    if (
+        _PLAIN.fullmatch(plain)
+        and len(plain) <= MAX_PATH_BYTES
+        and plain.count("/") < MAX_DEPTH
+        and all(len(part) <= MAX_COMPONENT_BYTES for part in plain.split("/"))
+    ):
+        return plain
+    return checked_path(raw)
+
+
+def checked_path(raw: str) -> str:
+    """:func:`safe_path` without its fast path: every rule, one after the other."""
     if "\x00" in raw:
         raise UnsafeName("name contains a NUL byte")
     if _SURROGATE.search(raw):

@@ -176,6 +176,10 @@ class ChangeStore:
                 truncated=collected.truncated,
                 history=(StatusChange("pending", now, "created"),),
             )
+            try:  # what get() would refuse is refused now, before anything is published
+                ChangeSet.from_dict(change.to_dict())
+            except ValueError as exc:
+                raise StagingError(f"cannot store this change set: {exc}") from None
             return self._publish(building, change)
         finally:
             shutil.rmtree(building, ignore_errors=True)
@@ -198,10 +202,15 @@ class ChangeStore:
                     shutil.copyfileobj(data, out, CHUNK)
         finally:
             os.close(fd)
-        check = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            check = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise BlobMismatch(
+                f"collected blob {source} cannot be stored: {exc.strerror}"
+            ) from None
         try:
             os.fchmod(check, 0o444)
-            if _digest_fd(check) != (sha256, size):
+            if not stat.S_ISREG(os.fstat(check).st_mode) or _digest_fd(check) != (sha256, size):
                 raise BlobMismatch(f"collected blob {source} does not hold {sha256[:12]}")
             os.fsync(check)
         finally:

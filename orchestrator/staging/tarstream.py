@@ -21,12 +21,13 @@ kept, and a rejection describes where the stream broke.
 
 from __future__ import annotations
 
+import io
 import tarfile
 from pathlib import Path
-from typing import BinaryIO, Self
+from typing import BinaryIO, Self, cast
 
 from orchestrator.config.models import OutboxLimits
-from orchestrator.staging.blobs import BlobSink, BlobStream, SourceFailed
+from orchestrator.staging.blobs import BlobSink, SourceFailed, Stored
 from orchestrator.staging.collected import STREAM, Collected, Intake
 from orchestrator.staging.names import is_root, normal_mode, printable
 
@@ -136,18 +137,14 @@ def collect_tar(
     sink = BlobSink(tmp_dir)
     try:
         intake = Intake(limits, suffixes, sink)
-        writer = sink.stream()
-        try:
-            truncated = _read_members(_Fenced(stream, stream_budget(limits)), intake, writer)
-        finally:
-            writer.close()
+        truncated = _read_members(_Fenced(stream, stream_budget(limits)), intake)
         return intake.finish(truncated=truncated)
     except BaseException:
         sink.discard()
         raise
 
 
-def _read_members(source: _Fenced, intake: Intake, writer: BlobStream) -> bool:
+def _read_members(source: _Fenced, intake: Intake) -> bool:
     """Collect every member; return True when the stream did not end cleanly."""
     try:
         tar = _WatchedTar.open(
@@ -175,7 +172,7 @@ def _read_members(source: _Fenced, intake: Intake, writer: BlobStream) -> bool:
             intake.reject(STREAM, f"stream truncated or corrupt after {read} entries; rest skipped")
             return True
         read += 1
-        if not _member(tar, member, source, intake, writer):
+        if not _member(tar, member, source, intake):
             return True
 
 
@@ -183,9 +180,7 @@ def _why(exc: BaseException) -> str:
     return printable(str(exc) or type(exc).__name__)[:200]
 
 
-def _member(
-    tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: Intake, writer: BlobStream
-) -> bool:
+def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: Intake) -> bool:
     """Handle one member; False when reading must stop here."""
     shown = printable(member.name.removeprefix("./"))  # `tar -C DIR -cf - .` writes ./NAME
     if member.offset_data + member.size > source.budget:
@@ -224,13 +219,14 @@ def _member(
         intake.reject(shown, "no content could be read")
         return True
     try:
-        future = writer.copy(data.read, member.size)
+        result = intake.sink.write(cast(io.BufferedReader, data).readinto, member.size)
     except SourceFailed as exc:
         reason = f"stream broke inside this file ({printable(str(exc))[:200]}); rest skipped"
         intake.reject(shown, reason)
         return False
-    if future is None:
+    if result is None or result[1] != member.size:
         intake.reject(shown, "content does not match its header size; rest skipped")
         return False
-    intake.defer(path, shown, "create", member.size, normal_mode(member.mode), future)
+    stored = Stored(result[0], result[1])
+    intake.take(path, shown, "create", normal_mode(member.mode), stored)
     return True

@@ -161,34 +161,35 @@ class _Walker:
         except OSError as exc:
             intake.reject(shown, _open_failure(exc))
             return
-        if not self.submit(file_fd, path, shown, st):
+        try:
+            self.copy(file_fd, path, shown, st)
+        finally:
             os.close(file_fd)
 
-    def submit(self, fd: int, path: str, shown: str, st: os.stat_result) -> bool:
-        """Check the opened file again and hand it to a blob worker (which closes it)."""
+    def copy(self, fd: int, path: str, shown: str, st: os.stat_result) -> None:
+        """Check the opened file again, then copy exactly the size it has now."""
         intake = self.intake
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             intake.reject(shown, "replaced while being collected")
-            return False
+            return
         if now.st_nlink > 1:
             intake.reject(shown, f"hard link ({now.st_nlink} names share this file); not collected")
-            return False
+            return
         reason = intake.over(now.st_size)  # the size read must be exactly this one
         if reason:
             intake.reject(shown, reason)
-            return False
+            return
         mode = normal_mode(now.st_mode)
         base = self.base.get(path)
         operation: Operation = "create" if base is None else "update"
-        future = intake.sink.store_file(
+        stored = intake.sink.store_fd(
             fd,
             now.st_size,
             base=None if base is None else functools.partial(self.base_digest, path),
             compare=base is not None and (base.size, base.mode) == (now.st_size, mode),
         )
-        intake.defer(path, shown, operation, now.st_size, mode, future)
-        return True
+        intake.take(path, shown, operation, mode, stored)
 
     def base_digest(self, path: str) -> str | None:
         if self.base_fd is None:
@@ -205,7 +206,7 @@ class _Walker:
             os.close(fd)
 
     def deletions(self) -> None:
-        """Base files gone from the folder (after :meth:`Intake.settle`)."""
+        """Base files gone from the folder (not merely replaced by something refused)."""
         kept = set(self.intake.files) | self.intake.unchanged
         refused = self.skipped | (self.present - kept)  # what replaced them was refused
         for path in sorted(self.base):
@@ -255,13 +256,12 @@ def collect_dir(
             walker.walk(root_fd, "", 0)
         finally:
             os.close(root_fd)
-        walker.intake.settle()
         if base_fd is not None and not walker.intake.stopped:
             walker.deletions()
         return walker.intake.finish()
     except BaseException:
         if sink is not None:
-            sink.discard()  # waits for the workers, which may still read the base
+            sink.discard()
         raise
     finally:
         if base_fd is not None:

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.clearance import ClearanceDeclined, ClearanceError
+from orchestrator.errors import CredentialError
 from orchestrator.cli import clear as clear_module
 from orchestrator.cli.clear import clear as clear_command
 from orchestrator.staging import ChangeStore
@@ -118,7 +119,7 @@ def test_a_missing_credential_value_is_a_clear_error(project, monkeypatch):
     monkeypatch.delenv("FORGE_TOKEN", raising=False)
     change_id = stage({"a.md": b"a\n"})
     result = invoke(change_id, "--yes", "--push", "--project", str(root))
-    assert isinstance(result.exception, ClearanceError)
+    assert isinstance(result.exception, CredentialError)
     assert "FORGE_TOKEN is not set" in str(result.exception)
     assert store.get(change_id).status == "pending"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from orchestrator.config.models import OutboxLimits
 from orchestrator.staging import Collected, collect_dir, collect_tar, printable, safe_path
+from orchestrator.staging.names import UnsafeName, checked_path
 from tests.unit.test_staging_support import (
     END,
     blob_names,
@@ -169,3 +171,22 @@ def test_hostile_folders(entries: list[tuple[str, str, bytes]]) -> None:
         assert SECRET not in every_byte_under(collected.blob_dir)
         assert snapshot(top, skip=collected.blob_dir) == before
         collected.cleanup()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["a", "B", "0", ".", "..", "/", "-", "_", "~", " ", "git", ".git", "\x1b", "é"]
+        ),
+        max_size=12,
+    ).map("".join)
+)
+def test_the_fast_path_for_plain_names_agrees_with_every_rule(raw: str) -> None:
+    def outcome(check: Callable[[str], str]) -> str:
+        try:
+            return check(raw)
+        except UnsafeName as exc:
+            return f"refused: {exc}"
+
+    assert outcome(safe_path) == outcome(checked_path)

@@ -326,3 +326,17 @@ def test_scans_are_recorded_until_the_change_set_is_final(
 def test_an_empty_store_lists_nothing(store: ChangeStore) -> None:
     assert store.list() == []
     assert not store.root.exists()
+
+
+def test_create_refuses_a_hand_made_collection_with_unsafe_paths(
+    store: ChangeStore, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    found = collected(tmp_path, {b"a.md": b"a"})
+    bad = dataclasses.replace(found.files[0], path="../../etc/cron.d/x")
+    forged = dataclasses.replace(found, files=[bad])
+    with pytest.raises(StagingError, match="'..' component"):
+        store.create(forged, REPO)
+    assert store.list() == []
+    found.cleanup()
