@@ -7,9 +7,9 @@ from click.testing import CliRunner
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.clearance import ClearanceDeclined, ClearanceError
-from orchestrator.errors import CredentialError
 from orchestrator.cli import clear as clear_module
 from orchestrator.cli.clear import clear as clear_command
+from orchestrator.errors import CredentialError
 from orchestrator.staging import ChangeStore
 from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
 

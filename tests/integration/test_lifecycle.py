@@ -145,3 +145,34 @@ def test_python_dash_m_works():
         check=False,
     )
     assert out.returncode == 0 and "Usage: orchestrator" in out.stdout
+
+
+def test_a_run_that_cannot_be_audited_never_starts(engine, project):
+    from orchestrator.config import load_project
+
+    python_worker(project, "w", "print('should not run')")
+    sandbox = load_project(project.root).sandbox_root
+    (sandbox / "audit.jsonl").mkdir(parents=True)  # a folder where the log should be
+    result = cli("run", "w", "--project", str(project.root))
+    assert result.returncode == 125
+    assert "audit" in result.stderr.lower()
+    assert "Traceback" not in result.stderr
+    assert "should not run" not in result.stdout
+
+
+def test_runs_are_audited_start_and_end(engine, project):
+    from orchestrator.audit import AuditFilter, AuditLog
+    from orchestrator.config import load_project
+
+    python_worker(project, "w", "import sys; sys.exit(3)")
+    data = cli("run", "w", "--project", str(project.root), "--json").json()
+    log = AuditLog(load_project(project.root).sandbox_root / "audit.jsonl")
+    entries = log.query(AuditFilter(run=data["run_id"]))
+    operations = [e.operation for e in entries]
+    assert operations[0] == "run.started" and operations[-1] == "run.ended"
+    started, ended = entries[0], entries[-1]
+    assert started.metadata["network"] == "none"
+    assert started.metadata["limits"]["pids"] == 256
+    assert ended.metadata["exit_code"] == 3
+    assert ended.metadata["container_removed"] is True
+    assert log.verify().ok

@@ -313,3 +313,33 @@ def test_child_secrets_can_only_shrink(project):
     project.worker("kid", "trust: session\nsecrets: [a]")
     child = restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
     assert child.secrets == ("a",)
+
+
+def test_child_of_an_allowlisted_parent_cannot_widen_it(project):
+    project.worker("main", "trust: session\nchildren: [kid]\nnetwork: {allow: [a.test]}")
+    loaded = load_project(project.root)
+    parent = grant_for(loaded, load_worker(loaded, "main"), paths_of(loaded))
+    for wider in ("{allow: [a.test, b.test]}", "{allow: ['a.test:8080']}", "full"):
+        project.worker("kid", f"trust: session\nnetwork: {wider}")
+        with pytest.raises(PolicyError, match="a child's network can only be narrower"):
+            restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    project.worker("kid", "trust: session\nnetwork: {allow: ['a.test:443']}")
+    child = restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    assert [str(e) for e in child.network] == ["a.test:443"]
+    project.worker("kid", "trust: session")  # undeclared: the project default, none
+    child = restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    assert child.network == "none"
+
+
+def test_invalid_allowlists_and_untrusted_caps_are_declaration_errors(project):
+    from orchestrator.errors import ConfigError
+
+    project.worker("w", "network: {allow: ['http://x.test/path', '*', 'bad host']}")
+    with pytest.raises(ConfigError) as excinfo:
+        load_worker(load_project(project.root), "w")
+    assert "without scheme" in str(excinfo.value)
+    project.extra = "untrusted_network: none\n"
+    project.write_project()
+    project.worker("w", "network: {allow: [a.test]}")
+    with pytest.raises(PolicyError, match="untrusted_network: none"):
+        grant(project, "w")
