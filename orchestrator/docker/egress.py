@@ -25,7 +25,6 @@ from typing import Any, Literal, TypeVar
 
 import docker.types
 from docker import errors as docker_errors
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from orchestrator import labels
 from orchestrator.config.allowlist import (
@@ -35,7 +34,7 @@ from orchestrator.config.allowlist import (
     allowlist_key,
     validate_allowlist,
 )
-from orchestrator.docker.engine import DockerEngine, engine_errors, is_transient
+from orchestrator.docker.client import DockerClient, engine_errors, is_transient, retrying
 from orchestrator.docker.images import PROXY_IMAGE, build_image
 from orchestrator.errors import EngineError, ImageMissing
 from orchestrator.policy.network import INTERNAL_PREFIX, PROXY_ALIAS, PROXY_PORT, network_env
@@ -146,17 +145,6 @@ def proxy_env(egress: Egress) -> dict[str, str]:
 # -- engine plumbing --------------------------------------------------------------------
 
 
-def _retrying(func: Callable[[], T]) -> T:
-    """Call ``func``, retrying transient engine errors (3 attempts)."""
-    wrapped = retry(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(3),
-        wait=wait_exponential(multiplier=0.1, max=1.0),
-        reraise=True,
-    )(func)
-    return wrapped()
-
-
 def _explanation(exc: docker_errors.APIError) -> str:
     detail = exc.explanation or str(exc)
     if isinstance(detail, bytes):
@@ -194,34 +182,34 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _inspect_container(engine: DockerEngine, name: str) -> dict[str, Any] | None:
+def _inspect_container(engine: DockerClient, name: str) -> dict[str, Any] | None:
     with engine_errors(f"looking up the egress proxy {name}"):
         try:
-            info: dict[str, Any] = _retrying(lambda: engine.api.inspect_container(name))
+            info: dict[str, Any] = retrying(lambda: engine.api.inspect_container(name))
         except docker_errors.NotFound:
             return None
     return info
 
 
-def _networks_named(engine: DockerEngine, name: str) -> list[dict[str, Any]]:
+def _networks_named(engine: DockerClient, name: str) -> list[dict[str, Any]]:
     """Networks whose name is exactly ``name`` (the engine's name filter matches parts)."""
     with engine_errors(f"listing networks named {name}"):
-        found = _retrying(lambda: engine.api.networks(names=[name])) or []
+        found = retrying(lambda: engine.api.networks(names=[name])) or []
     return [n for n in found if n.get("Name") == name]
 
 
-def network_users(engine: DockerEngine, network: str, network_id: str) -> list[dict[str, Any]]:
+def network_users(engine: DockerClient, network: str, network_id: str) -> list[dict[str, Any]]:
     """Containers in any state that reference a network (by name or id)."""
     wanted = [v for v in (network, network_id) if v]
     with engine_errors(f"listing the containers on network {network}"):
-        found = _retrying(lambda: engine.api.containers(all=True, filters={"network": wanted}))
+        found = retrying(lambda: engine.api.containers(all=True, filters={"network": wanted}))
     return list(found or [])
 
 
-def _remove_container(engine: DockerEngine, container: str) -> None:
+def _remove_container(engine: DockerClient, container: str) -> None:
     with engine_errors(f"removing the egress proxy {container}"):
         try:
-            _retrying(lambda: engine.api.remove_container(container, force=True, v=True))
+            retrying(lambda: engine.api.remove_container(container, force=True, v=True))
         except docker_errors.NotFound:
             pass
         except docker_errors.APIError as exc:
@@ -229,11 +217,11 @@ def _remove_container(engine: DockerEngine, container: str) -> None:
                 raise
 
 
-def _remove_network(engine: DockerEngine, network: str) -> bool:
+def _remove_network(engine: DockerClient, network: str) -> bool:
     """Remove a network; True when it is gone, False when it is still in use."""
     with engine_errors(f"removing network {network}"):
         try:
-            _retrying(lambda: engine.api.remove_network(network))
+            retrying(lambda: engine.api.remove_network(network))
         except docker_errors.NotFound:
             return True
         except docker_errors.APIError as exc:
@@ -244,7 +232,7 @@ def _remove_network(engine: DockerEngine, network: str) -> bool:
 
 
 def ensure_network(
-    engine: DockerEngine, name: str, *, internal: bool, bridge: str, labels_: dict[str, str]
+    engine: DockerClient, name: str, *, internal: bool, bridge: str, labels_: dict[str, str]
 ) -> dict[str, Any]:
     """Find or create a labelled bridge network called ``name``; return its summary.
 
@@ -288,7 +276,7 @@ def ensure_network(
     raise EngineError(f"could not create or find the egress network '{name}'")
 
 
-def ensure_outside_network(engine: DockerEngine) -> str:
+def ensure_outside_network(engine: DockerClient) -> str:
     """Create (or find) the shared outside bridge all proxies use; return its id."""
     network = ensure_network(
         engine,
@@ -303,13 +291,13 @@ def ensure_outside_network(engine: DockerEngine) -> str:
 # -- building and starting the proxy ----------------------------------------------------
 
 
-def build_proxy_image(engine: DockerEngine, base: str, progress: Progress = lambda _: None) -> None:
+def build_proxy_image(engine: DockerClient, base: str, progress: Progress = lambda _: None) -> None:
     """Build ``orchestrator/proxy:latest`` from ``images/proxy`` on ``base``."""
     build_image(engine, "proxy", PROXY_IMAGE, base, progress)
 
 
 def ensure_egress(
-    engine: DockerEngine, allow: Sequence[AllowEntry], *, timeout: float = 30.0
+    engine: DockerClient, allow: Sequence[AllowEntry], *, timeout: float = 30.0
 ) -> Egress:
     """Return a ready proxy for ``allow``, creating it and its networks when needed.
 
@@ -368,7 +356,7 @@ def _egress_from(info: dict[str, Any], entries: tuple[AllowEntry, ...], key: str
 
 
 def _reuse(
-    engine: DockerEngine,
+    engine: DockerClient,
     info: dict[str, Any],
     entries: tuple[AllowEntry, ...],
     key: str,
@@ -411,7 +399,7 @@ def _reuse(
 
 
 def _create(
-    engine: DockerEngine, entries: tuple[AllowEntry, ...], key: str, deadline: float
+    engine: DockerClient, entries: tuple[AllowEntry, ...], key: str, deadline: float
 ) -> Egress | None:
     """Create and start the proxy; None when another process won the race for the name."""
     allowed = allow_text(entries)
@@ -480,7 +468,7 @@ def _create(
                 # The outside network was removed by a concurrent cleanup: start over.
                 _remove_container(engine, container)
                 return None
-            _retrying(lambda: engine.api.start(container))
+            retrying(lambda: engine.api.start(container))
         _wait_ready(engine, container, deadline)
         info = _inspect_container(engine, container)
     except _Vanished:
@@ -504,7 +492,7 @@ class _Vanished(Exception):
     """The proxy container was removed (by its failing creator) while being waited for."""
 
 
-def _wait_ready(engine: DockerEngine, container: str, deadline: float) -> None:
+def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
     """Poll the proxy's log until squid accepts connections; fail fast if it exits."""
     delay = 0.02
     while True:
@@ -564,7 +552,7 @@ def parse_decisions(text: str) -> list[Decision]:
     return found
 
 
-def decisions(engine: DockerEngine, egress: Egress, since: datetime) -> list[Decision]:
+def decisions(engine: DockerClient, egress: Egress, since: datetime) -> list[Decision]:
     """The proxy's decisions on requests received at or after ``since`` (naive = UTC).
 
     A run collects its own by passing its start time. HTTPS tunnels are logged when they
@@ -588,7 +576,7 @@ def decisions(engine: DockerEngine, egress: Egress, since: datetime) -> list[Dec
 # -- idleness and removal ---------------------------------------------------------------
 
 
-def _labels_of(engine: DockerEngine, target: Mapping[str, str] | str) -> dict[str, str]:
+def _labels_of(engine: DockerClient, target: Mapping[str, str] | str) -> dict[str, str]:
     """The labels of a shared egress object given its labels, key, id or name."""
     if not isinstance(target, str):
         return dict(target)
@@ -606,16 +594,16 @@ def _labels_of(engine: DockerEngine, target: Mapping[str, str] | str) -> dict[st
             return {}
 
 
-def _by_key(engine: DockerEngine, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _by_key(engine: DockerClient, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The proxy containers and internal networks carrying ``key``."""
     label = {"label": [f"{SHARED}=true", f"{EGRESS_KEY}={key}"]}
     with engine_errors(f"listing egress objects of {key}"):
-        containers = _retrying(lambda: engine.api.containers(all=True, filters=label))
-        networks = _retrying(lambda: engine.api.networks(filters=label))
+        containers = retrying(lambda: engine.api.containers(all=True, filters=label))
+        networks = retrying(lambda: engine.api.networks(filters=label))
     return list(containers or []), list(networks or [])
 
 
-def is_idle(engine: DockerEngine, target: Mapping[str, str] | str, idle_seconds: float) -> bool:
+def is_idle(engine: DockerClient, target: Mapping[str, str] | str, idle_seconds: float) -> bool:
     """Whether a shared egress object is unused and may be removed.
 
     ``target`` is an object's labels (e.g. a ``ManagedObject.labels``), an egress key, or a
@@ -661,12 +649,12 @@ def is_idle(engine: DockerEngine, target: Mapping[str, str] | str, idle_seconds:
     return True
 
 
-def egress_keys(engine: DockerEngine) -> set[str]:
+def egress_keys(engine: DockerClient) -> set[str]:
     """The keys of every shared proxy and internal network on the engine."""
     label = {"label": [f"{SHARED}=true", EGRESS_KEY]}
     with engine_errors("listing egress objects"):
-        containers = _retrying(lambda: engine.api.containers(all=True, filters=label)) or []
-        networks = _retrying(lambda: engine.api.networks(filters=label)) or []
+        containers = retrying(lambda: engine.api.containers(all=True, filters=label)) or []
+        networks = retrying(lambda: engine.api.networks(filters=label)) or []
     return {
         str((obj.get("Labels") or {}).get(EGRESS_KEY))
         for obj in [*containers, *networks]
@@ -674,7 +662,7 @@ def egress_keys(engine: DockerEngine) -> set[str]:
     }
 
 
-def remove_egress(engine: DockerEngine, key: str) -> list[str]:
+def remove_egress(engine: DockerClient, key: str) -> list[str]:
     """Remove the proxy and internal network of ``key``, and the outside network when no
     container uses it any more; return the names removed.
 
@@ -707,7 +695,7 @@ def remove_egress(engine: DockerEngine, key: str) -> list[str]:
     return removed
 
 
-def _remove_outside_if_unused(engine: DockerEngine) -> list[str]:
+def _remove_outside_if_unused(engine: DockerClient) -> list[str]:
     removed: list[str] = []
     for network in _networks_named(engine, OUTSIDE_NETWORK):
         if (network.get("Labels") or {}).get(SHARED) != "true":
@@ -719,7 +707,7 @@ def _remove_outside_if_unused(engine: DockerEngine) -> list[str]:
     return removed
 
 
-def remove_idle_egress(engine: DockerEngine, idle_seconds: float) -> list[str]:
+def remove_idle_egress(engine: DockerClient, idle_seconds: float) -> list[str]:
     """Remove every shared proxy and network that :func:`is_idle`; return the names.
 
     This is the garbage collector's pass over shared egress objects, which the owner

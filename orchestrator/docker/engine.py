@@ -1,106 +1,26 @@
-"""The Docker engine adapter: the only code that talks to Docker.
+"""The Docker engine adapter: what the runtime asks of an engine, done with the SDK.
 
-It implements :class:`orchestrator.runtime.engine.Engine` with the low-level SDK client
-(one request per step, no implicit inspects), stamps the owner labels on everything it
-creates, retries transient failures a bounded number of times, and turns every SDK or
-transport error into an :class:`~orchestrator.errors.EngineError` at one place.
+:class:`DockerEngine` implements :class:`orchestrator.runtime.engine.Engine` with the
+low-level client (one request per step, no implicit inspects): it stamps the owner labels
+on everything it creates, retries transient failures a bounded number of times (see
+:mod:`.client`), and leaves networks and egress proxies to :mod:`.networks`.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-import docker
-import docker.utils
 import requests
 from docker import errors as docker_errors
-from tenacity import (
-    retry,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
 
 from orchestrator import labels
-from orchestrator.errors import EngineError, EngineUnreachable, ImageMissing
+from orchestrator.docker import networks
+from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.errors import ImageMissing
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.engine import EgressDecision, ExitState, ManagedObject, Stream
-
-#: The oldest engine API with everything the plan uses (Docker 20.10).
-API_VERSION = os.environ.get("DOCKER_API_VERSION", "1.41")
-T = TypeVar("T")
-
-_TRANSIENT_STATUS = frozenset({500, 502, 503, 504})
-#: Engine answers with a 5xx status that are the request's own fault, never worth a retry.
-_PERMANENT_5XX = ("executable file not found", "no such file or directory", "permission denied",
-                  "oci runtime", "invalid", "not a directory", "is a directory")  # fmt: skip
-
-
-def _is_unreachable(exc: BaseException) -> bool:
-    """True for 'nobody listens' (refused, socket missing), as opposed to a dropped request."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ConnectionRefusedError | FileNotFoundError):
-            return True
-        for arg in current.args:
-            if isinstance(arg, BaseException) and _is_unreachable(arg):
-                return True
-        current = current.__cause__ or current.__context__
-    text = str(exc)
-    return "Connection refused" in text or "No such file or directory" in text
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Errors worth another attempt: dropped connections and the engine's own 5xx hiccups."""
-    if isinstance(
-        exc, requests.exceptions.ConnectionError | requests.exceptions.ChunkedEncodingError
-    ):
-        return not _is_unreachable(exc)
-    if isinstance(exc, docker_errors.APIError) and exc.status_code in _TRANSIENT_STATUS:
-        explanation = str(exc.explanation or "").lower()
-        return not any(marker in explanation for marker in _PERMANENT_5XX)
-    return False
-
-
-def _retrying(func: Callable[[], T]) -> T:
-    """Call ``func``, retrying transient engine errors for at most 3 attempts / 10 s."""
-    wrapped = retry(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(3) | stop_after_delay(10),
-        wait=wait_exponential(multiplier=0.1, max=1.0),
-        reraise=True,
-    )(func)
-    return wrapped()
-
-
-@contextmanager
-def engine_errors(action: str) -> Iterator[None]:
-    """Translate SDK and transport errors raised while doing ``action``."""
-    try:
-        yield
-    except (EngineError, KeyboardInterrupt):
-        raise
-    except requests.exceptions.ConnectionError as exc:
-        if _is_unreachable(exc):
-            raise EngineUnreachable(
-                f"Docker engine unreachable while {action}: start it (e.g. `sudo systemctl "
-                "start docker` or `sudo dockerd &`) or point DOCKER_HOST at it"
-            ) from None
-        raise EngineError(f"connection to the Docker engine lost while {action}: {exc}") from None
-    except docker_errors.APIError as exc:
-        detail = exc.explanation or str(exc)
-        if isinstance(detail, bytes):
-            detail = detail.decode(errors="replace")
-        raise EngineError(f"Docker refused {action}: {detail}") from None
-    except (docker_errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise EngineError(f"Docker error while {action}: {exc}") from None
 
 
 class DockerExec:
@@ -117,38 +37,10 @@ class DockerExec:
         return None if code is None else int(code)
 
 
-class DockerEngine:
+class DockerEngine(DockerClient):
     """:class:`~orchestrator.runtime.engine.Engine` over the Docker SDK's low-level client."""
 
-    def __init__(self, client: docker.APIClient | None = None) -> None:
-        if client is None:
-            with engine_errors("connecting"):
-                params = docker.utils.kwargs_from_env()
-                client = docker.APIClient(version=API_VERSION, timeout=120, **params)
-        self.api = client
-        self._owner_labels = labels.current_owner().labels()
-
-    # -- probes ---------------------------------------------------------------------------
-
-    def ping(self) -> None:
-        with engine_errors("checking the engine"):
-            self.api.ping()
-
-    def image_exists(self, image: str) -> bool:
-        with engine_errors(f"looking up image '{image}'"):
-            try:
-                self.api.inspect_image(image)  # type: ignore[no-untyped-call]
-            except docker_errors.ImageNotFound:
-                return False
-            except docker_errors.NotFound:
-                return False
-        return True
-
     # -- one container's life -------------------------------------------------------------
-
-    def labels_for(self, extra: dict[str, str]) -> dict[str, str]:
-        """The labels every created object carries: the plan's plus the owner's."""
-        return {**extra, **self._owner_labels}
 
     def create(self, spec: ContainerSpec) -> str:
         host_config = self.api.create_host_config(
@@ -195,7 +87,7 @@ class DockerEngine:
 
         with engine_errors(f"creating the container for '{spec.worker}'"):
             try:
-                return _retrying(create)
+                return retrying(create)
             except docker_errors.ImageNotFound:
                 raise ImageMissing(spec.image) from None
             except docker_errors.NotFound as exc:
@@ -228,7 +120,7 @@ class DockerEngine:
 
     def start(self, container_id: str) -> None:
         with engine_errors("starting the container"):
-            _retrying(lambda: self.api.start(container_id))
+            retrying(lambda: self.api.start(container_id))
 
     def wait(self, container_id: str, timeout: float | None) -> int | None:
         with engine_errors("waiting for the container"):
@@ -244,7 +136,7 @@ class DockerEngine:
 
     def exit_state(self, container_id: str) -> ExitState:
         with engine_errors("reading the container's exit state"):
-            state = _retrying(lambda: self.api.inspect_container(container_id))["State"]
+            state = retrying(lambda: self.api.inspect_container(container_id))["State"]
         return ExitState(
             exit_code=int(state.get("ExitCode", -1)), oom_killed=bool(state.get("OOMKilled"))
         )
@@ -269,7 +161,7 @@ class DockerEngine:
                     raise
 
         with engine_errors("removing the container"):
-            _retrying(remove)
+            retrying(remove)
         return True
 
     # -- garbage collection ---------------------------------------------------------------
@@ -302,19 +194,13 @@ class DockerEngine:
         return DockerExec(self, exec_id, self._frames(frames))
 
     def prepare_network(self, spec: ContainerSpec) -> None:
-        from orchestrator.docker.networks import prepare_network
-
-        prepare_network(self, spec)
+        networks.prepare_network(self, spec)
 
     def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
-        from orchestrator.docker.networks import network_decisions
-
-        return network_decisions(self, spec, since)
+        return networks.network_decisions(self, spec, since)
 
     def collect_shared(self, idle_seconds: float) -> list[str]:
-        from orchestrator.docker.networks import collect_shared
-
-        return collect_shared(self, idle_seconds)
+        return networks.collect_shared(self, idle_seconds)
 
     def list_managed(self) -> list[ManagedObject]:
         label = {"label": labels.MANAGED}

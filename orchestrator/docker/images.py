@@ -18,7 +18,7 @@ from pathlib import Path
 from docker import errors as docker_errors
 
 from orchestrator import labels
-from orchestrator.docker.engine import DockerEngine, engine_errors
+from orchestrator.docker.client import DockerClient, engine_errors
 from orchestrator.errors import ImageBuildError
 
 Progress = Callable[[str], None]
@@ -64,7 +64,7 @@ def host_suite() -> str:
     )
 
 
-def bootstrap_base(engine: DockerEngine, tag: str, suite: str, progress: Progress) -> None:
+def bootstrap_base(engine: DockerClient, tag: str, suite: str, progress: Progress) -> None:
     """Create ``tag`` from a Debian root filesystem bootstrapped from the host's apt sources."""
     tool = shutil.which("mmdebstrap")
     if tool is None:
@@ -115,7 +115,7 @@ def bootstrap_base(engine: DockerEngine, tag: str, suite: str, progress: Progres
             )
 
 
-def build_image(engine: DockerEngine, name: str, tag: str, base: str, progress: Progress) -> None:
+def build_image(engine: DockerClient, name: str, tag: str, base: str, progress: Progress) -> None:
     """Build ``images/<name>`` on ``base`` as ``tag``, streaming the build's progress."""
     context = images_dir() / name
     with engine_errors(f"building {tag}"):
@@ -140,7 +140,7 @@ def build_image(engine: DockerEngine, name: str, tag: str, base: str, progress: 
 
 
 def build_all(
-    engine: DockerEngine,
+    engine: DockerClient,
     *,
     base: str | None = None,
     suite: str | None = None,

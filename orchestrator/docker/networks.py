@@ -14,6 +14,7 @@ from datetime import datetime
 from docker import errors as docker_errors
 
 from orchestrator.config.allowlist import validate_allowlist
+from orchestrator.docker.client import DockerClient, engine_errors
 from orchestrator.docker.egress import (
     EGRESS_ROLE,
     SHARED,
@@ -24,14 +25,13 @@ from orchestrator.docker.egress import (
     remove_idle_egress,
     shared_labels,
 )
-from orchestrator.docker.engine import DockerEngine, engine_errors
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec
 from orchestrator.policy.network import FULL_PREFIX
 from orchestrator.runtime.engine import EgressDecision
 
 
-def prepare_network(engine: DockerEngine, spec: ContainerSpec) -> None:
+def prepare_network(engine: DockerClient, spec: ContainerSpec) -> None:
     """Create or reuse what ``spec.network_mode`` names."""
     if spec.egress is not None:
         egress = ensure_egress(engine, validate_allowlist(spec.egress))
@@ -52,7 +52,7 @@ def prepare_network(engine: DockerEngine, spec: ContainerSpec) -> None:
 
 
 def network_decisions(
-    engine: DockerEngine, spec: ContainerSpec, since: datetime
+    engine: DockerClient, spec: ContainerSpec, since: datetime
 ) -> list[EgressDecision]:
     """The egress proxy's allow/deny decisions for requests made since ``since``."""
     if spec.egress is None:
@@ -64,7 +64,7 @@ def network_decisions(
     ]
 
 
-def collect_shared(engine: DockerEngine, idle_seconds: float) -> list[str]:
+def collect_shared(engine: DockerClient, idle_seconds: float) -> list[str]:
     """Remove idle egress proxies and networks, and project networks no container uses."""
     removed = remove_idle_egress(engine, idle_seconds)
     with engine_errors("listing shared networks"):

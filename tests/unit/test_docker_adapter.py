@@ -7,7 +7,8 @@ import requests
 from docker import errors as docker_errors
 
 from orchestrator import labels
-from orchestrator.docker.engine import DockerEngine, is_transient
+from orchestrator.docker.client import is_transient
+from orchestrator.docker.engine import DockerEngine
 from orchestrator.errors import EngineError, EngineUnreachable, ImageMissing
 from orchestrator.plan import ContainerSpec
 
