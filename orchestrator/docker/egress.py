@@ -10,8 +10,8 @@ One proxy and one internal network exist per distinct allowlist, named after a h
 the normalised allowlist (the *key*), and are shared by every run with that allowlist:
 :func:`ensure_egress` creates them or reuses what is already up, and is safe to call from
 several processes at once. Shared objects outlive the run that created them, so they do
-not carry the per-process owner labels; they are removed by :func:`remove_egress`, or by
-:func:`remove_idle_egress` once :func:`is_idle` says no run uses them. See docs/network.md.
+not carry the per-process owner labels; :mod:`.egress_gc` removes them once no run uses
+them. See docs/network.md.
 """
 
 from __future__ import annotations
@@ -50,14 +50,10 @@ __all__ = [
     "allowlist_key",
     "build_proxy_image",
     "decisions",
-    "egress_keys",
     "ensure_egress",
     "ensure_outside_network",
-    "is_idle",
     "parse_decisions",
     "proxy_env",
-    "remove_egress",
-    "remove_idle_egress",
     "validate_allowlist",
 ]
 
@@ -96,7 +92,7 @@ _READY_GRACE = timedelta(seconds=60)
 #: A proxy container still in state ``created`` after this long was abandoned by its
 #: creator (a killed process) and is replaced.
 _STALE_CREATED = timedelta(seconds=20)
-_KEY_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+KEY_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 _DOCKER_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
 
 
@@ -162,7 +158,7 @@ def shared_labels(role: Role, key: str = "", allow: str = "") -> dict[str, str]:
     return found
 
 
-def _parse_docker_time(text: str) -> datetime | None:
+def parse_docker_time(text: str) -> datetime | None:
     """Docker's RFC 3339 times (nanoseconds) as aware datetimes; None for the zero time."""
     match = _DOCKER_TIME.match(text or "")
     if not match or text.startswith("0001-"):
@@ -178,7 +174,7 @@ def _as_utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _now() -> datetime:
+def now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -191,7 +187,7 @@ def _inspect_container(engine: DockerClient, name: str) -> dict[str, Any] | None
     return info
 
 
-def _networks_named(engine: DockerClient, name: str) -> list[dict[str, Any]]:
+def networks_named(engine: DockerClient, name: str) -> list[dict[str, Any]]:
     """Networks whose name is exactly ``name`` (the engine's name filter matches parts)."""
     with engine_errors(f"listing networks named {name}"):
         found = retrying(lambda: engine.api.networks(names=[name])) or []
@@ -206,7 +202,7 @@ def network_users(engine: DockerClient, network: str, network_id: str) -> list[d
     return list(found or [])
 
 
-def _remove_container(engine: DockerClient, container: str) -> None:
+def remove_container(engine: DockerClient, container: str) -> None:
     with engine_errors(f"removing the egress proxy {container}"):
         try:
             retrying(lambda: engine.api.remove_container(container, force=True, v=True))
@@ -217,7 +213,7 @@ def _remove_container(engine: DockerClient, container: str) -> None:
                 raise
 
 
-def _remove_network(engine: DockerClient, network: str) -> bool:
+def remove_network(engine: DockerClient, network: str) -> bool:
     """Remove a network; True when it is gone, False when it is still in use."""
     with engine_errors(f"removing network {network}"):
         try:
@@ -242,7 +238,7 @@ def ensure_network(
     """
     role = labels_.get(EGRESS_ROLE, "")
     for _attempt in range(5):
-        found = _networks_named(engine, name)
+        found = networks_named(engine, name)
         if found:
             network = min(found, key=lambda n: (str(n.get("Created", "")), n["Id"]))
             got = network.get("Labels") or {}
@@ -376,15 +372,15 @@ def _reuse(
             egress = _egress_from(info, entries, key)
             if egress is None:
                 break
-            started = _parse_docker_time(str(state.get("StartedAt", "")))
-            if started is None or _now() - started < _READY_GRACE:
+            started = parse_docker_time(str(state.get("StartedAt", "")))
+            if started is None or now() - started < _READY_GRACE:
                 try:
                     _wait_ready(engine, container, deadline)
                 except _Vanished:
                     return None  # its creator gave up on it: start over
             return egress
-        created = _parse_docker_time(str(info.get("Created", "")))
-        young = created is not None and _now() - created < _STALE_CREATED
+        created = parse_docker_time(str(info.get("Created", "")))
+        young = created is not None and now() - created < _STALE_CREATED
         if status not in ("created", "restarting") or not young:
             break
         if time.monotonic() > deadline:
@@ -394,7 +390,7 @@ def _reuse(
         if refreshed is None:
             return None
         info = refreshed
-    _remove_container(engine, container)
+    remove_container(engine, container)
     return None
 
 
@@ -466,7 +462,7 @@ def _create(
                 engine.api.connect_container_to_network(container, outside)
             except docker_errors.NotFound:
                 # The outside network was removed by a concurrent cleanup: start over.
-                _remove_container(engine, container)
+                remove_container(engine, container)
                 return None
             retrying(lambda: engine.api.start(container))
         _wait_ready(engine, container, deadline)
@@ -474,7 +470,7 @@ def _create(
     except _Vanished:
         return None  # removed under us (a concurrent clean-up): start over
     except BaseException:
-        _remove_container(engine, container)
+        remove_container(engine, container)
         raise
     egress = _egress_from(info or {}, entries, key)
     if info is None or egress is None:
@@ -571,157 +567,3 @@ def decisions(engine: DockerClient, egress: Egress, since: datetime) -> list[Dec
         except docker_errors.NotFound:
             return []
     return [d for d in parse_decisions(raw.decode(errors="replace")) if d.time >= start]
-
-
-# -- idleness and removal ---------------------------------------------------------------
-
-
-def _labels_of(engine: DockerClient, target: Mapping[str, str] | str) -> dict[str, str]:
-    """The labels of a shared egress object given its labels, key, id or name."""
-    if not isinstance(target, str):
-        return dict(target)
-    if _KEY_PATTERN.match(target):
-        return shared_labels("internal", target)
-    with engine_errors(f"looking up {target}"):
-        try:
-            info = engine.api.inspect_container(target)
-            return dict((info.get("Config") or {}).get("Labels") or {})
-        except docker_errors.NotFound:
-            pass
-        try:
-            return dict(engine.api.inspect_network(target).get("Labels") or {})
-        except docker_errors.NotFound:
-            return {}
-
-
-def _by_key(engine: DockerClient, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The proxy containers and internal networks carrying ``key``."""
-    label = {"label": [f"{SHARED}=true", f"{EGRESS_KEY}={key}"]}
-    with engine_errors(f"listing egress objects of {key}"):
-        containers = retrying(lambda: engine.api.containers(all=True, filters=label))
-        networks = retrying(lambda: engine.api.networks(filters=label))
-    return list(containers or []), list(networks or [])
-
-
-def is_idle(engine: DockerClient, target: Mapping[str, str] | str, idle_seconds: float) -> bool:
-    """Whether a shared egress object is unused and may be removed.
-
-    ``target`` is an object's labels (e.g. a ``ManagedObject.labels``), an egress key, or a
-    container or network id or name. A proxy and its internal network are idle when no
-    other container (running or not) references the network, the proxy started more than
-    ``idle_seconds`` ago, and it logged no decision in the last ``idle_seconds``. The
-    outside network is idle when no container references it. Objects that are not shared
-    egress objects are never idle here.
-    """
-    found = _labels_of(engine, target)
-    if found.get(SHARED) != "true":
-        return False
-    if found.get(EGRESS_ROLE) == "outside":
-        return not network_users(engine, OUTSIDE_NETWORK, "")
-    key = found.get(EGRESS_KEY, "")
-    if not key:
-        return False
-    containers, networks = _by_key(engine, key)
-    proxies = {c["Id"] for c in containers}
-    for network in networks:
-        for user in network_users(engine, network["Name"], network["Id"]):
-            if user["Id"] not in proxies:
-                return False
-    horizon = _now() - timedelta(seconds=idle_seconds)
-    for network in networks:
-        created = _parse_docker_time(str(network.get("Created", "")))
-        if created is None or created > horizon:
-            return False  # just made: its proxy and first worker may be on their way
-    for proxy in containers:
-        if float(proxy.get("Created") or 0) > horizon.timestamp():
-            return False
-        if proxy.get("State") != "running":
-            continue
-        with engine_errors("reading the egress proxy's log"):
-            try:
-                raw = engine.api.logs(
-                    proxy["Id"], stdout=True, stderr=False, since=max(horizon.timestamp(), 1.0)
-                )
-            except docker_errors.NotFound:
-                continue
-        if any(d.time >= horizon for d in parse_decisions(raw.decode(errors="replace"))):
-            return False
-    return True
-
-
-def egress_keys(engine: DockerClient) -> set[str]:
-    """The keys of every shared proxy and internal network on the engine."""
-    label = {"label": [f"{SHARED}=true", EGRESS_KEY]}
-    with engine_errors("listing egress objects"):
-        containers = retrying(lambda: engine.api.containers(all=True, filters=label)) or []
-        networks = retrying(lambda: engine.api.networks(filters=label)) or []
-    return {
-        str((obj.get("Labels") or {}).get(EGRESS_KEY))
-        for obj in [*containers, *networks]
-        if (obj.get("Labels") or {}).get(EGRESS_KEY)
-    }
-
-
-def remove_egress(engine: DockerClient, key: str) -> list[str]:
-    """Remove the proxy and internal network of ``key``, and the outside network when no
-    container uses it any more; return the names removed.
-
-    Raises EngineError, removing nothing, while a worker still references the internal
-    network: check :func:`is_idle` first.
-    """
-    containers, networks = _by_key(engine, key)
-    proxies = {c["Id"] for c in containers}
-    for network in networks:
-        users = [
-            str((u.get("Names") or ["?"])[0]).lstrip("/")
-            for u in network_users(engine, network["Name"], network["Id"])
-            if u["Id"] not in proxies
-        ]
-        if users:
-            raise EngineError(
-                f"egress network {network['Name']} is still used by {', '.join(users)}; "
-                "remove those containers first"
-            )
-    removed: list[str] = []
-    for container in containers:
-        _remove_container(engine, container["Id"])
-        removed.append(str((container.get("Names") or [container["Id"]])[0]).lstrip("/"))
-    for network in networks:
-        if _remove_network(engine, network["Id"]):
-            removed.append(str(network["Name"]))
-        else:
-            raise EngineError(f"egress network {network['Name']} could not be removed")
-    removed.extend(_remove_outside_if_unused(engine))
-    return removed
-
-
-def _remove_outside_if_unused(engine: DockerClient) -> list[str]:
-    removed: list[str] = []
-    for network in _networks_named(engine, OUTSIDE_NETWORK):
-        if (network.get("Labels") or {}).get(SHARED) != "true":
-            continue
-        if network_users(engine, OUTSIDE_NETWORK, network["Id"]):
-            continue
-        if _remove_network(engine, network["Id"]):  # False: a proxy just joined it
-            removed.append(OUTSIDE_NETWORK)
-    return removed
-
-
-def remove_idle_egress(engine: DockerClient, idle_seconds: float) -> list[str]:
-    """Remove every shared proxy and network that :func:`is_idle`; return the names.
-
-    This is the garbage collector's pass over shared egress objects, which the owner
-    labels cannot cover. A proxy that becomes busy between the check and the removal
-    makes :func:`remove_egress` refuse, and is kept.
-    """
-    removed: list[str] = []
-    for key in sorted(egress_keys(engine)):
-        if not is_idle(engine, key, idle_seconds):
-            continue
-        try:
-            removed.extend(remove_egress(engine, key))
-        except EngineError:
-            continue
-    if not removed:
-        removed.extend(_remove_outside_if_unused(engine))
-    return removed

@@ -22,9 +22,9 @@ from orchestrator.docker.egress import (
     ensure_egress,
     ensure_network,
     network_users,
-    remove_idle_egress,
     shared_labels,
 )
+from orchestrator.docker.egress_gc import remove_idle_egress
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec
 from orchestrator.policy.network import FULL_PREFIX

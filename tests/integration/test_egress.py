@@ -22,6 +22,7 @@ import pytest
 
 from orchestrator import labels
 from orchestrator.docker import egress as eg
+from orchestrator.docker import egress_gc as eg_gc
 from orchestrator.docker.images import (
     BASE_REPOSITORY,
     WORKER_IMAGE,
@@ -149,13 +150,13 @@ def _remove_test_objects(engine, web_ids, keys):
         engine.remove(cid)
     for key in keys:
         try:
-            eg.remove_egress(engine, key)
+            eg_gc.remove_egress(engine, key)
         except EngineError:
             # A probe container was left attached; remove everything of ours, then retry.
             for obj in engine.list_managed():
                 if obj.kind == "container" and obj.labels.get(TEST_LABEL) == "egress":
                     engine.remove(obj.id)
-            eg.remove_egress(engine, key)
+            eg_gc.remove_egress(engine, key)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def internet(engine):
         if o.labels.get(TEST_LABEL) or o.labels.get(eg.EGRESS_KEY) in keys
     ]
     assert not left, f"egress tests left objects behind: {left}"
-    if not eg.egress_keys(engine):  # no other proxy on this engine: the outside bridge went too
+    if not eg_gc.egress_keys(engine):  # no other proxy on this engine: the outside bridge went too
         names = [n["Name"] for n in engine.api.networks(names=[eg.OUTSIDE_NETWORK])]
         assert eg.OUTSIDE_NETWORK not in names
 
@@ -486,6 +487,7 @@ RACE = """
 import sys, time
 from orchestrator.docker import DockerEngine
 from orchestrator.docker import egress as eg
+from orchestrator.docker import egress_gc as eg_gc
 engine = DockerEngine()
 allow = eg.validate_allowlist(["race.test"])
 time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
@@ -523,7 +525,7 @@ def test_idle_rules_and_removal_leave_nothing(engine, internet):
     key = eg.allowlist_key(allow)
     internet["keys"].add(key)
     egress = eg.ensure_egress(engine, allow)
-    assert not eg.is_idle(engine, key, 60)  # just started: a run may be on its way
+    assert not eg_gc.is_idle(engine, key, 60)  # just started: a run may be on its way
     # A worker that exists (even before it starts) keeps the proxy busy.
     spec_script = "import time; time.sleep(60)"
     spec = ContainerSpec(
@@ -547,32 +549,32 @@ def test_idle_rules_and_removal_leave_nothing(engine, internet):
     )
     worker = engine.create(spec)
     try:
-        assert not eg.is_idle(engine, key, 0)
+        assert not eg_gc.is_idle(engine, key, 0)
         proxy_labels = engine.api.inspect_container(egress.proxy_container)["Config"]["Labels"]
-        assert not eg.is_idle(engine, proxy_labels, 0)
+        assert not eg_gc.is_idle(engine, proxy_labels, 0)
         with pytest.raises(EngineError, match="still used"):
-            eg.remove_egress(engine, key)
+            eg_gc.remove_egress(engine, key)
         assert engine.api.inspect_container(egress.proxy_container)["State"]["Running"]
     finally:
         engine.remove(worker)
     time.sleep(0.05)
-    assert eg.is_idle(engine, key, 0)
-    assert eg.is_idle(engine, egress.proxy_container, 0)
-    assert not eg.is_idle(engine, {labels.MANAGED: "true"}, 0)  # not an egress object
-    removed = eg.remove_egress(engine, key)
+    assert eg_gc.is_idle(engine, key, 0)
+    assert eg_gc.is_idle(engine, egress.proxy_container, 0)
+    assert not eg_gc.is_idle(engine, {labels.MANAGED: "true"}, 0)  # not an egress object
+    removed = eg_gc.remove_egress(engine, key)
     assert f"{eg.PROXY_PREFIX}{key}" in removed and egress.network in removed
-    assert key not in eg.egress_keys(engine)
+    assert key not in eg_gc.egress_keys(engine)
     assert not engine.api.containers(all=True, filters={"label": f"{eg.EGRESS_KEY}={key}"})
     assert not engine.api.networks(filters={"label": f"{eg.EGRESS_KEY}={key}"})
     # The shared outside network stays while the test servers use it.
     names = [n["Name"] for n in engine.api.networks(names=[eg.OUTSIDE_NETWORK])]
     assert eg.OUTSIDE_NETWORK in names
-    assert not eg.is_idle(engine, {eg.SHARED: "true", eg.EGRESS_ROLE: "outside"}, 0)
+    assert not eg_gc.is_idle(engine, {eg.SHARED: "true", eg.EGRESS_ROLE: "outside"}, 0)
     # A removed proxy comes back on the next use.
     again = eg.ensure_egress(engine, allow)
     assert again.proxy_container != egress.proxy_container
-    assert eg.remove_idle_egress(engine, 3600) == []  # young: kept
-    removed = eg.remove_egress(engine, key)
+    assert eg_gc.remove_idle_egress(engine, 3600) == []  # young: kept
+    removed = eg_gc.remove_egress(engine, key)
     assert f"{eg.PROXY_PREFIX}{key}" in removed
 
 
@@ -589,7 +591,7 @@ def test_a_stopped_proxy_is_replaced_and_a_broken_one_fails_fast(engine, interne
     assert second.network == first.network
     state = engine.api.inspect_container(second.proxy_container)["State"]
     assert state["Running"]
-    eg.remove_egress(engine, key)
+    eg_gc.remove_egress(engine, key)
 
     # An image that exits at once (here: the worker image) is reported with its log, at
     # once rather than at the timeout, and its container is removed.
