@@ -134,17 +134,30 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
 
 @cli.command()
 @click.option("--all", "everything", is_flag=True, help="Also objects of other pid namespaces.")
+@click.option(
+    "--idle",
+    type=click.FloatRange(min=0),
+    default=600,
+    show_default=True,
+    help="Also remove shared egress proxies and networks unused for this many seconds.",
+)
 @json_option
-def gc(everything: bool, as_json: bool) -> None:
-    """Remove containers, networks and volumes whose orchestrator process is gone."""
+def gc(everything: bool, idle: float, as_json: bool) -> None:
+    """Remove what dead orchestrators left, and shared proxies/networks no run uses."""
     from orchestrator.docker import DockerEngine
     from orchestrator.runtime import collect
+    from orchestrator.runtime.secrets import sweep_orphaned
 
-    report = collect(DockerEngine(), everything=everything)
+    engine = DockerEngine()
+    report = collect(engine, everything=everything)
+    shared = engine.collect_shared(idle)
+    secrets = sweep_orphaned()
     if as_json:
         emit_json(
             {
                 "removed": [{"kind": o.kind, "name": o.name} for o in report.removed],
+                "shared_removed": shared,
+                "secret_folders_removed": secrets,
                 "kept": len(report.kept),
                 "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in report.failed],
             }
@@ -152,7 +165,10 @@ def gc(everything: bool, as_json: bool) -> None:
     else:
         for obj in report.removed:
             say(f"removed {obj.kind} {obj.name}")
-        say(f"gc: {len(report.removed)} removed, {len(report.kept)} in use by live processes")
+        for name in (*shared, *secrets):
+            say(f"removed {name}")
+        removed = len(report.removed) + len(shared) + len(secrets)
+        say(f"gc: {removed} removed, {len(report.kept)} in use by live processes")
     if report.failed:
         raise SystemExit(EXIT_ERROR)
 

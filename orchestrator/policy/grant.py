@@ -15,9 +15,12 @@ from pathlib import Path
 from orchestrator.config import Project, Resources, Worker
 from orchestrator.config.models import Trust, ZoneRequest
 from orchestrator.errors import PolicyError
+from orchestrator.labels import current_owner
 from orchestrator.policy.network import NetworkGrant, describe, network_grant
 from orchestrator.policy.network import rank as network_rank
 from orchestrator.policy.trust import PROFILES
+
+SECRETS_PREFIX = "orchestrator-secrets-"
 
 #: Built-in limits, used where neither the worker nor the project sets one.
 BUILTIN_LIMITS = Resources(memory=512 << 20, cpus=1.0, pids=256, timeout=600.0, tmp=64 << 20)
@@ -87,7 +90,9 @@ class RunPaths:
     @property
     def secrets_dir(self) -> Path:
         """In-memory folder (host /dev/shm) holding this run's secret files while it runs."""
-        return Path("/dev/shm") / f"orchestrator-secrets-{self.run_dir.name}"
+        owner = current_owner()  # in the name, so gc can sweep what a killed run left
+        name = f"{SECRETS_PREFIX}{owner.pid}-{owner.start}-{self.run_dir.name}"
+        return Path("/dev/shm") / name
 
     @property
     def broker_dir(self) -> Path:
@@ -158,6 +163,8 @@ def standard_zones(trust: Trust, paths: RunPaths) -> tuple[list[ZoneGrant], list
             zones.append(ZoneGrant("staged", outbox, "/staged", "rw", standard=True, outbox=True))
             continue
         zones.append(ZoneGrant(name, host[name], f"/{name}", mode, standard=True))
+        if name == "workers" and paths.sandbox_root.is_relative_to(paths.workers):
+            masks.append(f"/workers/{paths.sandbox_root.relative_to(paths.workers).as_posix()}")
         if name == "repo":
             # .git stays read-only even at 'full': writable hooks or config would run code on
             # the host at the user's next git command. Without a .git, none may be created.
@@ -283,7 +290,19 @@ def _project_zone(
         host, target = host / request.restrict, f"{target}/{request.restrict}"
     ask_base = None
     if mode == "rw" and approval.write == "ask":
+        if request.restrict:
+            problems.append(
+                f"{where}: approval.write 'ask' with restrict is not supported yet; "
+                "drop restrict or use preApproved"
+            )
+            return None
         ask_base, host = host, paths.run_dir / "ask" / zone.name
+    elif mode == "rw" and approval.delete != "preApproved":
+        problems.append(
+            f"{where}: approval.delete '{approval.delete}' needs approval.write 'ask' (a direct "
+            "rw mount cannot stop deletes); use write: ask, or mode ro"
+        )
+        return None
     config = zone.config
     return ZoneGrant(
         zone.name,

@@ -17,11 +17,23 @@ from orchestrator.policy.grant import Grant, Limits, RunPaths, ZoneGrant, grant_
 from orchestrator.policy.network import NetworkGrant, describe, narrower_or_equal
 from orchestrator.policy.trust import rank
 
+#: How freely a zone may be changed: a child never gets a freer approval than its parent.
+APPROVAL_ORDER = {"blocked": 0, "ask": 1, "preApproved": 2}
+
 
 def covers(outer: ZoneGrant, inner: ZoneGrant) -> bool:
-    """Whether ``outer`` exposes everything ``inner`` would, at least as widely."""
+    """Whether ``outer`` exposes everything ``inner`` would, at least as widely.
+
+    For writable zones the approval counts too: a parent that changes a zone only through
+    review (``write: ask``) or may not delete in it cannot pass direct writes or deletes on.
+    """
     same_tree = inner.target == outer.target or inner.target.startswith(outer.target + "/")
-    return same_tree and (outer.mode == "rw" or inner.mode == "ro")
+    if not same_tree or (outer.mode == "ro" and inner.mode == "rw"):
+        return False
+    if inner.mode == "ro":
+        return True
+    reviewed = outer.ask_base is None or inner.ask_base is not None
+    return reviewed and APPROVAL_ORDER[inner.delete] <= APPROVAL_ORDER[outer.delete]
 
 
 def restrict(
@@ -56,6 +68,14 @@ def restrict(
             read_only = replace(zone, mode="ro")
             if any(covers(p, read_only) for p in ceiling):
                 zones.append(read_only)  # an implicit preset: capped to what the parent has
+        elif any(
+            p.mode == "rw" and covers(replace(p, mode="ro"), replace(zone, mode="ro"))
+            for p in ceiling
+        ):
+            problems.append(
+                f"child '{name}' asks to change '{zone.name}' more freely than parent "
+                f"'{parent_name}' may (approval write/delete); declare the same approval"
+            )
         elif any(covers(p, replace(zone, mode="ro")) for p in ceiling):
             problems.append(
                 f"child '{name}' asks rw on '{zone.name}' but parent '{parent_name}' has ro"

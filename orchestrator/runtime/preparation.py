@@ -110,30 +110,58 @@ def prepare_filesystem(prepared: Prepared) -> None:
 
 
 def private_copy(source: Path, target: Path, uid: int, gid: int) -> None:
-    """Copy a zone for an ``ask`` run: folders and regular files only, links as links.
+    """Copy a zone for an ``ask`` run: folders and regular files, links as links.
 
-    Never opens anything but regular files (no FIFO can block it) and never follows a link.
+    Walks with directory descriptors opened ``O_NOFOLLOW`` and opens files ``O_NOFOLLOW |
+    O_NONBLOCK``, checking the type on the open descriptor: a folder swapped for a link, or
+    a file for a FIFO, while copying is skipped, never followed or waited on. Entries the
+    worker's own uid could not read are left out (root copies on its behalf).
     """
     target.mkdir(mode=0o700, parents=True)
-    for folder, dirs, files in os.walk(source):
-        here = Path(folder)
-        into = target / here.relative_to(source)
-        for name in dirs:
-            if (here / name).is_symlink():
-                os.symlink(os.readlink(here / name), into / name)
-            else:
-                (into / name).mkdir(mode=0o700)
-        for name in files:
-            origin = here / name
-            info = origin.lstat()
-            if stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(origin), into / name)
-            elif stat.S_ISREG(info.st_mode):
-                shutil.copy2(origin, into / name, follow_symlinks=False)
+    top = os.open(source, _DIR_FLAGS)
+    try:
+        _copy_folder(top, target, uid, gid)
+    finally:
+        os.close(top)
     if os.getuid() == 0:
         for folder, dirs, files in os.walk(target):
             for name in (".", *dirs, *files):
                 os.chown(Path(folder) / name, uid, gid, follow_symlinks=False)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _copy_folder(folder: int, into: Path, uid: int, gid: int) -> None:
+    for entry in os.scandir(folder):
+        info = entry.stat(follow_symlinks=False)
+        if not _permits(info, uid, gid, "r") and not stat.S_ISLNK(info.st_mode):
+            continue  # not the worker's to read
+        if stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(entry.name, dir_fd=folder), into / entry.name)
+            continue
+        flags = _DIR_FLAGS if stat.S_ISDIR(info.st_mode) else _FILE_FLAGS
+        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            continue  # FIFOs, sockets, devices: never opened
+        try:
+            fd = os.open(entry.name, flags, dir_fd=folder)
+        except OSError:
+            continue  # swapped for a link (ELOOP), or gone
+        try:
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                continue  # replaced between the listing and the open
+            if stat.S_ISDIR(opened.st_mode):
+                if _permits(opened, uid, gid, "rx"):
+                    (into / entry.name).mkdir(mode=0o700)
+                    _copy_folder(fd, into / entry.name, uid, gid)
+            elif stat.S_ISREG(opened.st_mode):
+                with open(into / entry.name, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                os.chmod(into / entry.name, opened.st_mode & 0o755)
+        finally:
+            os.close(fd)
 
 
 def open_audit(project: Project) -> AuditLog:

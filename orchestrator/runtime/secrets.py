@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestrator import labels
 from orchestrator.errors import OrchestratorError
+from orchestrator.policy.grant import SECRETS_PREFIX
 from orchestrator.runtime.engine import Stream
 
 REDACTED = b"[REDACTED]"
@@ -117,3 +119,19 @@ class RedactingSink:
             rest = redactor.flush()
             if rest:
                 self.sink(stream, rest)
+
+
+def sweep_orphaned(root: Path = Path("/dev/shm")) -> list[str]:
+    """Remove secret folders whose run's orchestrator is gone (killed before cleaning up)."""
+    removed = []
+    me = labels.current_owner()
+    for folder in root.glob(f"{SECRETS_PREFIX}*"):
+        pid, _, rest = folder.name.removeprefix(SECRETS_PREFIX).partition("-")
+        start = rest.partition("-")[0]
+        state = labels.owner_state(
+            {labels.OWNER_PID: pid, labels.OWNER_START: start, labels.OWNER_NS: me.pid_ns}
+        )
+        if state == "gone":
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
+    return removed

@@ -91,8 +91,13 @@ def test_blocked_write_mounts_read_only_and_ask_gets_a_private_copy(project):
         "w",
         "sandbox: {zones: [{name: out, mode: rw, approval: {write: preApproved, delete: blocked}}]}",
     )
-    zone = grant(project, "w").zone("out")
-    assert (zone.mode, zone.delete) == ("rw", "blocked")
+    with pytest.raises(PolicyError, match="approval.delete 'blocked' needs approval.write 'ask'"):
+        grant(project, "w")
+    project.worker(
+        "w", "sandbox: {zones: [{name: out, mode: rw, restrict: a, approval: {write: ask}}]}"
+    )
+    with pytest.raises(PolicyError, match="'ask' with restrict is not supported"):
+        grant(project, "w")
     project.worker("w", "sandbox: {zones: [{name: out, mode: rw, approval: {write: ask}}]}")
     asked = grant(project, "w").zone("out")
     assert asked.mode == "rw"
@@ -343,3 +348,64 @@ def test_invalid_allowlists_and_untrusted_caps_are_declaration_errors(project):
     project.worker("w", "network: {allow: [a.test]}")
     with pytest.raises(PolicyError, match="untrusted_network: none"):
         grant(project, "w")
+
+
+def test_child_cannot_bypass_its_parents_review(project):
+    project.zone("data", "rw", extra="untrusted_output: true")
+    ask = "approval: {write: ask, delete: blocked}"
+    project.worker(
+        "main",
+        f"trust: session\nchildren: [kid]\nsandbox: {{zones: [{{name: data, mode: rw, {ask}}}]}}",
+    )
+    loaded = load_project(project.root)
+    parent = grant_for(loaded, load_worker(loaded, "main"), paths_of(loaded))
+    for front in (
+        "sandbox: {zones: [{name: data, mode: rw}]}",  # direct writes
+        "sandbox: {zones: [{name: data, mode: rw, approval: {write: ask}}]}",  # deletes
+    ):
+        project.worker("kid", "trust: session\n" + front)
+        with pytest.raises(PolicyError, match="more freely than parent 'main'"):
+            restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    project.worker("kid", f"trust: session\nsandbox: {{zones: [{{name: data, mode: rw, {ask}}}]}}")
+    child = restrict(parent, "main", loaded, load_worker(loaded, "kid"), paths_of(loaded, "r2"))
+    assert child.zone("data").ask_base is not None
+
+
+def test_workers_folder_never_shows_the_sandbox(tmp_path):
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / "orchestrator.yaml").write_text("workers: .\nzones: {}\n")
+    (root / "w.worker").write_text("---\nsandbox: {}\n---\n")
+    loaded = load_project(root)
+    g = grant_for(loaded, load_worker(loaded, "w"), paths_of(loaded))
+    assert "/workers/.sandbox" in g.masks
+    assert not ZoneView(g).can_read("/workers/.sandbox/audit.jsonl")
+
+
+def test_private_copy_never_follows_links_or_opens_fifos(tmp_path):
+    import os
+
+    from orchestrator.runtime.preparation import private_copy
+
+    zone = tmp_path / "zone"
+    (zone / "sub").mkdir(parents=True)
+    (zone / "sub" / "a.txt").write_text("a")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("HOST-SECRET")
+    (zone / "link-dir").symlink_to(outside)
+    (zone / "link-file").symlink_to(outside / "secret.txt")
+    os.mkfifo(zone / "pipe")
+    copy = tmp_path / "copy"
+    uid, gid = (os.getuid(), os.getgid()) if os.getuid() else (65534, 65534)
+    if os.getuid() == 0:
+        (zone / "root-only.txt").write_text("ROOT-ONLY")
+        os.chmod(zone / "root-only.txt", 0o600)
+    private_copy(zone, copy, uid, gid)
+    assert (copy / "sub" / "a.txt").read_text() == "a"
+    assert (copy / "link-dir").is_symlink() and (copy / "link-file").is_symlink()
+    assert not (copy / "pipe").exists()
+    assert not (copy / "root-only.txt").exists()
+    for path in copy.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert b"HOST-SECRET" not in path.read_bytes()
