@@ -102,3 +102,27 @@ def test_worker_cannot_stop_the_keepalive(engine, project):
     result, _, _ = run(engine, project, "w", staging=TarContents())
     assert "pid 1 refused" in result.stdout
     assert result.outbox == {"kept": b"yes"}
+
+
+def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project):
+    script_worker(
+        project,
+        "w",
+        "f = open('/staged/huge', 'wb'); f.truncate(1 << 40); f.close(); "
+        "open('/staged/ok.md', 'w').write('fine')",
+        "sandbox: {}",
+    )
+    from orchestrator.config import load_project, load_worker
+    from orchestrator.runtime import execute, prepare
+    from orchestrator.runtime.outbox import StagingReader
+    from orchestrator.runtime.preparation import open_audit
+
+    loaded = load_project(project.root)
+    prepared = prepare(loaded, load_worker(loaded, "w"))
+    audit = open_audit(loaded)
+    result = execute(engine, prepared, audit=audit, staging=StagingReader(loaded, audit))
+    assert result.exit_code == 0, result.stderr
+    assert result.duration_s < 30  # a 1 TiB apparent size is refused from its header
+    assert result.container_removed
+    reasons = " ".join(r["reason"] for r in result.outbox.rejected)
+    assert "huge" in " ".join(r["path"] for r in result.outbox.rejected), reasons
