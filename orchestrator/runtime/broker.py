@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 SOCKET_NAME = "broker.sock"
 MAX_REQUEST = 64 << 10
 MAX_DEPTH = 4
+#: Child calls one parent may have in flight; more are refused at once.
+MAX_CONCURRENT = 4
+#: Seconds to wait for cancelled children's threads to wind down.
+CANCEL_GRACE = 10.0
 RunChild = Callable[[Prepared, int], Any]
 
 
@@ -43,16 +47,26 @@ class Broker:
     """Serves one parent run's request socket until :meth:`close`."""
 
     def __init__(
-        self, parent: Prepared, *, depth: int, run_child: RunChild, audit: AuditLog | None
+        self,
+        parent: Prepared,
+        *,
+        depth: int,
+        run_child: RunChild,
+        cancel_child: Callable[[str], None],
+        audit: AuditLog | None,
     ) -> None:
         self.parent = parent
         self.depth = depth
         self.run_child = run_child
+        self.cancel_child = cancel_child
         self.audit = audit
         self.path = parent.paths.broker_dir / SOCKET_NAME
         self._server: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self._lock = threading.Lock()
+        self._in_flight: set[str] = set()
 
     def start(self) -> None:
         if self.path.exists():
@@ -73,15 +87,22 @@ class Broker:
         thread.start()
         self._threads.append(thread)
 
-    def close(self) -> None:
-        """Stop accepting; in-flight children finish (their own timeouts bound them)."""
+    def close(self, *, cancel: bool = False) -> None:
+        """Stop accepting. In-flight children finish within their own timeouts, or, with
+        ``cancel`` (the parent was interrupted or failed), have their containers removed."""
         self._closing.set()
         if self._server is not None:
             with contextlib.suppress(OSError):
                 self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
+        if cancel:
+            with self._lock:
+                running = list(self._in_flight)
+            for run_id in running:
+                self.cancel_child(run_id)
+        wait = CANCEL_GRACE if cancel else self.parent.grant.limits.timeout
         for thread in self._threads:
-            thread.join(timeout=self.parent.grant.limits.timeout)
+            thread.join(timeout=wait)
         self.path.unlink(missing_ok=True)
 
     def _accept(self) -> None:
@@ -91,11 +112,24 @@ class Broker:
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                with conn, contextlib.suppress(OSError, ValueError):
+                    conn.settimeout(1)
+                    _read_request(conn)  # read it first, so closing does not reset the client
+                    busy = f"more than {MAX_CONCURRENT} child calls at once; wait for one"
+                    conn.sendall(json.dumps({"ok": False, "error": busy}).encode() + b"\n")
+                continue
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             thread.start()
-            self._threads.append(thread)
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._answer(conn)
+        finally:
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(10)
             try:
@@ -135,11 +169,17 @@ class Broker:
             self._record("broker.refused", False, name, reason=reason, attach=attach)
             return {"ok": False, "error": reason}
         self._record("broker.call", True, name, child_run=child.spec.run_id, attach=attach)
+        run_id = child.spec.run_id
+        with self._lock:
+            self._in_flight.add(run_id)
         try:
             result = self.run_child(child, self.depth + 1)
         except OrchestratorError as exc:
             self._record("broker.failed", False, name, reason=str(exc))
             return {"ok": False, "error": str(exc)}
+        finally:
+            with self._lock:
+                self._in_flight.discard(run_id)
         return {
             "ok": True,
             "run_id": child.spec.run_id,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, Literal, Protocol
 
+from orchestrator import labels
 from orchestrator.audit import AuditLog
 from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.plan import ContainerSpec
@@ -142,6 +143,7 @@ def execute(
     started = time.monotonic()
     tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
     outcome = _Outcome()
+    failed = False
     try:
         if prepared.grant.children:
             broker = Broker(
@@ -155,6 +157,7 @@ def execute(
                     staging=staging,
                     secrets=values,
                 ),
+                cancel_child=lambda run_id: _remove_run(engine, run_id),
                 audit=audit,
             )
             broker.start()
@@ -164,9 +167,12 @@ def execute(
             _run_container(engine, spec, tails, sink or on_output, outcome, reader)
             if sink is not None:
                 sink.flush()
+    except BaseException:
+        failed = True
+        raise
     finally:
         if broker is not None:
-            broker.close()
+            broker.close(cancel=failed)
         asked = staging.zones(prepared) if staging is not None else []
         egress = _egress_decisions(engine, spec, wall_start, audit)
         result = RunResult(
@@ -382,6 +388,16 @@ def _start_reader(
     thread = threading.Thread(target=_pump, args=(frames, tails, on_output), daemon=True)
     thread.start()
     return thread
+
+
+def _remove_run(engine: Engine, run_id: str) -> None:
+    """Remove every container of ``run_id`` (a child cancelled with its parent)."""
+    for obj in engine.list_managed():
+        if obj.kind == "container" and obj.labels.get(labels.RUN_ID) == run_id:
+            try:
+                engine.remove_object(obj)
+            except EngineError as exc:
+                log.warning("could not remove %s of run %s: %s", obj.name, run_id, exc)
 
 
 def _start_failure_code(message: str) -> int | None:

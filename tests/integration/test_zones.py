@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 
 import pytest
 
@@ -386,3 +387,29 @@ def test_cli_trust_can_only_be_lowered_unless_promoted(engine, project):
         "untrusted",
         "workspace",
     }
+
+
+def test_interrupting_a_parent_also_removes_its_running_child(engine, project):
+    script_worker(
+        project,
+        "main",
+        "import subprocess; print('calling', flush=True); subprocess.run(['orchestrator-call', 'kid'])",
+        "trust: session\nchildren: [kid]\nsandbox: {}",
+    )
+    script_worker(project, "kid", "import time; time.sleep(120)", "sandbox: {}")
+    args = [sys.executable, "-m", "orchestrator", "run", "main", "--project", str(project.root)]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "calling\n"
+        deadline = time.monotonic() + 30
+        while len(containers_of(engine, process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(containers_of(engine, process.pid)) == 2  # parent and child
+        started = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+        assert time.monotonic() - started < 30
+    finally:
+        process.kill()
+        process.communicate()
+    assert containers_of(engine, process.pid) == []

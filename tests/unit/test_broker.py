@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
+import time
 
 import pytest
 
@@ -25,16 +27,27 @@ def broker(project):
     parent = prepare(loaded, load_worker(loaded, "main"))
     prepare_filesystem(parent)
     calls = []
+    b_cancelled: list[str] = []
+    gate = threading.Event()
+    gate.set()
 
     def run_child(child, depth):
         calls.append((child, depth))
+        gate.wait(30)
         return RunResult(child.spec.run_id, child.spec.worker, 3, "exited", 0.1, "out", "err", True)
 
     audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
-    b = Broker(parent, depth=0, run_child=run_child, audit=audit)
+
+    def cancel(run_id):  # like removing the child's container: its run ends at once
+        b_cancelled.append(run_id)
+        gate.set()
+
+    b = Broker(parent, depth=0, run_child=run_child, cancel_child=cancel, audit=audit)
     b.start()
     b.calls = calls
     b.log = audit
+    b.gate = gate
+    b.cancelled = b_cancelled
     yield b
     b.close()
 
@@ -100,3 +113,25 @@ def test_socket_is_private_and_removed_on_close(broker):
     assert broker.path.stat().st_mode & 0o777 == 0o600
     broker.close()
     assert not broker.path.exists()
+
+
+def test_concurrent_calls_are_bounded_and_cancelled_with_the_parent(broker):
+    from orchestrator.runtime.broker import MAX_CONCURRENT
+
+    broker.gate.clear()  # children now block until released
+    waiting = [
+        threading.Thread(target=ask, args=(broker, b'{"child": "kid"}\n'))
+        for _ in range(MAX_CONCURRENT)
+    ]
+    for thread in waiting:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(broker.calls) < MAX_CONCURRENT and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(broker.calls) == MAX_CONCURRENT
+    refused = ask(broker, b'{"child": "kid"}\n')
+    assert refused["ok"] is False and "at once" in refused["error"]
+    broker.close(cancel=True)
+    assert sorted(broker.cancelled) == sorted(c.spec.run_id for c, _ in broker.calls)
+    for thread in waiting:
+        thread.join(5)
