@@ -38,7 +38,11 @@ def run_options(func: Any) -> Any:
     """Options shared by ``plan`` and ``run``: they must compile the same plan."""
     options = [
         project_option,
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds."),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600),
+            help="Seconds (at most a week).",
+        ),
         click.option(
             "--trust",
             type=click.Choice(["untrusted", "session", "workspace", "full"]),
@@ -333,4 +337,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except OrchestratorError as exc:
         click.echo(f"orchestrator: error: {exc}", err=True)
         raise SystemExit(exc.exit_code) from None
+    except OSError as exc:  # a host file or folder the orchestrator itself could not use
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(f"orchestrator: error:{where}: {exc.strerror or exc}", err=True)
+        raise SystemExit(EXIT_ERROR) from None
     raise SystemExit(0)

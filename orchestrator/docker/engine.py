@@ -68,21 +68,34 @@ class DockerEngine(DockerClient):
         # while the worker runs by exec; see orchestrator.runtime.run.
         supervised = spec.supervisor_user is not None
 
+        # Named after the run: a create retried after a lost reply finds the first one
+        # instead of leaving a second, unnoticed container behind.
+        name = f"orchestrator-{spec.run_id}" if spec.run_id else None
+
         def create() -> str:
-            result = self.api.create_container(
-                image=spec.image,
-                entrypoint=["sleep"] if supervised else None,
-                command=["infinity"] if supervised else spec.command,
-                user=spec.supervisor_user or spec.user,
-                environment=spec.env,
-                working_dir=spec.working_dir,
-                labels=self.labels_for(spec.labels),
-                host_config=host_config,
-                network_disabled=spec.network_mode == "none",
-                use_config_proxy=False,  # a worker gets exactly the plan's proxy settings
-                stdin_open=False,
-                tty=False,
-            )
+            try:
+                result = self.api.create_container(
+                    name=name,
+                    image=spec.image,
+                    entrypoint=["sleep"] if supervised else None,
+                    command=["infinity"] if supervised else spec.command,
+                    user=spec.supervisor_user or spec.user,
+                    environment=spec.env,
+                    working_dir=spec.working_dir,
+                    labels=self.labels_for(spec.labels),
+                    host_config=host_config,
+                    network_disabled=spec.network_mode == "none",
+                    use_config_proxy=False,  # a worker gets exactly the plan's proxy settings
+                    stdin_open=False,
+                    tty=False,
+                )
+            except docker_errors.APIError as exc:
+                if exc.status_code != 409 or name is None:
+                    raise
+                existing = self.api.inspect_container(name)
+                if (existing["Config"].get("Labels") or {}).get(labels.RUN_ID) != spec.run_id:
+                    raise
+                return str(existing["Id"])
             return str(result["Id"])
 
         with engine_errors(f"creating the container for '{spec.worker}'"):

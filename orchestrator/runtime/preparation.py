@@ -177,7 +177,15 @@ def private(folder: Path) -> None:
 
 
 def owned_folder(folder: Path, uid: int, gid: int) -> None:
-    """Create ``folder`` for the worker's uid."""
+    """Create ``folder`` for the worker's uid, refusing to create through a symlink."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if Path(os.path.realpath(existing)) != existing:
+        raise OrchestratorError(
+            f"{folder} would be created through a symlink at {existing}; refusing "
+            "(a worker may have planted it)"
+        )
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if os.getuid() == 0 and folder.stat().st_uid != uid:
         os.chown(folder, uid, gid)

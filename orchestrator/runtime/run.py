@@ -9,6 +9,7 @@ labels and removed by :func:`orchestrator.runtime.gc.collect`.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -124,8 +125,24 @@ def execute(
     container is gone. ``secrets`` holds resolved values by name; the grant decides which of
     them this run gets, and every value is redacted from output, errors and the audit log.
     """
+    try:
+        return _execute(engine, prepared, on_output, audit, depth, staging, secrets or {})
+    finally:
+        # The run's own folder (broker socket, ask copies) never outlives the run.
+        shutil.rmtree(prepared.paths.run_dir, ignore_errors=True)
+
+
+def _execute(
+    engine: Engine,
+    prepared: Prepared,
+    on_output: OutputSink | None,
+    audit: AuditLog | None,
+    depth: int,
+    staging: Staging | None,
+    secrets: Mapping[str, str],
+) -> RunResult:
     spec = prepared.spec
-    values = _granted_secrets(prepared, secrets or {})
+    values = _granted_secrets(prepared, secrets)
     redactor = Redactor(list(values.values()))
     if audit is not None:
         for value in values.values():
@@ -181,8 +198,8 @@ def execute(
             exit_code=outcome.exit_code,
             status=outcome.status,
             duration_s=round(time.monotonic() - started, 3),
-            stdout=redactor.text(tails["stdout"].text()),
-            stderr=redactor.text(tails["stderr"].text()),
+            stdout=redactor.tail(tails["stdout"].buffer, truncated=tails["stdout"].truncated),
+            stderr=redactor.tail(tails["stderr"].buffer, truncated=tails["stderr"].truncated),
             container_removed=outcome.removed,
             error=redactor.text(outcome.error) if outcome.error else None,
             outbox=outcome.collected,

@@ -98,6 +98,13 @@ class Redactor:
     def text(self, text: str) -> str:
         return self.scrub(text.encode()).decode(errors="replace")
 
+    def tail(self, data: bytes | bytearray, *, truncated: bool) -> str:
+        """A captured tail, redacted. When it was cut, its first bytes may be the end of a
+        secret whose start fell off; those are dropped."""
+        if self.secrets and truncated:
+            data = data[self.keep :]
+        return self.scrub(bytes(data)).decode("utf-8", errors="replace")
+
 
 class RedactingSink:
     """An output sink that redacts secrets, per stream, before passing output on."""
