@@ -259,13 +259,20 @@ def _describe(prepared: Prepared) -> str:
         f"command     {' '.join(spec.command) if spec.command else '(image default)'}",
         f"user        {spec.user}",
         f"workdir     {spec.working_dir}",
-        f"network     {spec.network_mode}",
+        f"network     {spec.network_mode}"
+        + (f" (allow {', '.join(spec.egress)} via the egress proxy)" if spec.egress else ""),
         f"limits      memory {spec.mem_limit >> 20} MiB (no swap), cpus "
         f"{spec.nano_cpus / 1e9:g}, pids {spec.pids_limit}, timeout {spec.timeout_s:g} s",
         f"hardening   read-only root, /tmp tmpfs, cap_drop ALL, {', '.join(spec.security_opt)}, "
         "init, not privileged",
         "zones" + ("" if spec.mounts else "       none (no sandbox declared)"),
     ]
+    if spec.outbox:
+        options = dict(o.partition("=")[::2] for o in spec.tmpfs[spec.outbox].split(","))
+        size = int(options.get("size", "0")) >> 20
+        lines.insert(
+            -1, f"outbox      {spec.outbox}: a fresh {size} MiB tmpfs, staged after the run"
+        )
     lines += [f"  {m.target:<12} {'ro' if m.read_only else 'rw'}  {m.source}" for m in spec.mounts]
     env = sorted(k for k in spec.env if k != "ORCHESTRATOR_INSTRUCTIONS")
     lines.append(f"env         {', '.join(env)}")
