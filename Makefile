@@ -9,6 +9,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test lint images engine bench clean
 
 $(STAMP): pyproject.toml
+	scripts/ensure-engine.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

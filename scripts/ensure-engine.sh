@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine answers, and that the tools the image bootstrap needs exist.
-# On a fresh Debian/Ubuntu machine: installs docker.io and mmdebstrap with apt and starts
-# dockerd. Packages come from the host's own apt configuration.
+# Make sure a Docker engine answers, and that the tools the project needs exist.
+# On a fresh Debian/Ubuntu machine: installs docker.io, mmdebstrap, git and python3-venv
+# with apt (only those missing) and starts dockerd. Packages come from the host's own apt
+# configuration.
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -9,6 +10,8 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 need=()
 command -v docker >/dev/null 2>&1 || need+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v git >/dev/null 2>&1 || need+=(git)           # clearance and its tests
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
     echo "ensure-engine: missing ${need[*]} and no apt-get to install them" >&2
