@@ -24,6 +24,7 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
     from orchestrator.errors import OrchestratorError
     from orchestrator.runtime.outbox import change_store
     from orchestrator.runtime.preparation import open_audit
+    from orchestrator.staging import scanners_for
     from orchestrator.staging.apply import apply_to_zone
 
     project = load_project(project_dir)
@@ -47,12 +48,19 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
         f"Apply {len(change.files)} change(s) to zone '{zone}'?", err=True
     ):
         raise SystemExit(1)
+    config = project.zones[zone].config
+    limits = project.config.sandbox.outbox
+    if config.max_file_size is not None:
+        limits = limits.model_copy(
+            update={"max_file_size": min(limits.max_file_size, config.max_file_size)}
+        )
     done = apply_to_zone(
         store,
         change.id,
         project.zones[zone].host_path,
         allow_delete=allow_delete,
         override_scanners=override_scanners,
+        scanners=scanners_for(limits=limits, suffixes=config.suffixes),
         audit=audit,
     )
     click.echo(

@@ -18,7 +18,7 @@ from typing import IO, Any
 from orchestrator.audit import AuditLog
 from orchestrator.config import Project
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.preparation import Prepared
+from orchestrator.runtime.preparation import Prepared, pristine_of
 from orchestrator.staging import (
     ChangeMeta,
     ChangeStore,
@@ -89,22 +89,24 @@ class StagingReader:
             if zone.ask_base is None:
                 continue
             try:
-                results.append(self._zone(prepared, zone.name, zone.host_path, zone.ask_base))
+                results.append(self._zone(prepared, zone.name, zone.host_path))
             finally:
                 shutil.rmtree(zone.host_path, ignore_errors=True)
+                shutil.rmtree(pristine_of(zone.host_path), ignore_errors=True)
         return results
 
-    def _zone(self, prepared: Prepared, name: str, copy: Path, base: Path) -> OutboxResult:
+    def _zone(self, prepared: Prepared, name: str, copy: Path) -> OutboxResult:
         spec = prepared.spec
-        suffixes = prepared.project.zones[name].config.suffixes
+        zone = prepared.project.zones[name].config
+        limits = self.project.config.sandbox.outbox
+        if zone.max_file_size is not None:
+            limits = limits.model_copy(
+                update={"max_file_size": min(limits.max_file_size, zone.max_file_size)}
+            )
         with (
             self.store.scratch() as tmp,
             collect_dir(
-                copy,
-                base=base,
-                limits=self.project.config.sandbox.outbox,
-                suffixes=suffixes,
-                tmp_dir=tmp,
+                copy, base=pristine_of(copy), limits=limits, suffixes=zone.suffixes, tmp_dir=tmp
             ) as found,
         ):
             rejected = [{"path": r.path, "reason": r.reason} for r in found.rejected]

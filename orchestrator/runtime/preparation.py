@@ -99,6 +99,9 @@ def prepare_filesystem(prepared: Prepared) -> None:
             continue  # a tmpfs inside the container
         if zone.ask_base is not None:
             check_zone(replace(zone, host_path=zone.ask_base, ask_base=None), uid, gid)
+            # Two copies: the worker's, and the snapshot its changes are measured against,
+            # so that edits made to the zone meanwhile are conflicts, never silently undone.
+            private_copy(zone.ask_base, pristine_of(zone.host_path), uid, gid)
             private_copy(zone.ask_base, zone.host_path, uid, gid)
         ours = zone.standard and zone.name in ("session", "workspace")
         missing_output = not zone.standard and not zone.read_only and not zone.host_path.exists()
@@ -107,6 +110,11 @@ def prepare_filesystem(prepared: Prepared) -> None:
         check_zone(zone, uid, gid)
     if prepared.grant.children:
         owned_folder(paths.broker_dir, uid, gid)
+
+
+def pristine_of(copy: Path) -> Path:
+    """The snapshot beside an ``ask`` zone's private copy (``runs/<id>/ask-base/<zone>``)."""
+    return copy.parent.parent / "ask-base" / copy.name
 
 
 def private_copy(source: Path, target: Path, uid: int, gid: int) -> None:

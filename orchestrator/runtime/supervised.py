@@ -21,9 +21,12 @@ from orchestrator.runtime.engine import Engine, ExecHandle, Stream
 
 #: Kill everything the worker's user runs. Twice: a process forking during the first
 #: sweep is caught by the second (the PID limit bounds how many there can be).
-KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; true"]
+KILL_ALL = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; true"]
+#: Our own execs never use the worker's PATH or tar options: a worker file may point PATH
+#: at a writable zone, where a planted `sh` or `tar` would then run in their place.
+TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TAR_OPTIONS": "", "ENV": "", "BASH_ENV": ""}
 OOM_COUNTERS = [
-    "sh",
+    "/bin/sh",
     "-c",
     "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null",
 ]
@@ -89,14 +92,15 @@ def run_worker_exec(
     reader = threading.Thread(target=read, name=f"exec-{container_id[:12]}", daemon=True)
     reader.start()
     finished = done.wait(timeout=spec.timeout_s)
-    drain(engine.exec(container_id, KILL_ALL, user=spec.user))
+    drain(engine.exec(container_id, KILL_ALL, user=spec.user, env=TOOL_ENV))
     done.wait(timeout=10)
     return handle.exit_code(), not finished
 
 
 def oom_killed(engine: Engine, container_id: str, user: str) -> bool:
     """Whether the container's memory cgroup has OOM-killed anything (cgroup v1 or v2)."""
-    text = drain(engine.exec(container_id, OOM_COUNTERS, user=user)).decode(errors="replace")
+    counters = engine.exec(container_id, OOM_COUNTERS, user=user, env=TOOL_ENV)
+    text = drain(counters).decode(errors="replace")
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == "oom_kill" and value.strip().isdigit() and int(value) > 0:
@@ -109,7 +113,8 @@ def read_outbox(
 ) -> Any:
     """Stream the outbox as tar, as the worker's user, into ``reader`` (hostile data)."""
     assert spec.outbox is not None
-    handle = engine.exec(container_id, ["tar", "-C", spec.outbox, "-cf", "-", "."], user=spec.user)
+    tar = ["/bin/sh", "-c", 'exec tar -C "$0" -cf - .', spec.outbox]
+    handle = engine.exec(container_id, tar, user=spec.user, env=TOOL_ENV)
     stream = FrameReader(handle.frames)
     try:
         return reader(spec, io.BufferedReader(stream, buffer_size=1 << 20))

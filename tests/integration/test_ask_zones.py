@@ -84,3 +84,33 @@ def test_a_zone_file_changed_since_the_run_is_a_conflict(engine, project):
     assert "changed in zone 'notes' since the run" in refused.stderr
     assert (notes / "keep.md").read_text() == "edited by the user meanwhile\n"
     assert not (notes / "new.md").exists()
+
+
+def test_edits_made_to_the_zone_during_the_run_are_never_undone(engine, project):
+    import threading
+    import time
+
+    notes = project.zone("notes", "rw", files={"mine.md": "v1\n", "theirs.md": "v1\n"})
+    script = "import time; open('/notes/mine.md', 'w').write('by the worker\\n'); time.sleep(4)"
+    project.worker(
+        "editor",
+        f"command: {json.dumps(['python3', '-c', script])}\ntrust: session\n"
+        "sandbox: {zones: [{name: notes, mode: rw, approval: {write: ask}}]}",
+    )
+
+    def user_edits():
+        time.sleep(2)
+        (notes / "theirs.md").write_text("v2 by the user\n")
+        (notes / "added-by-user.md").write_text("new\n")
+
+    editing = threading.Thread(target=user_edits)
+    editing.start()
+    result = cli("run", "editor", "--project", str(project.root), "--json")
+    editing.join()
+    (asked,) = result.json()["asked"]
+    assert asked["files"] == 1  # only what the worker changed, measured against its snapshot
+    applied = cli("staged", "apply", asked["change_id"], "--yes", "--project", str(project.root))
+    assert applied.returncode == 0, applied.stderr
+    assert (notes / "mine.md").read_text() == "by the worker\n"
+    assert (notes / "theirs.md").read_text() == "v2 by the user\n"
+    assert (notes / "added-by-user.md").exists()
