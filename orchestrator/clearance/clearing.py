@@ -252,12 +252,29 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
             f"git could not write the commit: {one_line(exc.detail)}; fix that (a missing "
             "identity: git config user.name and user.email) and run the command again"
         ) from None
+    if base is not None:
+        # Setting a/b when a is a file, a link or a submodule makes git drop a: refuse any
+        # commit that changes more than the change set says, before anything is written.
+        unexpected = sorted(repo.changed_paths(base, commit) - set(written))
+        if unexpected:
+            raise repo.error(
+                f"clearing would also remove or replace {', '.join(unexpected[:5])} (a file, "
+                "link or submodule stands where the change set needs a folder); nothing was "
+                "written"
+            )
     _checkpoint("commit-written")
     if checked_out:
         _apply(run, changes, parts, blobs)
         _checkpoint("applied")
         repo.update_index(written)
         _checkpoint("index-updated")
+    current = run.store.get(change_id).status
+    if current != status:  # rejected or discarded by someone else while this ran
+        raise repo.error(
+            f"change set {change_id} became {current} while clearing; the branch was not "
+            "moved (files already written to the work tree are the change set's: `git "
+            "checkout -- <paths>` undoes them)"
+        )
     try:
         repo.update_ref(run.branch, commit, old, f"clearance: change set {change_id}")
     except GitFailure as exc:

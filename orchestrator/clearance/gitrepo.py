@@ -347,6 +347,11 @@ class GitRepo:
         feed = "".join(f"{r}\0" for r in records).encode("utf-8", "surrogateescape")
         self.run("update-index", "-z", "--index-info", env=env, stdin=feed)
 
+    def changed_paths(self, base: str, commit: str) -> set[str]:
+        """Every path that differs between two commits (no rename detection)."""
+        out = self.run("diff-tree", "-r", "--no-renames", "--name-only", "-z", base, commit)
+        return {path for path in out.split("\0") if path}
+
     def update_ref(self, branch: str, new: str, old: str | None, reason: str) -> None:
         """Move ``refs/heads/<branch>`` to ``new`` only if it is still at ``old``."""
         self.run("update-ref", "-m", reason, f"refs/heads/{branch}", new, old or "")

@@ -196,9 +196,14 @@ class SecretScanner:
 
 #: Paths that make tools run code: CI definitions, editor tasks, git attributes, hooks.
 _SENSITIVE = re.compile(
-    r"(?i)(?:^|/)(?:\.gitmodules|\.gitattributes|\.envrc|\.pre-commit-config\.ya?ml)$"
-    r"|^(?:\.github|\.gitlab|\.circleci|\.buildkite|\.husky|\.vscode|\.idea|\.devcontainer)/"
-    r"|^(?:\.gitlab-ci\.ya?ml|\.travis\.ya?ml|Jenkinsfile|azure-pipelines\.ya?ml)$"
+    r"(?i)(?:^|/)(?:\.gitmodules|\.gitattributes|\.gitignore|\.lfsconfig|\.envrc"
+    r"|\.pre-commit-config\.ya?ml|\.devcontainer\.json|\.yarnrc(?:\.yml)?|\.npmrc"
+    r"|\.mise\.toml|\.tool-versions)$"
+    r"|(?:^|/)(?:\.githooks|hooks|\.husky)/"
+    r"|^(?:\.github|\.gitlab|\.gitea|\.forgejo|\.circleci|\.buildkite|\.vscode|\.idea"
+    r"|\.devcontainer)/"
+    r"|^(?:\.gitlab-ci\.ya?ml|\.travis\.ya?ml|\.woodpecker(?:\.ya?ml|/.*)|Jenkinsfile"
+    r"|azure-pipelines\.ya?ml)$"
 )
 
 
@@ -211,9 +216,14 @@ class SensitivePathScanner:
 
     def scan(self, change: ChangeSet, store: ChangeStore) -> ScanResult:
         findings = [
-            Finding(f.path, "CI, editor or git configuration: it can run code by itself")
+            Finding(f.path, "CI, editor, hook or git configuration: it can run code by itself")
             for f in _contents(change)
             if self.pattern.search(f.path)
+        ]
+        findings += [
+            Finding(f.path, "executable (mode 0755): a program or hook, not a result to read")
+            for f in _contents(change)
+            if f.mode is not None and f.mode & 0o111 and not self.pattern.search(f.path)
         ]
         return _result(self.name, findings)
 

@@ -543,3 +543,30 @@ def test_an_edit_made_while_the_prompt_waits_is_not_overwritten(env):
         env.clear(change_id, confirm=edit_then_confirm)
     assert (env.repo / "src/app.py").read_text() == "the user's edit\n"
     assert env.store.manifest(change_id)["status"] == "pending"
+
+
+@pytest.mark.parametrize("branch", [None, "worker/out"])
+def test_a_file_where_the_change_set_needs_a_folder_is_never_dropped(env, branch):
+    before = env.head()
+    change_id = env.store.stage({"README.md/notes.txt": b"sneaky\n"})
+    with pytest.raises(ClearanceError):
+        env.clear(change_id, branch=branch)
+    assert env.head() == before
+    assert git(env.repo, "show", "HEAD:README.md") == "hello"
+    if branch:
+        assert git(
+            env.repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False
+        ) in ("", before)
+
+
+def test_a_change_set_rejected_while_clearing_does_not_move_the_branch(env):
+    before = env.head()
+    change_id = env.store.stage({"reports/late.md": b"late\n"})
+
+    def reject_meanwhile(summary):
+        env.store.set_status(change_id, "rejected", reason="changed my mind")
+        return True
+
+    with pytest.raises(ClearanceError, match="became rejected while clearing"):
+        env.clear(change_id, confirm=reject_meanwhile)
+    assert env.head() == before

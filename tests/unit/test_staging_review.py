@@ -309,3 +309,27 @@ def test_an_unauditable_change_set_is_discarded(
         create_and_audit(store, found, META, log)
     [change] = store.list()
     assert change.status == "discarded"
+
+
+def test_hooks_and_executables_are_sensitive_findings():
+    from orchestrator.staging.scanners import SensitivePathScanner
+
+    class Change:
+        files = ()
+
+    from orchestrator.staging.manifest import ChangeFile
+
+    change = Change()
+    change.files = (
+        ChangeFile(".githooks/pre-commit", "create", 10, "0" * 64, 0o755),
+        ChangeFile("tools/run", "create", 10, "1" * 64, 0o755),
+        ChangeFile(".devcontainer.json", "create", 10, "2" * 64, 0o644),
+        ChangeFile("report.md", "create", 10, "3" * 64, 0o644),
+    )
+    result = SensitivePathScanner().scan(change, store=None)
+    assert not result.ok
+    assert {f.path for f in result.findings} == {
+        ".githooks/pre-commit",
+        "tools/run",
+        ".devcontainer.json",
+    }
