@@ -111,6 +111,20 @@ class _GuardedInfo(tarfile.TarInfo):
             raise _StreamProblem(f"an extended header of {self.size} bytes (over {META_MAX})")
         return super()._proc_member(tarfile)  # type: ignore[misc,no-any-return]
 
+    # Sparse maps are read by tarfile without any cap (a crafted map costs memory in
+    # proportion to the stream): refuse the unbounded kinds before they are read; the
+    # member itself is rejected as sparse. Our own tar never writes them (no --sparse).
+    def _proc_sparse(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
+        if self._sparse_structs[1]:  # type: ignore[attr-defined]  # an extension chain
+            raise _StreamProblem("a sparse member with an extended map (refused unread)")
+        return super()._proc_sparse(tarfile)  # type: ignore[misc,no-any-return]
+
+    def _proc_gnusparse_00(self, *args: object) -> None:
+        raise _StreamProblem("a sparse member (refused before reading its map)")
+
+    _proc_gnusparse_01 = _proc_gnusparse_00
+    _proc_gnusparse_10 = _proc_gnusparse_00
+
 
 class _WatchedTar(tarfile.TarFile):
     members: list[tarfile.TarInfo]  # set by TarFile (missing from the type stubs)

@@ -391,3 +391,16 @@ def test_collect_cleans_its_blob_folder_when_the_host_side_fails(
     with pytest.raises(CollectionError, match="No space left"):
         collect(member(b"a.md", b"a") + END, scratch)
     assert list(scratch.iterdir()) == []
+
+
+def test_a_sparse_map_chain_is_refused_before_it_is_read(scratch: Path) -> None:
+    info = tarfile.TarInfo("holes")
+    info.type = tarfile.GNUTYPE_SPARSE
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    header[482] = 1  # isextended: a chain of map blocks follows
+    header[148:156] = b"        "
+    header[148:155] = f"{sum(header[:512]):06o}\0".encode()
+    chain = (b"\0" * 504 + b"\1" + b"\0" * 7) * 2000  # 2,000 blocks that each say "more"
+    collected = collect(bytes(header[:512]) + chain + END, scratch)
+    assert collected.files == []
+    assert any("extended map" in r.reason for r in collected.rejected)
