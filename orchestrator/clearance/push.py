@@ -89,6 +89,16 @@ def plan_push(repo: GitRepo, remote: str, credential: Credential | None) -> Push
             f"remote '{remote}' is not an HTTP(S) URL, so {credential} cannot be given to it; "
             "use an https:// URL or set the credential's mode to 'inherit'"
         )
+    if kind == "http":
+        status, header, _ = repo.run_full(
+            "config", "--get-urlmatch", "http.extraheader", url, ok=(0, 1)
+        )
+        if status == 0 and header.strip():
+            raise repo.error(
+                f"git config sets an http.extraHeader for {url} (e.g. a CI checkout's token), "
+                f"so {credential} would not be the only one used; remove it "
+                "(`git config --unset-all http.<url>.extraheader`)"
+            )
     return PushPlan(remote, url, credential, inject=kind == "http")
 
 

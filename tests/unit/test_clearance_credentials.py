@@ -102,3 +102,21 @@ def test_inherit_reads_nothing(monkeypatch):
 def test_the_askpass_helper_holds_no_value_and_prints_with_a_builtin():
     assert SECRET not in ASKPASS
     assert f"printf '%s\\n' \"${PASSWORD_VAR}\"" in ASKPASS
+
+
+def test_an_explicit_credential_refuses_a_configured_extra_header(tmp_path, monkeypatch):
+    from orchestrator.clearance import ClearanceError
+    from orchestrator.clearance.gitrepo import GitRepo
+    from orchestrator.clearance.push import plan_push
+    from orchestrator.credentials import Credential
+    from tests.unit.test_clearance_fakes import git, isolate_git, make_repo
+
+    isolate_git(monkeypatch, tmp_path / "home")
+    repo = make_repo(tmp_path / "repo", {"a.md": "a\n"})
+    url = "https://forge.invalid/team/repo.git"
+    git(repo, "remote", "add", "origin", url)
+    token = Credential("forge", mode="explicit", username="x-access-token", value="tok-12345678")
+    assert plan_push(GitRepo(repo, change_id="c1"), "origin", token).inject
+    git(repo, "config", f"http.{url}.extraheader", "AUTHORIZATION: basic bGVmdG92ZXI=")
+    with pytest.raises(ClearanceError, match="http.extraHeader"):
+        plan_push(GitRepo(repo, change_id="c1"), "origin", token)
