@@ -54,6 +54,22 @@ def _result(name: str, findings: list[Finding]) -> ScanResult:
     return ScanResult(name, not findings, tuple(findings))
 
 
+def _binary_after(
+    store: ChangeStore, change: ChangeSet, item: ChangeFile, start: int
+) -> int | None:
+    """The offset of the first NUL byte after ``start`` (binary hidden behind text)."""
+    assert item.sha256 is not None
+    with store.open_blob(change.id, item.sha256) as blob:
+        blob.seek(start)
+        offset = start
+        while chunk := blob.read(1 << 20):
+            found = chunk.find(b"\0")
+            if found >= 0:
+                return offset + found
+            offset += len(chunk)
+    return None
+
+
 def _head(store: ChangeStore, change: ChangeSet, item: ChangeFile, size: int) -> bytes:
     assert item.sha256 is not None
     with store.open_blob(change.id, item.sha256) as blob:
@@ -95,6 +111,9 @@ class ContentScanner:
             head = _head(store, change, item, SAMPLE_BYTES)
             if is_binary(head):
                 findings.append(Finding(item.path, f"binary content: {describe_type(head)}"))
+            elif (offset := _binary_after(store, change, item, len(head))) is not None:
+                # Text up front hides nothing from this check: the whole file is read.
+                findings.append(Finding(item.path, f"binary content from byte {offset}"))
             elif len(head) >= self.min_sample and (bits := entropy(head)) > self.text_entropy:
                 findings.append(
                     Finding(item.path, f"high-entropy text ({bits:.2f} bits/byte): encoded data?")

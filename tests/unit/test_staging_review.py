@@ -333,3 +333,13 @@ def test_hooks_and_executables_are_sensitive_findings():
         "tools/run",
         ".devcontainer.json",
     }
+
+
+def test_binary_hidden_behind_text_is_found(store: ChangeStore, tmp_path: Path) -> None:
+    prose = b"A long and harmless report line.\n" * 3000  # ~100 KB of text first
+    big = OutboxLimits(size=1 << 20, max_files=10, max_file_size=1 << 20)
+    files = {"report.md": prose + b"\x7fELF\x02\x01\x01\0\0\0payload"}
+    change = change_of(store, tmp_path, files, limits=big)
+    results = {r.name: r for r in run_scanners(change, store)}
+    assert not results["binary"].ok
+    assert "binary content from byte" in results["binary"].findings[0].message
