@@ -24,13 +24,21 @@ __all__ = [
 #: How much of a file binary detection and entropy look at.
 SAMPLE_BYTES = 64 << 10
 
+#: Default-ignorable and private characters that render as nothing (or as anything): the
+#: soft hyphen, combining grapheme joiner, Hangul fillers, variation selectors, tag
+#: characters (which can spell hidden text) and the private-use planes.
+INVISIBLE_EXTRA = (
+    "\u00ad\u034f\u115f\u1160\u17b4\u17b5\u3164\uffa0\ufe00-\ufe0f\ue000-\uf8ff"
+    "\U000e0000-\U000e007f\U000e0100-\U000e01ef\U000f0000-\U0010ffff"
+)
+
 # C0 controls but tab and newline (those are handled by ``keep``), DEL, C1 controls, the
 # Arabic letter mark, zero-width and bidirectional marks and overrides, line and paragraph
 # separators, invisible operators, the byte-order mark, interlinear annotations and the
 # lone surrogates that ``surrogateescape`` makes from undecodable bytes.
 _UNSAFE = (
     "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-    "\ufeff\ufff9-\ufffb\ud800-\udfff"
+    "\ufeff\ufff9-\ufffb\ud800-\udfff" + INVISIBLE_EXTRA
 )
 _ESCAPE = re.compile(f"[{_UNSAFE}\t\n\\\\]")
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\\": "\\\\"}
@@ -75,7 +83,9 @@ def _replace(match: re.Match[str]) -> str:
     code = ord(char)
     if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, kept by surrogateescape
         return f"\\x{code - 0xDC00:02x}"
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def escape(text: str, *, keep: str = "") -> str:

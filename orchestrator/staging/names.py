@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.staging.content import escape
+from orchestrator.staging.content import INVISIBLE_EXTRA, escape
 
 __all__ = [
     "MAX_COMPONENT_BYTES",
@@ -33,7 +33,11 @@ MAX_COMPONENT_BYTES = 255
 MAX_DEPTH = 128
 
 _CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
-_INVISIBLE = re.compile("[\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]")
+_INVISIBLE = re.compile(
+    "[\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb"
+    + INVISIBLE_EXTRA
+    + "]"
+)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Code points HFS+ ignores when comparing names, so ".g\u200cit" opens ".git" there.
 _IGNORABLE = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")

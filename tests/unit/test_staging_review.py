@@ -343,3 +343,14 @@ def test_binary_hidden_behind_text_is_found(store: ChangeStore, tmp_path: Path) 
     results = {r.name: r for r in run_scanners(change, store)}
     assert not results["binary"].ok
     assert "binary content from byte" in results["binary"].findings[0].message
+
+
+def test_invisible_characters_are_shown_and_refused_in_names() -> None:
+    from orchestrator.staging.content import escape
+    from orchestrator.staging.names import UnsafeName, safe_path
+
+    hidden = "Summary\U000e0049\U000e0067\U000e006e\u00ad."  # tag characters spell hidden text
+    assert escape(hidden) == "Summary\\U000e0049\\U000e0067\\U000e006e\\xad."
+    for name in ("notes\u00ad.md", "x\U000e0041.md", "a\ufe0f.md", "p\ue000.md"):
+        with pytest.raises(UnsafeName, match="invisible"):
+            safe_path(name)
