@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -67,6 +68,8 @@ class Broker:
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()
+        #: A child may only use what is left of its parent's time.
+        self.deadline = time.monotonic() + parent.grant.limits.timeout
 
     def start(self) -> None:
         if self.path.exists():
@@ -225,7 +228,9 @@ class Broker:
             "ORCHESTRATOR_PARENT_RUN": parent.spec.run_id,
             "ORCHESTRATOR_ATTACHMENTS": json.dumps(attach),
         }
-        return replace(prepared, spec=replace(prepared.spec, env=env))
+        left = max(1.0, round(self.deadline - time.monotonic(), 1))
+        timeout = min(prepared.spec.timeout_s, left)
+        return replace(prepared, spec=replace(prepared.spec, env=env, timeout_s=timeout))
 
 
 def _read_request(conn: socket.socket) -> dict[str, Any]:

@@ -135,3 +135,11 @@ def test_concurrent_calls_are_bounded_and_cancelled_with_the_parent(broker):
     assert sorted(broker.cancelled) == sorted(c.spec.run_id for c, _ in broker.calls)
     for thread in waiting:
         thread.join(5)
+
+
+def test_a_child_gets_only_what_is_left_of_its_parents_time(broker):
+    broker.deadline -= broker.parent.grant.limits.timeout - 5  # the parent has 5 s left
+    answer = ask(broker, b'{"child": "kid"}\n')
+    assert answer["ok"] is True
+    ((child, _),) = broker.calls
+    assert child.spec.timeout_s <= 5
