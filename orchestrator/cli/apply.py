@@ -22,7 +22,7 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
     """
     from orchestrator.config import load_project, load_worker
     from orchestrator.errors import OrchestratorError
-    from orchestrator.runtime.outbox import change_store
+    from orchestrator.runtime.outbox import change_store, zone_limits
     from orchestrator.runtime.preparation import open_audit
     from orchestrator.staging import scanners_for
     from orchestrator.staging.apply import apply_to_zone
@@ -49,11 +49,7 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
     ):
         raise SystemExit(1)
     config = project.zones[zone].config
-    limits = project.config.sandbox.outbox
-    if config.max_file_size is not None:
-        limits = limits.model_copy(
-            update={"max_file_size": min(limits.max_file_size, config.max_file_size)}
-        )
+    limits = zone_limits(project, zone)
     done = apply_to_zone(
         store,
         change.id,

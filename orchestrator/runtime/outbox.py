@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.config import Project
+from orchestrator.config.models import OutboxLimits
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.preparation import Prepared, pristine_of
 from orchestrator.staging import (
@@ -48,6 +49,15 @@ class OutboxResult:
             "rejected": self.rejected,
             "zone": self.zone,
         }
+
+
+def zone_limits(project: Project, zone: str) -> OutboxLimits:
+    """The outbox caps, with the zone's own per-file cap where it is smaller."""
+    limits = project.config.sandbox.outbox
+    cap = project.zones[zone].config.max_file_size
+    if cap is None:
+        return limits
+    return limits.model_copy(update={"max_file_size": min(limits.max_file_size, cap)})
 
 
 def change_store(project: Project) -> ChangeStore:
@@ -98,11 +108,7 @@ class StagingReader:
     def _zone(self, prepared: Prepared, name: str, copy: Path) -> OutboxResult:
         spec = prepared.spec
         zone = prepared.project.zones[name].config
-        limits = self.project.config.sandbox.outbox
-        if zone.max_file_size is not None:
-            limits = limits.model_copy(
-                update={"max_file_size": min(limits.max_file_size, zone.max_file_size)}
-            )
+        limits = zone_limits(self.project, name)
         with (
             self.store.scratch() as tmp,
             collect_dir(

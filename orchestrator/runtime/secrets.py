@@ -15,12 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator import labels
+from orchestrator.audit.redact import MIN_SECRET_LENGTH
+from orchestrator.audit.redact import REDACTED as AUDIT_REDACTED
 from orchestrator.errors import OrchestratorError
 from orchestrator.policy.grant import SECRETS_PREFIX
 from orchestrator.runtime.engine import Stream
 
-REDACTED = b"[REDACTED]"
-MIN_LENGTH = 4
+REDACTED = AUDIT_REDACTED.encode()
 
 
 def _is_tmpfs(folder: Path) -> bool:
@@ -69,7 +70,7 @@ class Redactor:
     def __init__(self, values: Mapping[str, str] | list[str]) -> None:
         secrets = values.values() if isinstance(values, Mapping) else values
         self.secrets = sorted(
-            {v.encode() for v in secrets if len(v) >= MIN_LENGTH}, key=len, reverse=True
+            {v.encode() for v in secrets if len(v) >= MIN_SECRET_LENGTH}, key=len, reverse=True
         )
         self.keep = max((len(s) for s in self.secrets), default=1) - 1
         self.pending = b""
