@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator import DockerEngine, execute, load_project, load_worker, prepare
+from orchestrator import DockerEngine, Orchestrator, load_project, load_worker
 
 
 def main() -> None:
@@ -31,14 +31,15 @@ def main() -> None:
             '---\ncommand: ["true"]\nnetwork: {allow: [bench.example.org]}\n---\n'
         )
         project = load_project(root)
+        orch = Orchestrator(project, engine=engine)
         workers = {name: load_worker(project, name) for name in ("closed", "listed")}
         times: dict[str, list[float]] = {"closed": [], "listed": []}
         for name in workers:  # warm up: image cache, and the proxy for the allowlist
-            execute(engine, prepare(project, workers[name]))
+            orch.run(workers[name])
         for _ in range(args.runs):
             for name, worker in workers.items():
                 started = time.perf_counter()
-                result = execute(engine, prepare(project, worker))
+                result = orch.run(worker)
                 times[name].append(time.perf_counter() - started)
                 assert result.exit_code == 0
         engine.collect_shared(idle_seconds=0)

@@ -1,19 +1,24 @@
 """orchestrator: run AI workers in disposable, hardened containers whose access comes from
 declarations.
 
-The public API, imported lazily so that the command line starts fast::
+The public API, imported lazily so that the command line starts fast. One object,
+:class:`Orchestrator`, owns the engine, the project's audit log, the change store and the
+secrets; every run and session goes through it::
 
-    from orchestrator import load_project, load_worker, prepare, execute, DockerEngine
+    from orchestrator import Orchestrator
 
-    project = load_project("examples/triage")
-    prepared = prepare(project, load_worker(project, "triage"))
-    result = execute(DockerEngine(), prepared)
+    orch = Orchestrator("examples/triage")
+    result = orch.run("triage")              # audited; its outbox becomes a change set
+    print(result.exit_code, result.outbox)
+
+    with orch.open_session("triage") as session:
+        session.list("/")                    # the granted zones
+        session.exec("ls -l /input")         # inside the sandbox, as the worker's uid
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import (
     AuditError,
@@ -26,27 +31,39 @@ from orchestrator.errors import (
     PolicyError,
 )
 
+#: ``typing.TYPE_CHECKING`` without importing typing: the entry point (``launcher``) imports
+#: this package and nothing else that needs typing.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from orchestrator.config import Project, Worker, load_project, load_worker
     from orchestrator.docker import DockerEngine
     from orchestrator.plan import ContainerSpec, compile_plan
     from orchestrator.policy import Grant, grant_for
-    from orchestrator.runtime import RunResult, collect, execute, prepare
+    from orchestrator.runner import Orchestrator
+    from orchestrator.runtime import Prepared, RunResult
+    from orchestrator.runtime.execs import ExecResult
+    from orchestrator.runtime.session import Session, SessionClosed
+    from orchestrator.sandbox import SandboxError
 
 _LAZY = {
     "ContainerSpec": "orchestrator.plan",
     "DockerEngine": "orchestrator.docker",
+    "ExecResult": "orchestrator.runtime.execs",
     "Grant": "orchestrator.policy",
+    "Orchestrator": "orchestrator.runner",
+    "Prepared": "orchestrator.runtime",
     "Project": "orchestrator.config",
     "RunResult": "orchestrator.runtime",
+    "SandboxError": "orchestrator.sandbox",
+    "Session": "orchestrator.runtime.session",
+    "SessionClosed": "orchestrator.runtime.session",
     "Worker": "orchestrator.config",
-    "collect": "orchestrator.runtime",
     "compile_plan": "orchestrator.plan",
-    "execute": "orchestrator.runtime",
     "grant_for": "orchestrator.policy",
     "load_project": "orchestrator.config",
     "load_worker": "orchestrator.config",
-    "prepare": "orchestrator.runtime",
 }
 
 __all__ = [
@@ -56,21 +73,24 @@ __all__ = [
     "DockerEngine",
     "EngineError",
     "EngineUnreachable",
+    "ExecResult",
     "Grant",
     "ImageBuildError",
     "ImageMissing",
+    "Orchestrator",
     "OrchestratorError",
     "PolicyError",
+    "Prepared",
     "Project",
     "RunResult",
+    "SandboxError",
+    "Session",
+    "SessionClosed",
     "Worker",
-    "collect",
     "compile_plan",
-    "execute",
     "grant_for",
     "load_project",
     "load_worker",
-    "prepare",
 ]
 
 

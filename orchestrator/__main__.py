@@ -1,5 +1,5 @@
-"""``python -m orchestrator``."""
+"""``python -m orchestrator``: through a running ``orchestrator serve`` if usable."""
 
-from orchestrator.cli.main import main
+from orchestrator.launcher import main
 
 main()

@@ -7,6 +7,8 @@
     │   └── PolicyError            a valid declaration asks for more than it may have
     ├── EngineError                the container engine failed or refused
     │   ├── EngineUnreachable      no engine answers
+    │   ├── ContainerStopped       a run's container stopped under it (no exec can start)
+    │   ├── StartFailure           the worker's command cannot run (not found, not runnable)
     │   └── ImageMissing           the image a plan names is not there
     ├── ImageBuildError            building an image failed
     ├── CredentialError            a named credential cannot be read
@@ -35,8 +37,12 @@ class ConfigError(OrchestratorError):
     field path and the fix.
     """
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], *, partial: object | None = None) -> None:
         self.problems = list(problems)
+        self.partial = partial
+        """For a worker file with invalid fields: the same file with those fields left out
+        (when that still validates), so that checks further on can report their problems
+        too instead of hiding them until these are fixed."""
         super().__init__("\n".join(self.problems))
 
 
@@ -50,6 +56,22 @@ class EngineError(OrchestratorError):
 
 class EngineUnreachable(EngineError):
     """No container engine answers."""
+
+
+class ContainerStopped(EngineError):
+    """A run's container is no longer running, so no command can start in it (e.g. a gVisor
+    sandbox killed as a whole at its memory limit)."""
+
+
+class StartFailure(EngineError):
+    """The engine could not start a command at all: it is not there (``code`` 127) or
+    cannot be run (126), the codes a shell gives. The engine adapter reads its own engine's
+    words for it; the runtime sees only this. A worker's own failure, not the
+    orchestrator's: a run ends with status ``error`` and ``code`` as its exit code."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class ImageMissing(EngineError):

@@ -16,6 +16,8 @@ MANAGED = f"{PREFIX}.managed"
 RUN_ID = f"{PREFIX}.run-id"
 WORKER = f"{PREFIX}.worker"
 TRUST = f"{PREFIX}.trust"
+#: The session a run works in: ``gc`` never prunes a session a live container uses.
+SESSION = f"{PREFIX}.session"
 #: Objects shared between runs (egress proxies, networks): no owner process.
 SHARED = f"{PREFIX}.shared"
 OWNER_PID = f"{PREFIX}.owner-pid"
@@ -49,6 +51,8 @@ def _start_time(pid: int) -> str:
         return ""
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[:1] == [b"Z"]:  # exited; only its exit status waits for its parent
+        return ""
     return fields[19].decode() if len(fields) > 19 else ""
 
 

@@ -1,32 +1,40 @@
-"""The plan: a declaration and its grant compiled into an exact, printable container spec.
+"""The plan: a declaration and its grant compiled into an engine-neutral container spec.
 
-Pure data built without touching Docker. The engine adapter turns a :class:`ContainerSpec`
-into an engine request field by field and adds nothing but the owner labels.
+Pure data built without touching any engine. A :class:`ContainerSpec` states intent: what
+runs (image, command, user), what it sees (mounts, tmpfs folders), what it may use
+(limits as plain numbers, a network mode, an isolation), and how it is hardened (intent
+fields, not engine options). Each engine adapter renders it in its own terms: the Docker
+adapter (:mod:`orchestrator.docker.hostconfig`) as a HostConfig with its network names and
+option strings, :mod:`orchestrator.render.k8s` as Kubernetes objects.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from orchestrator import labels
 from orchestrator.config import Project, Worker
+from orchestrator.config.models import ENV_NAME, Isolation
 from orchestrator.errors import ConfigError
 from orchestrator.policy import Grant
-from orchestrator.policy.network import (
-    PROXY_VARIABLES,
-    full_network,
-    internal_network,
-    network_env,
-)
+from orchestrator.policy.network import PROXY_VARIABLES, network_env
 
 INSTRUCTIONS_ENV = "ORCHESTRATOR_INSTRUCTIONS"
 BROKER_DIR = "/run/orchestrator"
 BROKER_SOCKET = f"{BROKER_DIR}/broker.sock"
 SECRETS_DIR = "/run/secrets"
-#: An empty, read-only tmpfs hides a path (e.g. the sandbox root under /repo).
-MASK_OPTIONS = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
+#: Where a run's inputs (``run --input``) are, read-only: ``/inputs/<name>``.
+INPUTS_DIR = "/inputs"
+#: The size of a mask (an empty, read-only tmpfs that hides a path), in bytes.
+MASK_SIZE = 4096
 MAX_INSTRUCTIONS = 64 << 10
+#: The seccomp profile every container gets, by name; the engine adapter supplies its text
+#: (upstream's current default, with io_uring blocked: see docs/security.md).
+SECCOMP_PROFILE = "orchestrator-default"
 #: Environment names a worker file may not set: the orchestrator owns them.
 RESERVED_ENV = frozenset(
     {
@@ -43,6 +51,10 @@ RESERVED_ENV = frozenset(
     }
 )
 
+#: ``none``: loopback only; ``allowlist``: no route out but the egress proxy, which lets
+#: through requests to ``Network.allow``; ``full``: outbound access.
+NetworkMode = Literal["none", "allowlist", "full"]
+
 
 @dataclass(frozen=True)
 class Mount:
@@ -54,47 +66,136 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Tmpfs:
+    """A memory-backed folder of the container's own, size-capped; never setuid or devices
+    (nosuid, nodev). Its pages count against the memory limit."""
+
+    target: str
+    size: int
+    """Its cap, in bytes."""
+    mode: int = 0o1777
+    """The permissions of its root folder."""
+    uid: int | None = None
+    """The owner of its root folder (None: root)."""
+    gid: int | None = None
+    noexec: bool = False
+    """Nothing in it can be executed."""
+    mask: bool = False
+    """An empty, read-only folder that hides what is at ``target`` (e.g. the sandbox root
+    under /repo); see :meth:`masking`."""
+
+    @classmethod
+    def masking(cls, target: str) -> Tmpfs:
+        """An empty, read-only, noexec folder of :data:`MASK_SIZE` at ``target``."""
+        return cls(target, size=MASK_SIZE, mode=0o555, noexec=True, mask=True)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the container may use, as plain numbers."""
+
+    memory: int
+    """Bytes of memory; never swap beyond it."""
+    cpus: float
+    """CPUs (1.5: one and a half cores' time)."""
+    pids: int
+    """Processes and threads at once."""
+    timeout_s: float
+    """Seconds the worker may run before it is killed."""
+
+
+@dataclass(frozen=True)
+class Network:
+    """The network a run gets, as intent; engines name and build it their own way."""
+
+    mode: NetworkMode = "none"
+    allow: list[str] = field(default_factory=list)
+    """With ``allowlist``: its normalised entries, which the egress proxy lets through
+    (empty: nothing)."""
+    services: list[str] = field(default_factory=list)
+    """With ``allowlist``: the project's local service networks the proxy also joins."""
+    project: str = ""
+    """With ``full``: the project's key (see :func:`project_key`); runs of one project
+    share one ``full`` network, never another project's or the engine's default."""
+
+
+@dataclass(frozen=True)
+class Ulimit:
+    """A resource limit (``setrlimit``) for every process in the container."""
+
+    name: str
+    soft: int
+    hard: int
+
+
+#: No core dumps (they could hold secrets, and fill a zone); a cap on open files (CIS 5.19).
+WORKER_ULIMITS = (Ulimit("core", 0, 0), Ulimit("nofile", 1024, 4096))
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
-    """Everything the engine needs to create one hardened, disposable container."""
+    """Everything an engine needs to create one hardened, disposable container: intent,
+    in no engine's terms. The defaults are the hardened ones."""
 
     image: str
     command: list[str] | None
-    user: str
-    working_dir: str
-    env: dict[str, str]
-    mounts: list[Mount]
-    network_mode: str
-    read_only_rootfs: bool
-    cap_drop: list[str]
-    cap_add: list[str]
-    security_opt: list[str]
-    pids_limit: int
-    mem_limit: int
-    memswap_limit: int
-    nano_cpus: int
-    tmpfs: dict[str, str]
-    labels: dict[str, str]
+    """The worker's command; None: the image's own."""
+    uid: int
+    gid: int
+    limits: Limits
+    workdir: str = "/tmp"
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    tmpfs: list[Tmpfs] = field(default_factory=list)
+    network: Network = field(default_factory=Network)
+    labels: dict[str, str] = field(default_factory=dict)
+    read_only_rootfs: bool = True
+    no_new_privileges: bool = True
+    """No process can gain privileges (setuid, file capabilities) by executing a file."""
+    seccomp: str | None = SECCOMP_PROFILE
+    """The system call filter, by profile name (None: the engine's own default)."""
+    capabilities: list[str] = field(default_factory=list)
+    """The Linux capabilities the container keeps; every other one is dropped."""
     init: bool = True
-    privileged: bool = False
-    timeout_s: float = 600.0
+    """An init process as PID 1 reaps the worker's orphans and forwards signals."""
+    ulimits: list[Ulimit] = field(default_factory=list)
+    isolation: Isolation = "runc"
+    """The runtime: ``runc`` or ``gvisor`` (gVisor's runsc: the worker's system calls are
+    served by a kernel in user space, not the host's). The engine adapter maps it to its
+    own runtime names."""
     run_id: str = ""
     worker: str = ""
     trust: str = "untrusted"
     session_id: str = ""
-    egress: list[str] | None = None
-    """With an allowlist: its normalised entries; ``network_mode`` is then the internal
-    network the egress proxy serves."""
     outbox: str | None = None
     """Container path of the run's outbox (a size-capped tmpfs), collected after the run."""
     supervisor_user: str | None = None
-    """With an outbox, the container's own process runs as this user, only keeping the
-    mounts alive; the worker runs by exec as ``user``, so that its outbox can be read after
-    all of its processes are gone."""
-    devices: list[str] = field(default_factory=list)
+    """With an outbox, the container's own process runs as this user (``uid:gid``), only
+    keeping the mounts alive; the worker runs by exec as ``user``, so that its outbox can
+    be read after all of its processes are gone."""
+    args: list[str] = field(default_factory=list)
+    """Arguments given for this run, appended to the command (the image's own when the
+    worker declares none); such a run runs its worker by exec, see ``supervisor_user``."""
+    inputs: str | None = None
+    """Container path of the run's inputs folder (read-only), or None: no inputs."""
+
+    @property
+    def user(self) -> str:
+        """The worker's ``uid:gid``, as commands are exec'd with it."""
+        return f"{self.uid}:{self.gid}"
+
+    def tmpfs_at(self, target: str) -> Tmpfs | None:
+        """The tmpfs mounted at ``target``, if any."""
+        return next((t for t in self.tmpfs if t.target == target), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (the ``plan --json`` output)."""
         return asdict(self)
+
+
+def project_key(root: Path) -> str:
+    """A short, stable key naming the project at ``root`` (for its ``full`` network)."""
+    return hashlib.sha256(str(root).encode()).hexdigest()[:12]
 
 
 def compile_plan(
@@ -106,12 +207,19 @@ def compile_plan(
     session_id: str,
     uid: int,
     gid: int,
+    inputs: bool = False,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> ContainerSpec:
-    """Compile one worker run into a container spec."""
+    """Compile one worker run into a container spec.
+
+    ``inputs``: mount the run's inputs folder at :data:`INPUTS_DIR`; ``env``: values for
+    this run over the worker file's; ``args``: appended to its command.
+    """
     if uid == 0:
         raise ValueError("a worker never runs as uid 0")
     config = worker.config
-    env = _environment(worker, run_id)
+    env = _environment(worker, run_id, env or {})
     if isinstance(grant.network, tuple):
         env.update(network_env())
     env["ORCHESTRATOR_TRUST"] = grant.trust
@@ -128,57 +236,67 @@ def compile_plan(
     if grant.children and grant.paths is not None:
         mounts.append(Mount(source=str(grant.paths.broker_dir), target=BROKER_DIR, read_only=True))
         env["ORCHESTRATOR_BROKER"] = BROKER_SOCKET
+    inputs = inputs or worker.config.inputs is not None
+    if inputs and grant.paths is not None:
+        mounts.append(Mount(str(grant.paths.inputs_dir), INPUTS_DIR, read_only=True))
     limits = grant.limits
-    tmpfs = {"/tmp": f"rw,nosuid,nodev,size={limits.tmp},mode=1777"}
-    tmpfs.update((mask, MASK_OPTIONS) for mask in grant.masks)
+    tmpfs = [Tmpfs("/tmp", size=limits.tmp)]
+    tmpfs += [Tmpfs.masking(mask) for mask in grant.masks]
     if outbox is not None:
-        size = project.config.sandbox.outbox.size
-        tmpfs[outbox.target] = f"rw,nosuid,nodev,noexec,size={size},mode=0700,uid={uid},gid={gid}"
+        # Its pages count against the memory limit: it can never hold more than that.
+        size = min(project.config.sandbox.outbox.size, limits.memory)
+        tmpfs.append(Tmpfs(outbox.target, size=size, mode=0o700, uid=uid, gid=gid, noexec=True))
     return ContainerSpec(
         image=config.image or project.config.defaults.image,
         command=list(config.command) if config.command else None,
-        user=f"{uid}:{gid}",
-        working_dir=config.workdir or "/tmp",
+        uid=uid,
+        gid=gid,
+        workdir=config.workdir or "/tmp",
         env=env,
         mounts=mounts,
-        network_mode=_network_mode(project, grant),
-        read_only_rootfs=True,
-        cap_drop=["ALL"],
-        cap_add=[],
-        security_opt=["no-new-privileges:true"],
-        pids_limit=limits.pids,
-        mem_limit=limits.memory,
-        memswap_limit=limits.memory,
-        nano_cpus=int(limits.cpus * 1e9),
         tmpfs=tmpfs,
-        labels={labels.RUN_ID: run_id, labels.WORKER: config.name, labels.TRUST: grant.trust},
-        timeout_s=limits.timeout,
+        network=_network(project, grant),
+        limits=Limits(
+            memory=limits.memory, cpus=limits.cpus, pids=limits.pids, timeout_s=limits.timeout
+        ),
+        ulimits=list(WORKER_ULIMITS),
+        labels={
+            labels.RUN_ID: run_id,
+            labels.WORKER: config.name,
+            labels.TRUST: grant.trust,
+            labels.SESSION: session_id,
+        },
         run_id=run_id,
         worker=config.name,
         trust=grant.trust,
         session_id=session_id,
-        egress=[str(e) for e in grant.network] if isinstance(grant.network, tuple) else None,
         outbox=outbox.target if outbox else None,
-        supervisor_user=_supervisor(uid) if outbox else None,
+        # With arguments too: the image's own command is only known to the engine, so the
+        # worker runs by exec (argv: the image's command, then the arguments).
+        supervisor_user=supervisor_for(uid) if outbox or args else None,
+        args=list(args),
+        inputs=INPUTS_DIR if inputs and grant.paths is not None else None,
+        isolation=grant.isolation,
     )
 
 
-def _network_mode(project: Project, grant: Grant) -> str:
+def _network(project: Project, grant: Grant) -> Network:
     if isinstance(grant.network, tuple):
-        return internal_network(grant.network)
+        services = sorted({service.network for service in project.config.network.services})
+        return Network("allowlist", allow=[str(e) for e in grant.network], services=services)
     if grant.network == "full":
-        return full_network(project.root)
-    return "none"
+        return Network("full", project=project_key(project.root))
+    return Network("none")
 
 
-def _supervisor(uid: int) -> str:
+def supervisor_for(uid: int) -> str:
     """A uid for the keep-alive process: unprivileged and never the worker's own, so that
     killing all of the worker's processes (``kill -9 -1`` as the worker) spares it."""
     other = 65533 if uid != 65533 else 65532
     return f"{other}:{other}"
 
 
-def _environment(worker: Worker, run_id: str) -> dict[str, str]:
+def _environment(worker: Worker, run_id: str, extra: Mapping[str, str]) -> dict[str, str]:
     env: dict[str, str] = {}
     problems = []
     for key, value in worker.config.env.items():
@@ -187,6 +305,14 @@ def _environment(worker: Worker, run_id: str) -> dict[str, str]:
                 f"{worker.file}: env.{key}: set by the orchestrator itself; use another name"
             )
         env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    for key, text in extra.items():
+        if not ENV_NAME.match(key):
+            problems.append(f"--env {key}: not a valid environment variable name")
+        elif key in RESERVED_ENV:
+            problems.append(f"--env {key}: set by the orchestrator itself; use another name")
+        elif "\0" in text:
+            problems.append(f"--env {key}: a NUL character cannot be in a value")
+        env[key] = text
     if len(worker.instructions.encode()) > MAX_INSTRUCTIONS:
         problems.append(
             f"{worker.file}: instructions exceed 64 KiB; move long material into a zone"

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers, and that the tools the project needs exist.
-# On a fresh Debian/Ubuntu machine: installs docker.io, mmdebstrap, git and python3-venv
-# with apt (only those missing) and starts dockerd. Packages come from the host's own apt
-# configuration.
+# On a fresh Debian/Ubuntu machine: installs docker.io, mmdebstrap, git, python3-venv,
+# runsc (gVisor) and podman (with catatonit and uidmap) with apt (only those missing) and
+# starts dockerd. Packages come from the host's own apt configuration.
+#   --gvisor PYTHON   then also declare the gVisor runtimes untrusted workers run under:
+#                     `PYTHON -m orchestrator engine setup --gvisor` as root (idempotent;
+#                     reloads dockerd with SIGHUP, never restarts it)
 set -euo pipefail
+
+gvisor_python=""
+if [ "${1:-}" = "--gvisor" ]; then
+  gvisor_python="${2:?--gvisor needs the python that has the orchestrator installed}"
+fi
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -11,6 +19,12 @@ need=()
 command -v docker >/dev/null 2>&1 || need+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v git >/dev/null 2>&1 || need+=(git)           # clearance and its tests
+command -v runsc >/dev/null 2>&1 || need+=(runsc)       # gVisor, for untrusted workers
+# Podman, for the core tests against its Docker-compatible API (docs/engines.md): its init
+# (catatonit) for `init: true`, and newuidmap for the rootless test's user.
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v catatonit >/dev/null 2>&1 || need+=(catatonit)
+command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -22,7 +36,14 @@ if [ ${#need[@]} -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+gvisor() {
+  if [ -n "$gvisor_python" ]; then
+    as_root "$gvisor_python" -m orchestrator engine setup --gvisor
+  fi
+}
+
 if docker info >/dev/null 2>&1; then
+  gvisor
   exit 0
 fi
 
@@ -35,6 +56,7 @@ fi
 for _ in $(seq 1 60); do
   if docker info >/dev/null 2>&1; then
     echo "ensure-engine: engine is up" >&2
+    gvisor
     exit 0
   fi
   sleep 1

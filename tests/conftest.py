@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.models import TRUST_ORDER
 from orchestrator.policy import worker_identity
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+#: ``--engine=podman``: the integration tests against Podman (tests/podman_engine.py).
+pytest_plugins = ("tests.podman_engine",)
 
 WorkerWriter = Callable[..., Path]
 
@@ -24,6 +28,8 @@ class ProjectDir:
         (root / "workers").mkdir(parents=True)
         self.zones: dict[str, tuple[str, str, str]] = {}
         self.extra = ""
+        self.isolation: str | None = None
+        """``runc`` or ``gvisor`` for every trust level (None: the project defaults)."""
 
     @property
     def identity(self) -> tuple[int, int]:
@@ -42,10 +48,6 @@ class ProjectDir:
         for rel, content in (files or {}).items():
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             (path / rel).write_text(content)
-        if mode == "rw" and os.getuid() == 0:  # as root, workers run as an unprivileged uid
-            uid, gid = self.identity
-            for folder in (path, *(p for p in path.rglob("*") if not p.is_symlink())):
-                os.chown(folder, uid, gid)
         self.zones[name] = (name, mode, f", {extra}" if extra else "")
         self.write_project()
         return path
@@ -53,6 +55,9 @@ class ProjectDir:
     def write_project(self) -> None:
         lines = ["zones:" + ("" if self.zones else " {}")]
         lines += [f"  {n}: {{path: {p}, mode: {m}{x}}}" for n, (p, m, x) in self.zones.items()]
+        if self.isolation is not None:
+            levels = ", ".join(f"{level}: {self.isolation}" for level in TRUST_ORDER)
+            lines.append(f"isolation: {{{levels}}}")
         (self.root / "orchestrator.yaml").write_text("\n".join(lines) + "\n" + self.extra)
 
     def worker(self, name: str, front: str, body: str = "") -> Path:

@@ -8,14 +8,23 @@ Environment:
   EGRESS_PORT     the port squid listens on (default 3128).
   EGRESS_CLIENTS  IPv4 networks (CIDR) allowed to use the proxy, separated by spaces or
                   commas (default: any client).
+  EGRESS_EXCLUDE  IPv4 networks (CIDR) never served, even inside EGRESS_CLIENTS: the
+                  proxy's own way out and the local service networks it joins.
+  EGRESS_REACH    IPv4 networks (CIDR) in private address space that listed names may
+                  still reach: the outside network and the local service networks.
+                  Every other private (RFC 1918), shared (100.64.0.0/10) or unique local
+                  (fc00::/7) address is never a destination, whatever a name resolves
+                  to: the proxy sits on every run's network and must not bridge them.
 
 Every request is logged on stdout as one line:
 
-  EGRESS <start time> <method> <host> <port> <allow|-> <status> <squid status>
+  EGRESS <start time> <method> <host> <port> <allow|-> <status> <squid status> <client>
 
 where the fifth field is ``allow`` when the allowlist admitted the request and ``-`` when
-it was denied. Squid's own messages go to stderr. ``--check`` renders the configuration,
-lets squid parse it and exits; ``--print`` prints it.
+it was denied, and the last is the client's address. Squid's own messages go to stderr.
+``--check`` renders the configuration, lets squid parse it and exits; ``--print`` prints
+it; ``--health`` asks the running squid for an answer over loopback (not logged) and exits
+0 when one comes, 1 otherwise (the container's health check).
 """
 
 from __future__ import annotations
@@ -23,12 +32,19 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 import subprocess
 import sys
 
 CONFIG = "/tmp/squid.conf"
 DEFAULT_PORTS = (80, 443)
 LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+#: Never a destination, whatever a name resolves to: loopback, 'this host', link-local
+#: (cloud metadata services live there), and unique local IPv6.
+NEVER = ("127.0.0.0/8", "0.0.0.0/8", "169.254.0.0/16", "::1", "fe80::/10", "fc00::/7")
+#: Private and shared address space, where the runs' networks live: never a destination
+#: except the networks in EGRESS_REACH.
+PRIVATE = ("10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16")
 
 
 def fail(message: str) -> None:
@@ -73,7 +89,24 @@ def parse_entry(entry: str) -> tuple[str, tuple[int, ...]]:
     return ("." + domain if wildcard else domain), ports
 
 
-def render(allow: list[str], port: int, clients: list[str]) -> str:
+def private_except(reach: list[str]) -> list[str]:
+    """The private IPv4 ranges with the ``reach`` networks cut out of them."""
+    blocked = [ipaddress.IPv4Network(network) for network in PRIVATE]
+    for text in reach:
+        keep = ipaddress.IPv4Network(text)
+        rest: list[ipaddress.IPv4Network] = []
+        for network in blocked:
+            if keep.subnet_of(network):
+                rest.extend(network.address_exclude(keep))
+            elif not network.subnet_of(keep):
+                rest.append(network)
+        blocked = rest
+    return [str(network) for network in ipaddress.collapse_addresses(blocked)]
+
+
+def render(
+    allow: list[str], port: int, clients: list[str], exclude: list[str], reach: list[str]
+) -> str:
     rules: dict[str, set[int]] = {}
     for entry in allow:
         host, ports = parse_entry(entry)
@@ -95,15 +128,21 @@ def render(allow: list[str], port: int, clients: list[str]) -> str:
         "forwarded_for delete",
         "httpd_suppress_version_string on",
         "connect_timeout 15 seconds",
-        "logformat egress EGRESS %tS %rm %>rd %>rP %{egress}note %>Hs %Ss",
-        "access_log stdio:/dev/stdout logformat=egress",
+        "logformat egress EGRESS %tS %rm %>rd %>rP %{egress}note %>Hs %Ss %>a",
+        # The health check's requests come over loopback and are not decisions.
+        "acl egress_health src 127.0.0.1/32",
+        "access_log stdio:/dev/stdout logformat=egress !egress_health",
         "acl egress_allow annotate_transaction egress=allow",
         "acl egress_http proto HTTP",
-        # Never a destination, whatever a name resolves to: loopback, 'this host',
-        # link-local (cloud metadata services live there).
-        "acl egress_never dst 127.0.0.0/8 0.0.0.0/8 169.254.0.0/16 ::1 fe80::/10",
+        # A dst ACL resolves a name and matches when any of its addresses is listed; it is
+        # checked only once a host rule matched, so denied names are never looked up.
+        f"acl egress_never dst {' '.join([*NEVER, *private_except(reach)])}",
         "http_access deny manager",
     ]
+    lines.append("http_access deny egress_health")
+    if exclude:
+        lines.append(f"acl egress_excluded src {' '.join(exclude)}")
+        lines.append("http_access deny egress_excluded")
     if clients:
         lines.append(f"acl egress_clients src {' '.join(clients)}")
         lines.append("http_access deny !egress_clients")
@@ -122,20 +161,41 @@ def render(allow: list[str], port: int, clients: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def networks(variable: str) -> list[str]:
+    found = []
+    for network in split(os.environ.get(variable, "")):
+        try:
+            found.append(str(ipaddress.IPv4Network(network, strict=False)))
+        except ValueError:
+            fail(f"{variable}: {network!r} is not an IPv4 network")
+    return found
+
+
+def health(port: int) -> int:
+    """0 when squid answers a request on loopback within 3 s, else 1."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+            sock.sendall(b"GET http://health.invalid/ HTTP/1.0\r\n\r\n")
+            answer = sock.recv(12)
+    except OSError as exc:
+        print(f"egress-proxy: no answer on port {port}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if answer.startswith(b"HTTP/") else 1
+
+
 def main() -> None:
+    port_text = os.environ.get("EGRESS_PORT", "3128")
+    if "--health" in sys.argv[1:]:
+        sys.exit(health(int(port_text) if port_text.isdigit() else 3128))
     allow = split(os.environ.get("EGRESS_ALLOW", ""))
     if not allow:
         fail("EGRESS_ALLOW is empty: nothing would be reachable")
-    port_text = os.environ.get("EGRESS_PORT", "3128")
     if not port_text.isdigit() or not 1024 <= int(port_text) < 65536:
         fail("EGRESS_PORT must be a number from 1024 to 65535")
-    clients = []
-    for network in split(os.environ.get("EGRESS_CLIENTS", "")):
-        try:
-            clients.append(str(ipaddress.IPv4Network(network, strict=False)))
-        except ValueError:
-            fail(f"EGRESS_CLIENTS: {network!r} is not an IPv4 network")
-    config = render(allow, int(port_text), clients)
+    clients = networks("EGRESS_CLIENTS")
+    exclude = networks("EGRESS_EXCLUDE")
+    reach = networks("EGRESS_REACH")
+    config = render(allow, int(port_text), clients, exclude, reach)
     if "--print" in sys.argv[1:]:
         sys.stdout.write(config)
         return

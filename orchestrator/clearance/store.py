@@ -2,14 +2,13 @@
 
 Clearance depends on these, never on the staging package's classes, so it can be tested
 with a tiny fake and the store can change shape behind them. A change set is read through
-read-only properties; values that may be plain strings or enums (status, operation) or a
-mapping or an object (target) are normalised by the helpers below.
+read-only properties with the types the staging package gives them (a mode is an ``int``,
+never the manifest's ``"0644"`` text); the tests' fakes are type-checked against them.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -18,6 +17,7 @@ __all__ = [
     "ChangeFile",
     "ChangeSet",
     "ChangeStore",
+    "ChangeTarget",
     "FileChange",
     "ScanFinding",
     "Scanners",
@@ -33,13 +33,24 @@ class ChangeFile(Protocol):
     @property
     def path(self) -> str: ...
     @property
-    def operation(self) -> object: ...
+    def operation(self) -> str: ...
     @property
     def size(self) -> int: ...
     @property
     def sha256(self) -> str | None: ...
     @property
-    def mode(self) -> object: ...
+    def mode(self) -> int | None: ...
+    @property
+    def base_sha256(self) -> str | None: ...
+
+
+class ChangeTarget(Protocol):
+    """Where a change set goes: ``kind`` ``repo`` (no name) or ``zone`` (its name)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
 
 
 class ChangeSet(Protocol):
@@ -52,13 +63,13 @@ class ChangeSet(Protocol):
     @property
     def run_id(self) -> str | None: ...
     @property
-    def trust(self) -> object: ...
+    def trust(self) -> str: ...
     @property
-    def target(self) -> object: ...
+    def target(self) -> ChangeTarget: ...
     @property
     def message(self) -> str: ...
     @property
-    def status(self) -> object: ...
+    def status(self) -> str: ...
     @property
     def files(self) -> Sequence[ChangeFile]: ...
 
@@ -115,35 +126,19 @@ class FileChange:
         return self.operation == "delete"
 
 
-def _plain(value: object) -> str:
-    if isinstance(value, enum.Enum):
-        value = value.value
-    return str(value)
-
-
 def status_of(changeset: ChangeSet) -> str:
-    """The status as a plain string (``pending``, ``approved``, ...)."""
-    return _plain(changeset.status)
+    """The status (``pending``, ``approved``, ...)."""
+    return changeset.status
 
 
 def target_of(changeset: ChangeSet) -> tuple[str, str | None]:
-    """``(kind, name)`` of the change set's target, from a mapping or an object."""
-    target = changeset.target
-    if isinstance(target, Mapping):
-        kind, name = target.get("kind"), target.get("name")
-    else:
-        kind, name = getattr(target, "kind", None), getattr(target, "name", None)
-    return _plain(kind), None if name is None else _plain(name)
+    """``(kind, name)`` of the change set's target."""
+    return changeset.target.kind, changeset.target.name
 
 
-def _mode(value: object, path: str) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value, 8)
-        except ValueError:
-            value = -1
-    if isinstance(value, bool) or not isinstance(value, int):
-        value = -1
+def _mode(value: int | None, path: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):  # None, or a manifest text
+        raise ValueError(f"{path}: mode {value!r} is not 0644 or 0755")
     if value & 0o777 not in (0o644, 0o755) or value & ~0o100777:
         raise ValueError(f"{path}: mode {value:o} is not 0644 or 0755")
     return value & 0o777
@@ -153,10 +148,10 @@ def file_changes(changeset: ChangeSet) -> list[FileChange]:
     """The change set's files, checked for a known operation, a hash and a plain mode."""
     changes: list[FileChange] = []
     for entry in changeset.files:
-        operation = _plain(entry.operation)
+        operation = entry.operation
         if operation not in ("create", "update", "delete"):
             raise ValueError(f"{entry.path}: unknown operation '{operation}'")
-        base = getattr(entry, "base_sha256", None)
+        base = entry.base_sha256
         if base is not None and not _is_digest(base):
             raise ValueError(f"{entry.path}: base_sha256 '{base}' is not a hex digest")
         if operation == "delete":

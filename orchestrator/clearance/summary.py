@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.escaping import escape
+
 __all__ = [
     "ClearResult",
     "Summary",
@@ -58,7 +60,7 @@ class Summary:
     """Set when the change set is committed already: only the push is left to do."""
 
     def render(self) -> str:
-        """The summary as lines of text for a terminal (control characters shown as '?')."""
+        """The summary as lines of text for a terminal (control characters shown escaped)."""
         return "\n".join(_printable(line) for line in self._lines())
 
     def _lines(self) -> list[str]:
@@ -95,7 +97,9 @@ class Summary:
 
 
 def _printable(text: str) -> str:
-    return "".join("?" if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in text)
+    """Every character that could drive a terminal or reorder text (a worker's commit
+    message may hold them) shown escaped, as review listings show it."""
+    return escape(text, keep="\\")
 
 
 @dataclass(frozen=True)

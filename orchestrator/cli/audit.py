@@ -24,6 +24,7 @@ from orchestrator.audit import (
     parse_duration,
     parse_time,
 )
+from orchestrator.cli.options import json_option
 from orchestrator.errors import AuditError
 
 __all__ = ["DEFAULT_LIMIT", "audit", "audit_log_path"]
@@ -88,9 +89,7 @@ def _project_option(function: F) -> F:
 
 
 def _json_option(function: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")(
-        function
-    )
+    return json_option("Print one JSON object a line.")(function)
 
 
 def _filter_options(function: F) -> F:
@@ -147,8 +146,13 @@ def _print_entries(entries: Sequence[AuditEntry], as_json: bool, empty: str) -> 
         return
     from rich import box
     from rich.console import Console
-    from rich.markup import escape
+    from rich.markup import escape as markup
     from rich.table import Table
+
+    from orchestrator.cli.terminal import shown
+
+    def escape(text: str) -> str:  # paths, hosts and reasons may be a worker's choice
+        return markup(shown(text, sys.stdout))
 
     with_reason = any(entry.reason for entry in entries)
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False)

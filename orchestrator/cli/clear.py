@@ -21,9 +21,7 @@ from orchestrator.cli.options import project_option
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from orchestrator.audit import AuditLog
-    from orchestrator.clearance import ChangeStore, Credential, Scanners, Summary
-    from orchestrator.config import Project
+    from orchestrator.clearance import Summary
 
 __all__ = ["clear"]
 
@@ -63,34 +61,21 @@ def clear(
     trust level; git runs without hooks or fsmonitor. Re-running after an interruption
     finishes the job; `clear ID --push` after a failed push only pushes.
     """
-    from orchestrator.clearance import clear as clear_change
     from orchestrator.clearance.errors import ClearanceError
-    from orchestrator.config import load_project
-    from orchestrator.runtime.preparation import open_audit
+    from orchestrator.runner import Orchestrator
 
-    project = load_project(project_dir)
-    settings = project.config.clearance
     if not yes and not _interactive():
         raise ClearanceError(
             f"change set {change_id}: there is no terminal to confirm on; "
             "pass --yes to clear without asking"
         )
-    store, scanners = _staging(project)
-    with open_audit(project) as audit:
-        credential = _credential(project, audit) if push else None
-        result = clear_change(
-            store,
-            _resolve_id(store, change_id),
-            project.repo,
-            branch=branch or settings.branch,
+    with Orchestrator(project_dir) as orch:
+        result = orch.clear(
+            change_id,
+            branch=branch,
             push=push,
-            remote=settings.remote,
-            credential=credential,
             override_scanners=override_scanners,
             confirm=_confirm(ask=not yes),
-            audit=audit,
-            scanners=scanners,
-            protected=[project.sandbox_root],
         )
     if result.already and not result.pushed:
         where = f"as {result.commit}" if result.commit else "(its commit is not on a local branch)"
@@ -107,47 +92,6 @@ def clear(
 def _interactive() -> bool:
     """True when a person can answer the confirmation prompt."""
     return sys.stdin.isatty()
-
-
-def _staging(project: Project) -> tuple[ChangeStore, Scanners]:
-    """The project's change-set store and the scanners clearance runs (its outbox caps)."""
-    from orchestrator.clearance.scan import StagingScanners
-    from orchestrator.staging import ChangeStore, scanners_for
-
-    store = ChangeStore(project.sandbox_root / "changes")
-    return store, StagingScanners(scanners_for(limits=project.config.sandbox.outbox))
-
-
-def _resolve_id(store: ChangeStore, text: str) -> str:
-    """A full id, or the id a unique prefix names (when the store can tell)."""
-    resolve = getattr(store, "resolve", None)
-    if resolve is None:
-        return text
-    from orchestrator.clearance.errors import ClearanceError
-    from orchestrator.errors import OrchestratorError
-
-    try:
-        return str(resolve(text))
-    except OrchestratorError as exc:
-        raise ClearanceError(str(exc), change_id=text) from None
-
-
-def _credential(project: Project, audit: AuditLog) -> Credential | None:
-    """The credential clearance.credential names, read now (only when pushing)."""
-    from orchestrator.clearance import resolve
-    from orchestrator.clearance.errors import CredentialError
-
-    name = project.config.clearance.credential
-    if name is None:
-        return None
-    config = project.config.credentials.get(name)
-    if config is None:
-        known = ", ".join(sorted(project.config.credentials)) or "none"
-        raise CredentialError(
-            f"{project.file}: clearance.credential names '{name}', which is not in "
-            f"credentials (known: {known}); add it or fix the name"
-        )
-    return resolve(name, config, audit=audit, base=project.root)
 
 
 def _confirm(*, ask: bool) -> Callable[[Summary], bool]:

@@ -9,29 +9,52 @@ commands so that ``--help`` stays fast.
 from __future__ import annotations
 
 import json
-import signal
+import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from orchestrator.cli.apply import apply as apply_command
 from orchestrator.cli.audit import audit as audit_group
+from orchestrator.cli.batch import batch as batch_command
 from orchestrator.cli.clear import clear as clear_command
-from orchestrator.cli.options import project_option
+from orchestrator.cli.doctor import doctor as doctor_command
+from orchestrator.cli.engine import engine as engine_group
+from orchestrator.cli.mcp import mcp as mcp_command
+from orchestrator.cli.options import (
+    JsonRequest,
+    args_argument,
+    env_option,
+    project_option,
+    signals_interrupt,
+    worker_options,
+)
+from orchestrator.cli.options import json_option as json_flag
+from orchestrator.cli.server import serve_command
+from orchestrator.cli.session import session as session_group
 from orchestrator.cli.staged import staged as staged_group
+from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
 
 if TYPE_CHECKING:
-    from orchestrator.audit import AuditLog
+    from orchestrator.plan import ContainerSpec, Mount
     from orchestrator.runtime import Prepared, RunResult
 
 EXIT_ERROR = 125
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+json_option = json_flag()
+
+
+engine_option = click.option(
+    "--engine",
+    "engine_name",
+    type=click.Choice(["docker", "swarm"]),
+    default="docker",
+    show_default=True,
+    help="docker: a container on this engine; swarm: a replicated-job service on the swarm "
+    "this engine manages (docs/scale-out.md).",
+)
 
 
 def run_options(func: Any) -> Any:
@@ -43,24 +66,24 @@ def run_options(func: Any) -> Any:
             type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600),
             help="Seconds (at most a week).",
         ),
-        click.option(
-            "--trust",
-            type=click.Choice(["untrusted", "session", "workspace", "full"]),
-            help="Run at this trust level (only lower than declared, unless --promote).",
-        ),
-        click.option("--promote", is_flag=True, help="Allow --trust above the declared level."),
+        *worker_options,
         click.option("--session", "session_id", help="Resume this session (default: a new one)."),
-        click.option("--workspace", default="default", show_default=True, help="Workspace name."),
+        click.option(
+            "--input",
+            "inputs",
+            multiple=True,
+            type=click.Path(path_type=Path),
+            metavar="FILE_OR_DIR",
+            help="A host file or folder for this run, read-only at /inputs/NAME (repeatable).",
+        ),
+        env_option,
+        args_argument,
         json_option,
+        engine_option,
     ]
     for option in reversed(options):
         func = option(func)
     return func
-
-
-def say(message: str) -> None:
-    """A human message, on stderr."""
-    click.echo(f"orchestrator: {message}", err=True)
 
 
 def emit_json(data: Any) -> None:
@@ -73,65 +96,140 @@ def cli() -> None:
     """Run AI workers in disposable, hardened containers whose access comes from declarations."""
 
 
+def _note_format(value: str) -> str:
+    """``--format json`` is ``--json``: a failure is reported as one JSON object too."""
+    if value == "json":
+        JsonRequest.asked = True
+    return value
+
+
 @cli.command()
 @click.argument("worker")
 @run_options
-def plan(worker: str, as_json: bool, **options: Any) -> None:
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json", "k8s"]),
+    default="text",
+    is_eager=True,
+    callback=lambda _ctx, _param, value: _note_format(value),
+    help="text (default), json (as --json) or k8s: a Kubernetes Job, its NetworkPolicy and "
+    "outbox claim as YAML documents (docs/scale-out.md).",
+)
+@click.option(
+    "--k8s-volumes",
+    type=click.Choice(["pvc", "hostpath"]),
+    default="pvc",
+    help="With --format k8s: zones as claims orchestrator-zone-NAME (default) or hostPath.",
+)
+def plan(
+    worker: str,
+    as_json: bool,
+    project_dir: Path,
+    output_format: str,
+    k8s_volumes: str,
+    engine_name: str,
+    **options: Any,
+) -> None:
     """Compile WORKER (a path or a name) into a container spec, without touching Docker."""
-    prepared, audit = _prepare(worker, **options)
-    spec = prepared.spec
-    audit.record(
-        "plan.compiled",
-        worker=spec.worker,
-        run_id=spec.run_id,
-        session_id=spec.session_id,
-        trust_level=spec.trust,
-        metadata={"image": spec.image, "network": spec.network_mode, "mounts": len(spec.mounts)},
-    )
-    if as_json:
-        emit_json(prepared.spec.to_dict())
+    from orchestrator.runner import Orchestrator
+
+    if engine_name == "swarm" and output_format == "k8s":
+        raise click.UsageError("--engine swarm and --format k8s: choose one")
+    if as_json and output_format == "k8s":
+        raise click.UsageError("--json and --format k8s: choose one")
+    if k8s_volumes != "pvc" and output_format != "k8s":
+        raise click.UsageError("--k8s-volumes goes with --format k8s")
+    prepared = Orchestrator(project_dir).plan(worker, **options)
+    if output_format == "k8s":
+        import yaml
+
+        from orchestrator.render import k8s
+
+        grant = prepared.grant
+        documents = k8s.render(
+            prepared.spec,
+            zones={zone.target: zone.name for zone in grant.zones},
+            secrets=grant.secrets,
+            volumes="hostpath" if k8s_volumes == "hostpath" else "pvc",
+        )
+        click.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)
+    elif as_json or output_format == "json":
+        data = prepared.spec.to_dict()
+        if engine_name == "swarm":
+            data["swarm"] = _swarm_plan(prepared)
+        emit_json(data)
     else:
         click.echo(_describe(prepared))
+        if engine_name == "swarm":
+            swarm = _swarm_plan(prepared)
+            click.echo(f"engine:  swarm, service {swarm['service']} (replicated-job, 1 task)")
+            if swarm["refused"]:
+                click.echo(f"  refused: {swarm['refused']}")
+            for line in swarm["not_enforced"]:
+                click.echo(f"  not enforced: {line}")
+
+
+def _swarm_plan(prepared: Prepared) -> dict[str, Any]:
+    """What ``--engine swarm`` would make of the plan: its service name, a refusal, and
+    what the service does not enforce (pure: touches no engine)."""
+    from orchestrator.swarm import render
+
+    spec = prepared.spec
+    refused = render.refusal(spec)
+    if refused is None and prepared.grant.children:
+        refused = "child workers: no broker on a swarm yet"
+    return {
+        "service": render.service_name(spec),
+        "refused": refused,
+        "not_enforced": render.not_enforced(spec),
+    }
 
 
 @cli.command()
 @click.argument("worker")
 @run_options
-def run(worker: str, as_json: bool, **options: Any) -> None:
-    """Run WORKER in a new container; the container is removed on every path."""
-    from orchestrator.docker import DockerEngine
-    from orchestrator.runtime import Interrupted, execute
-    from orchestrator.runtime.outbox import StagingReader
+@raw_option
+def run(worker: str, as_json: bool, project_dir: Path, engine_name: str, **options: Any) -> None:
+    """Run WORKER in a new container; the container is removed on every path.
 
-    prepared, audit = _prepare(worker, **options)
+    The worker's output is streamed as it comes. On a terminal, escape sequences and
+    invisible or bidirectional control characters in it are shown escaped (\\x1b, \\u202e),
+    never obeyed; --raw passes them through. Pipes and files get its bytes unchanged.
+    """
+    from orchestrator.runner import Orchestrator
+    from orchestrator.runtime import Interrupted
+
+    orch = Orchestrator(project_dir)
+    prepared = orch.prepare(worker, **options)
     spec = prepared.spec
     zones = ", ".join(f"{m.target} {'ro' if m.read_only else 'rw'}" for m in spec.mounts)
+    inputs = f", inputs: {len(prepared.inputs)}" if prepared.inputs else ""
     say(
         f"run {spec.run_id}: worker {spec.worker}, trust {spec.trust}, session "
-        f"{spec.session_id}, image {spec.image}, network {spec.network_mode}, "
-        f"zones: {zones or 'none'}"
+        f"{spec.session_id}, image {spec.image}, isolation {spec.isolation}, network "
+        f"{spec.network.mode}, zones: {zones or 'none'}{inputs}"
     )
-    engine = DockerEngine()
+    if spec.network.mode == "allowlist":  # one `iptables -C` per process, as root only
+        from orchestrator.doctor.firewall import missing_rule_warning
+
+        if warning := missing_rule_warning():
+            say(warning)
     worker_stdout = sys.stderr.buffer if as_json else sys.stdout.buffer
-
-    def echo(stream: str, chunk: bytes) -> None:
-        target = worker_stdout if stream == "stdout" else sys.stderr.buffer
-        target.write(chunk)
-        target.flush()
-
+    output = WorkerOutput(worker_stdout, sys.stderr.buffer)
     try:
-        with _signals_interrupt():
-            result = execute(
-                engine,
-                prepared,
-                on_output=echo,
-                audit=audit,
-                staging=StagingReader(prepared.project, audit),
-                secrets=_resolve_secrets(prepared, audit),
-            )
+        with signals_interrupt():
+            if engine_name == "swarm":
+                from orchestrator.swarm import run_on_swarm
+
+                result = run_on_swarm(orch, prepared, on_output=output.write)
+            else:
+                result = orch.run(prepared, on_output=output.write)
     except Interrupted as exc:
-        say(f"run {spec.run_id}: interrupted; container removed")
-        raise SystemExit(128 + exc.signum) from None
+        output.close()
+        fail([f"run {spec.run_id}: interrupted; container removed"], exc, 128 + exc.signum)
+    finally:
+        output.close()  # what an unfinished character left (twice is harmless)
     _report(result, as_json)
     raise SystemExit(result.exit_code)
 
@@ -145,25 +243,55 @@ def run(worker: str, as_json: bool, **options: Any) -> None:
     show_default=True,
     help="Also remove shared egress proxies and networks unused for this many seconds.",
 )
+@click.option(
+    "--sessions-older-than",
+    "sessions_age",
+    metavar="AGE",
+    callback=lambda _ctx, _param, value: _duration(value),
+    help="Also remove the project's session folders unused for longer than AGE (e.g. 7d, "
+    "12h, 30m); sessions of live runs are kept.",
+)
+@project_option
 @json_option
-def gc(everything: bool, idle: float, as_json: bool) -> None:
+def gc(
+    everything: bool, idle: float, sessions_age: float | None, project_dir: Path, as_json: bool
+) -> None:
     """Remove what dead orchestrators left, and shared proxies/networks no run uses."""
     from orchestrator.docker import DockerEngine
     from orchestrator.runtime import collect
     from orchestrator.runtime.secrets import sweep_orphaned
+    from orchestrator.runtime.session_folders import SessionPrune, human_age, prune_old_sessions
 
     engine = DockerEngine()
+    swarm = _collect_swarm(everything)  # services first: their networks are then free
     report = collect(engine, everything=everything)
+    report.removed[:0] = swarm.removed
+    report.kept[:0] = swarm.kept
+    report.failed[:0] = swarm.failed
     shared = engine.collect_shared(idle)
     secrets = sweep_orphaned()
+    access = _restore_access(project_dir, everything)
+    sessions = SessionPrune()
+    if sessions_age is not None:
+        from orchestrator.config import load_project
+        from orchestrator.runtime import open_audit
+
+        project = load_project(project_dir)
+        sessions = prune_old_sessions(
+            engine, project.sandbox_root, sessions_age, open_audit(project)
+        )
     if as_json:
         emit_json(
             {
                 "removed": [{"kind": o.kind, "name": o.name} for o in report.removed],
                 "shared_removed": shared,
                 "secret_folders_removed": secrets,
+                "access_restored": access,
+                "sessions_removed": [s.session_id for s in sessions.removed],
+                "sessions_in_use": sessions.in_use,
                 "kept": len(report.kept),
-                "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in report.failed],
+                "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in report.failed]
+                + [{"kind": "session", "name": n, "error": e} for n, e in sessions.failed],
             }
         )
     else:
@@ -171,10 +299,51 @@ def gc(everything: bool, idle: float, as_json: bool) -> None:
             say(f"removed {obj.kind} {obj.name}")
         for name in (*shared, *secrets):
             say(f"removed {name}")
-        removed = len(report.removed) + len(shared) + len(secrets)
+        for run_id in access:
+            say(f"put back the access dead run {run_id} had given its worker")
+        for pruned in sessions.removed:
+            say(f"removed session {pruned.session_id} (unused for {human_age(pruned.age_s)})")
+        for name in sessions.in_use:
+            say(f"kept session {name}: a live run uses it")
+        for name, problem in sessions.failed:
+            say(f"could not remove session {name}: {problem}")
+        removed = len(report.removed) + len(shared) + len(secrets) + len(sessions.removed)
         say(f"gc: {removed} removed, {len(report.kept)} in use by live processes")
-    if report.failed:
+    if report.failed or sessions.failed:
         raise SystemExit(EXIT_ERROR)
+
+
+def _collect_swarm(everything: bool) -> Any:
+    """The swarm's services, networks and secrets of dead owners (when it is a manager)."""
+    from orchestrator.swarm import SwarmEngine
+    from orchestrator.swarm import collect as collect_swarm
+
+    return collect_swarm(SwarmEngine(), everything=everything)
+
+
+def _restore_access(project_dir: Path, everything: bool) -> list[str]:
+    """As root, put back what runs of dead orchestrators opened up for their workers."""
+    from orchestrator.config.loader import PROJECT_FILE
+
+    if os.geteuid() != 0 or not (project_dir / PROJECT_FILE).is_file():
+        return []
+    from orchestrator.config import load_project
+    from orchestrator.runtime import open_audit
+    from orchestrator.runtime.access import sweep
+
+    project = load_project(project_dir)
+    return sweep(project.sandbox_root, everything=everything, audit=open_audit(project))
+
+
+def _duration(value: str | None) -> float | None:
+    from orchestrator.runtime.session_folders import parse_duration
+
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @cli.group()
@@ -186,8 +355,17 @@ def images() -> None:
 @click.option("--base", help="Use this image (with python3) as the base instead of bootstrapping.")
 @click.option("--suite", help="Debian/Ubuntu suite to bootstrap (default: the host's).")
 @click.option("--rebuild-base", is_flag=True, help="Bootstrap the base again.")
-def images_build(base: str | None, suite: str | None, rebuild_base: bool) -> None:
-    """Build orchestrator/worker (bootstrapping a base from the host's apt sources if needed)."""
+@click.option(
+    "--with-orchestrator",
+    is_flag=True,
+    help="Also build orchestrator/orchestrator, the orchestrator's own image for CI runners "
+    "(from wheels made here by pip wheel; see docs/ci.md).",
+)
+def images_build(
+    base: str | None, suite: str | None, rebuild_base: bool, with_orchestrator: bool
+) -> None:
+    """Build orchestrator/worker and orchestrator/proxy (bootstrapping a base from the host's
+    apt sources if needed), and on request the orchestrator's own image."""
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import build_all
 
@@ -196,87 +374,111 @@ def images_build(base: str | None, suite: str | None, rebuild_base: bool) -> Non
         base=base,
         suite=suite,
         rebuild_base=rebuild_base,
+        with_orchestrator=with_orchestrator,
         progress=lambda line: click.echo(f"  {line}", err=True),
     )
     say(f"built {', '.join(result.images)} on {result.base}")
-
-
-def _prepare(worker: str, project_dir: Path, **options: Any) -> tuple[Prepared, AuditLog]:
-    """Load and check the declarations; a refusal is audited before it is reported."""
-    from orchestrator.config import load_project, load_worker
-    from orchestrator.errors import ConfigError, PolicyError
-    from orchestrator.runtime import open_audit, prepare
-
-    project = load_project(project_dir)
-    audit = open_audit(project)
-    try:
-        prepared = prepare(project, load_worker(project, worker), **options)
-    except ConfigError as exc:
-        audit.record(
-            "policy.denied" if isinstance(exc, PolicyError) else "config.rejected",
-            allowed=False,
-            reason=str(exc),
-            worker=worker,
-            trust_level=options.get("trust"),
-        )
-        raise
-    return prepared, audit
 
 
 cli.add_command(audit_group)
 staged_group.add_command(apply_command)
 cli.add_command(staged_group)
 cli.add_command(clear_command)
-
-
-def _resolve_secrets(prepared: Prepared, audit: AuditLog) -> dict[str, str]:
-    """Read the values of the secrets the grant allows, on the host, just before the run."""
-    from orchestrator.credentials import resolve
-
-    credentials = prepared.project.config.credentials
-    values = {}
-    for name in prepared.grant.secrets:
-        credential = resolve(name, credentials[name], audit=audit, base=prepared.project.root)
-        values[name] = credential.reveal()  # an 'inherit' credential holds no value: refused
-        audit.record(
-            "credential.used",
-            worker=prepared.spec.worker,
-            run_id=prepared.spec.run_id,
-            session_id=prepared.session_id,
-            trust_level=prepared.spec.trust,
-            metadata={"credential": name, "use": "worker secret"},
-        )
-    return values
+cli.add_command(mcp_command)
+cli.add_command(session_group)
+cli.add_command(batch_command)
+cli.add_command(doctor_command)
+cli.add_command(engine_group)
+cli.add_command(serve_command(lambda argv: main(argv)))
 
 
 def _describe(prepared: Prepared) -> str:
+    from orchestrator.config.models import human_size
+    from orchestrator.runtime.inputs import shown
+
     spec = prepared.spec
+    limits = spec.limits
+    tmp = getattr(spec.tmpfs_at("/tmp"), "size", 0)
     lines = [
         f"worker      {spec.worker}",
         f"trust       {spec.trust}",
         f"session     {spec.session_id}",
         f"image       {spec.image}",
-        f"command     {' '.join(spec.command) if spec.command else '(image default)'}",
+        f"command     {' '.join(spec.command) if spec.command else '(image default)'}"
+        + (f" + arguments {json.dumps(spec.args)}" if spec.args else ""),
         f"user        {spec.user}",
-        f"workdir     {spec.working_dir}",
-        f"network     {spec.network_mode}"
-        + (f" (allow {', '.join(spec.egress)} via the egress proxy)" if spec.egress else ""),
-        f"limits      memory {spec.mem_limit >> 20} MiB (no swap), cpus "
-        f"{spec.nano_cpus / 1e9:g}, pids {spec.pids_limit}, timeout {spec.timeout_s:g} s",
-        f"hardening   read-only root, /tmp tmpfs, cap_drop ALL, {', '.join(spec.security_opt)}, "
-        "init, not privileged",
+        f"workdir     {spec.workdir}",
+        f"isolation   {_ISOLATION[spec.isolation]}",
+        f"network     {_network_line(spec)}",
+        f"limits      memory {human_size(limits.memory)} (no swap), cpus {limits.cpus:g}, "
+        f"pids {limits.pids}, timeout {limits.timeout_s:g} s, /tmp {human_size(tmp)}",
+        f"ulimits     {', '.join(f'{u.name} {u.soft}/{u.hard}' for u in spec.ulimits) or '-'}",
+        f"hardening   {_hardening_line(spec)}",
         "zones" + ("" if spec.mounts else "       none (no sandbox declared)"),
     ]
     if spec.outbox:
-        options = dict(o.partition("=")[::2] for o in spec.tmpfs[spec.outbox].split(","))
-        size = int(options.get("size", "0")) >> 20
+        size = getattr(spec.tmpfs_at(spec.outbox), "size", 0)
+        declared = prepared.project.config.sandbox.outbox.size
+        capped = f" (sandbox.outbox.size {human_size(declared)}, capped by the memory limit)"
         lines.insert(
-            -1, f"outbox      {spec.outbox}: a fresh {size} MiB tmpfs, staged after the run"
+            -1,
+            f"outbox      {spec.outbox}: a fresh {human_size(size)} tmpfs, staged after the run"
+            + (capped if declared > size else ""),
         )
-    lines += [f"  {m.target:<12} {'ro' if m.read_only else 'rw'}  {m.source}" for m in spec.mounts]
+    zones = {zone.target for zone in prepared.grant.zones}
+    lines += [_mount_line(m, prepared.project.root, m.target in zones) for m in spec.mounts]
     env = sorted(k for k in spec.env if k != "ORCHESTRATOR_INSTRUCTIONS")
     lines.append(f"env         {', '.join(env)}")
+    if spec.inputs:
+        lines.append("inputs" + ("" if prepared.inputs else "      none yet (filled when it runs)"))
+    for item in prepared.inputs:
+        lines.append(
+            f"  {shown(item.target):<12} ro  {shown(item.source)} ({item.kind}, "
+            f"{human_size(item.size)})"
+        )
     return "\n".join(lines)
+
+
+#: How ``plan`` names each isolation runtime.
+_ISOLATION = {
+    "gvisor": "gvisor (runsc: system calls served by gVisor's kernel, not the host's)",
+    "runc": "runc (the host's kernel, shared)",
+}
+
+
+def _network_line(spec: ContainerSpec) -> str:
+    network = spec.network
+    if network.mode == "allowlist":
+        allowed = ", ".join(network.allow) or "nothing"
+        return f"allowlist (allow {allowed} via the egress proxy, on a network of the run's own)"
+    if network.mode == "full":
+        return "full (the project's own network; runs on it cannot reach each other)"
+    return "none (loopback only)"
+
+
+def _hardening_line(spec: ContainerSpec) -> str:
+    parts = ["read-only root" if spec.read_only_rootfs else "writable root", "/tmp tmpfs"]
+    caps = ", ".join(spec.capabilities)
+    parts.append(f"capabilities: {caps} only" if caps else "no capabilities")
+    if spec.no_new_privileges:
+        parts.append("no-new-privileges")
+    parts.append(
+        f"seccomp profile {spec.seccomp}" if spec.seccomp else "the engine's default seccomp"
+    )
+    if spec.init:
+        parts.append("init")
+    return ", ".join([*parts, "not privileged"])
+
+
+def _mount_line(mount: Mount, project_root: Path, zone: bool) -> str:
+    """A mount with the host folder it really resolves to, and whether that leaves the project."""
+    real = Path(os.path.realpath(mount.source))
+    line = f"  {mount.target:<12} {'ro' if mount.read_only else 'rw'}  {real}"
+    if str(real) != mount.source:
+        line += f" (declared {mount.source})"
+    if zone and not real.is_relative_to(project_root):
+        line += "  [outside the project folder]"
+    return line
 
 
 def _report(result: RunResult, as_json: bool) -> None:
@@ -307,45 +509,58 @@ def _report(result: RunResult, as_json: bool) -> None:
     )
 
 
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into :class:`Interrupted` so every cleanup path runs."""
-    from orchestrator.runtime import Interrupted
+def fail(
+    lines: list[str], exc: BaseException, code: int, *, problems: list[str] | None = None
+) -> NoReturn:
+    """Report a failure of the orchestrator itself and exit with ``code``.
 
-    def handler(signum: int, _frame: FrameType | None) -> NoReturn:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    The human lines go to stderr; under ``--json``, one JSON object (on one line) also
+    goes to stdout: ``{"error": {"kind", "message"[, "problems"]}, "exit_code"}``.
+    """
+    for line in lines:  # error messages may quote what a worker chose: escaped on a terminal
+        click.echo(f"orchestrator: {shown(line)}", err=True)
+    if JsonRequest.asked:
+        error: dict[str, Any] = {
+            "kind": type(exc).__name__,
+            "message": "\n".join(line.removeprefix("error: ") for line in lines),
+        }
+        if problems is not None:
+            error["problems"] = problems
+        click.echo(json.dumps({"error": error, "exit_code": code}, sort_keys=True))
+    raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Console entry point: map every orchestrator error to one message and exit 125."""
+    """Console entry point: map every orchestrator error to one message and exit 125.
+
+    ``cli.main`` runs with ``standalone_mode=False``, so a command's ``ctx.exit(N)`` comes
+    back as its return value: that value is the exit code.
+    """
     from orchestrator.errors import ConfigError, OrchestratorError
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    JsonRequest.asked = False  # set by the --json option's callback while parsing
+    Raw.asked = False  # and --raw's
     try:
-        cli.main(args=argv, prog_name="orchestrator", standalone_mode=False)
+        code = cli.main(args=args, prog_name="orchestrator", standalone_mode=False)
     except click.exceptions.Exit as exc:
         raise SystemExit(exc.exit_code) from None
-    except click.Abort:
-        click.echo("orchestrator: aborted", err=True)
-        raise SystemExit(130) from None
+    except click.Abort as exc:
+        fail(["aborted"], exc, 130)
     except click.ClickException as exc:
+        # A usage error can come before --json itself is parsed: look at the words then.
+        words = args[: args.index("--")] if "--" in args else args
+        JsonRequest.asked = JsonRequest.asked or "--json" in words
+        if JsonRequest.asked:
+            fail([f"error: {exc.format_message()}"], exc, EXIT_ERROR)
         exc.show()
         raise SystemExit(EXIT_ERROR) from None
     except ConfigError as exc:
-        for line in exc.problems:
-            click.echo(f"orchestrator: error: {line}", err=True)
-        raise SystemExit(EXIT_ERROR) from None
+        lines = [f"error: {line}" for line in exc.problems]
+        fail(lines, exc, EXIT_ERROR, problems=exc.problems)
     except OrchestratorError as exc:
-        click.echo(f"orchestrator: error: {exc}", err=True)
-        raise SystemExit(exc.exit_code) from None
+        fail([f"error: {exc}"], exc, exc.exit_code)
     except OSError as exc:  # a host file or folder the orchestrator itself could not use
         where = f" {exc.filename}" if exc.filename else ""
-        click.echo(f"orchestrator: error:{where}: {exc.strerror or exc}", err=True)
-        raise SystemExit(EXIT_ERROR) from None
-    raise SystemExit(0)
+        fail([f"error:{where}: {exc.strerror or exc}"], exc, EXIT_ERROR)
+    raise SystemExit(code if isinstance(code, int) else 0)

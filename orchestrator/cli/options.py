@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 project_option = click.option(
     "--project",
@@ -14,3 +21,88 @@ project_option = click.option(
     show_default=True,
     help="Project folder (holding orchestrator.yaml).",
 )
+
+
+class JsonRequest:
+    """Whether the command being run asked for ``--json``: noted while its options are
+    parsed, so that :func:`~orchestrator.cli.main.main` can report a failure as JSON too."""
+
+    asked = False
+
+
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        JsonRequest.asked = True
+    return value
+
+
+def json_option(help: str = "Print one JSON object.") -> Callable[[F], F]:
+    """``--json``: the command's output as JSON on stdout, and its failure as one object."""
+    return click.option(
+        "--json", "as_json", is_flag=True, is_eager=True, callback=_note_json, help=help
+    )
+
+
+def parse_duration_option(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> float | None:
+    """A human duration (``90s``, ``15m``, ``1d12h``; a bare number is seconds) as seconds;
+    ``never`` (or ``none``, ``0``) is None: no limit."""
+    from orchestrator.runtime.session_folders import parse_duration
+
+    if value is None or value.lower() in {"none", "never", "0"}:
+        return None
+    try:
+        return parse_duration(value if not value.replace(".", "").isdigit() else value + "s")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _env_pairs(
+    _ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for value in values:
+        name, equals, text = value.partition("=")
+        if not equals or not name:
+            raise click.BadParameter(f"'{value}' is not K=V; write it like --env LANG=C.UTF-8")
+        env[name] = text
+    return env
+
+
+env_option = click.option(
+    "--env",
+    multiple=True,
+    metavar="K=V",
+    callback=_env_pairs,
+    help="An environment variable for the worker (repeatable).",
+)
+#: Everything after ``--``: appended to the worker's command.
+args_argument = click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+#: How a worker runs: trust level and workspace (``plan``, ``run`` and ``batch`` share them).
+worker_options = (
+    click.option(
+        "--trust",
+        type=click.Choice(["untrusted", "session", "workspace", "full"]),
+        help="Run at this trust level (only lower than declared, unless --promote).",
+    ),
+    click.option("--promote", is_flag=True, help="Allow --trust above the declared level."),
+    click.option("--workspace", default="default", show_default=True, help="Workspace name."),
+)
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`~orchestrator.runtime.Interrupted`, so every
+    clean-up path runs (containers removed, folders put back) before the command exits."""
+    from orchestrator.runtime import Interrupted
+
+    def handler(signum: int, _frame: FrameType | None) -> NoReturn:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from orchestrator.cli.options import project_option
+from orchestrator.cli.options import json_option, project_option
 
 if TYPE_CHECKING:
     from orchestrator.config import Project
@@ -32,7 +32,7 @@ STATUSES = ("pending", "approved", "rejected", "discarded", "committed", "applie
 
 
 def _json_option(function: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(function)
+    return json_option()(function)
 
 
 def _say(message: str) -> None:

@@ -1,11 +1,13 @@
 """Reading declarations from disk: the one place that parses YAML.
 
-Files are parsed with ``yaml.safe_load``-equivalent composition and validated by the strict
-models. Every problem becomes one line: ``FILE:LINE: FIELD: what is wrong; how to fix it``.
+Files are parsed with a ``SafeLoader`` that bounds the nesting depth and refuses duplicate
+keys, then validated by the strict models. Every problem becomes one line:
+``FILE:LINE: FIELD: what is wrong; how to fix it``.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,8 @@ from orchestrator.errors import ConfigError
 PROJECT_FILE = "orchestrator.yaml"
 WORKER_SUFFIX = ".worker"
 MAX_FILE_BYTES = 1 << 20
+#: Deepest nesting of collections a declaration may use (ours need about five).
+MAX_DEPTH = 32
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -79,7 +83,7 @@ def load_project(directory: Path | str = ".") -> Project:
         problem = _zone_path_problem(host)
         if problem:
             line = _line_of(node, ("zones", name, "path"), 0)
-            problems.append(f"{file}{line}: zones.{name}.path: {problem}")
+            problems.append(f"{file}{line}: zones.{name}.path: '{declared.path}' {problem}")
             continue
         zones[name] = Zone(name=name, host_path=host, mode=declared.mode, config=declared)
     if problems:
@@ -141,8 +145,46 @@ def load_worker(project: Project, spec: str) -> Worker:
                 f"rename the file to {declared}{WORKER_SUFFIX} or drop the name field"
             ]
         )
-    config = _validate(WorkerConfig, data, file, node, line_offset=offset)
-    return Worker(file=file, config=config, instructions=body.strip("\n"))
+    instructions = body.strip("\n")
+    try:
+        config = _validate(WorkerConfig, data, file, node, line_offset=offset)
+    except ConfigError as exc:
+        partial = _without_failing_fields(WorkerConfig, data)
+        if partial is None:
+            raise
+        worker = Worker(file=file, config=partial, instructions=instructions)
+        raise ConfigError(exc.problems, partial=worker) from None
+    return Worker(file=file, config=config, instructions=instructions)
+
+
+#: Fields whose errors leave no useful partial declaration: what the grant is computed from.
+_ESSENTIAL = frozenset({"name", "trust", "network", "sandbox", "isolation"})
+
+
+def _without_failing_fields(model: type[M], data: dict[str, Any]) -> M | None:
+    """``data`` validated with its failing fields left out, or None when that cannot work
+    (an error in a field the grant depends on, or nothing left to drop)."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+    else:
+        return None
+    trimmed = copy.deepcopy(data)
+    for error in errors:
+        loc = tuple(error["loc"])
+        if not loc or loc[0] in _ESSENTIAL:
+            return None
+        parent: Any = trimmed
+        for part in loc[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or loc[-1] not in parent:
+            return None
+        del parent[loc[-1]]
+    try:
+        return model.model_validate(trimmed)
+    except ValidationError:
+        return None
 
 
 def _read(file: Path) -> str:
@@ -172,16 +214,92 @@ def _split_front_matter(file: Path, text: str) -> tuple[str, str, int]:
     raise ConfigError([f"{file}: front matter is not closed; add a '---' line after the fields"])
 
 
+class _DeclarationLoader(yaml.SafeLoader):
+    """``SafeLoader`` with a bounded nesting depth, checked while composing.
+
+    PyYAML composes nested collections recursively, so a small file of ``[[[[...`` would
+    otherwise end in a ``RecursionError``; declarations never need more than a few levels.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested deeper than {MAX_DEPTH} levels; declarations are flat, "
+                    "check the brackets and indentation",
+                    mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def _parse_yaml(file: Path, text: str, line_offset: int) -> tuple[Any, yaml.Node | None]:
+    """Compose (depth-bounded), refuse duplicate keys, then construct plain data."""
+    loader = _DeclarationLoader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None:
+            duplicates = _duplicate_keys(file, node, line_offset)
+            if duplicates:
+                raise ConfigError(duplicates)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1 + line_offset}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError([f"{file}{where}: invalid YAML: {problem}"]) from None
+    except RecursionError:  # a backstop: the loader bounds the depth before this can happen
+        raise ConfigError(
+            [f"{file}: invalid YAML: nested too deeply; declarations are flat"]
+        ) from None
+    finally:
+        loader.dispose()
     return data, node
+
+
+def _duplicate_keys(file: Path, root: yaml.Node, line_offset: int) -> list[str]:
+    """One line per key given twice in a mapping, at any level, naming both lines."""
+    problems: list[tuple[int, str]] = []
+    seen: set[int] = set()  # aliases may share (or even cycle back to) nodes
+    pending: list[tuple[yaml.Node, str]] = [(root, "")]
+    while pending:
+        node, path = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            pending += [
+                (item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node.value)
+            ]
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], yaml.Node] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    ident = (key.tag, key.value)
+                    if ident in first:
+                        line = key.start_mark.line + 1 + line_offset
+                        earlier = first[ident].start_mark.line + 1 + line_offset
+                        problems.append(
+                            (
+                                line,
+                                f"{file}:{line}: {path or '(top level)'}: duplicate key "
+                                f"'{key.value}' (first at line {earlier}); keep one",
+                            )
+                        )
+                    else:
+                        first[ident] = key
+                name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+                pending.append((value, f"{path}.{name}" if path else name))
+    return [problem for _, problem in sorted(problems)]
 
 
 def _validate(model: type[M], data: Any, file: Path, node: yaml.Node | None, line_offset: int) -> M:
@@ -234,13 +352,36 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...], line_offset: int) -> 
     return f":{best.start_mark.line + 1 + line_offset}"
 
 
+#: Host folders no zone may resolve into: the kernel's interfaces, devices, and the engine's
+#: sockets and state (a worker reaching them would own the host).
+HOST_ONLY = {
+    "/proc": "the host's process and kernel interface",
+    "/sys": "the host's kernel interface",
+    "/dev": "the host's devices",
+    "/run": "the host's runtime folder, which holds the engine's socket",
+    "/var/run": "the host's runtime folder, which holds the engine's socket",
+    "/var/lib/docker": "the engine's state",
+    "/var/lib/containerd": "the engine's state",
+}
+
+
 def _zone_path_problem(host: Path) -> str | None:
     if host == Path("/"):
-        return "the host's root folder cannot be a zone; name a project folder"
-    for socket in (Path("/var/run/docker.sock"), Path("/run/docker.sock")):
+        return "is the host's root folder, which cannot be a zone; name a project folder"
+    for folder, what in HOST_ONLY.items():
+        real = Path(os.path.realpath(folder))
+        if host.is_relative_to(real) or host.is_relative_to(folder):
+            return f"resolves to {host}, inside {folder} ({what}); name a project folder"
+        if real.is_relative_to(host):
+            return f"resolves to {host}, which holds {folder} ({what}); name a narrower folder"
+    sockets = [Path("/var/run/docker.sock"), Path("/run/docker.sock")]
+    docker_host = os.environ.get("DOCKER_HOST", "")
+    if docker_host.startswith("unix://"):  # a rootless or relocated engine: its socket's folder
+        sockets.append(Path(docker_host.removeprefix("unix://")).parent)
+    for socket in sockets:
         real = Path(os.path.realpath(socket))
         if _overlaps(host, real) or _overlaps(host, socket):
-            return f"{host} would expose the Docker socket {socket}; name a narrower folder"
+            return f"({host}) would expose the Docker socket {socket}; name a narrower folder"
     return None
 
 

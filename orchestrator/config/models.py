@@ -28,6 +28,8 @@ WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 #: Zone names the orchestrator keeps for its standard zones.
 STANDARD_ZONES = frozenset({"session", "workspace", "repo", "staged", "workers"})
+#: Where a run's own inputs (``run --input``) are mounted (``/inputs``): no zone may be.
+INPUTS_ZONE = "inputs"
 #: Top-level container paths a zone mounted at ``/<name>`` must never shadow.
 SYSTEM_DIRS = frozenset(
     {
@@ -56,7 +58,37 @@ def parse_size(value: object) -> int:
     return size
 
 
+def human_size(size: float) -> str:
+    """``2 GiB``, ``1.5 MiB``, ``512 bytes``: a byte count the way people write sizes."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.4g} {unit}"
+    return f"{size:g} bytes"
+
+
+#: The engine refuses a smaller memory limit (Docker: "Minimum memory limit allowed is 6MB").
+MIN_MEMORY = 6 << 20
+#: The engine refuses a smaller CPU share (Docker: "Range of CPUs is from 0.01 to N").
+MIN_CPUS = 0.01
+
+
+def _memory(value: int) -> int:
+    if value < MIN_MEMORY:
+        raise ValueError(
+            f"{human_size(value)} is below the engine's minimum memory limit of "
+            f"{human_size(MIN_MEMORY)}; write at least 6m"
+        )
+    return value
+
+
+def _cpus(value: float) -> float:
+    if value < MIN_CPUS:
+        raise ValueError(f"{value:g} is below the engine's minimum of {MIN_CPUS} CPUs")
+    return value
+
+
 Size = Annotated[int, BeforeValidator(parse_size)]
+MemorySize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_memory)]
 Mode = Literal["ro", "rw"]
 
 
@@ -69,16 +101,16 @@ class Strict(BaseModel):
 class Resources(Strict):
     """Limits for one container. Unset fields fall back to the project's defaults."""
 
-    memory: Size | None = None
-    """Memory limit, e.g. ``512m``; swap is held equal to it (no swap)."""
-    cpus: float | None = Field(default=None, gt=0, le=256)
+    memory: MemorySize | None = None
+    """Memory limit, e.g. ``512m`` (at least 6m); swap is held equal to it (no swap)."""
+    cpus: Annotated[float, AfterValidator(_cpus)] | None = Field(default=None, le=256)
     """CPU share in cores, e.g. ``0.5`` or ``2``."""
     pids: int | None = Field(default=None, ge=8, le=65536)
     """Maximum number of processes and threads inside the container."""
     timeout: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
     """Wall-clock seconds before the container is killed (exit 124)."""
     tmp: Size | None = None
-    """Size of the writable ``/tmp`` tmpfs."""
+    """Size of the writable ``/tmp`` tmpfs; at most the memory limit (its pages count there)."""
 
 
 class ZoneConfig(Strict):
@@ -132,6 +164,11 @@ Trust = Literal["untrusted", "session", "workspace", "full"]
 Approval = Literal["preApproved", "ask", "blocked"]
 #: Trust levels from least to most access.
 TRUST_ORDER: tuple[Trust, ...] = ("untrusted", "session", "workspace", "full")
+#: The runtime a container runs under: ``runc`` (shared kernel) or ``gvisor`` (runsc: the
+#: worker's system calls are served by gVisor's own kernel in user space).
+Isolation = Literal["runc", "gvisor"]
+#: Isolation from weakest to strongest.
+ISOLATION_ORDER: tuple[Isolation, ...] = ("runc", "gvisor")
 ZoneName = Annotated[str, AfterValidator(lambda name: check_zone_name(name))]
 
 
@@ -141,6 +178,39 @@ class Defaults(Strict):
     image: str = "orchestrator/worker:latest"
     resources: Resources = Resources()
     network: Network = "none"
+
+
+#: Docker's own network names, which a local service declaration may not name.
+_ENGINE_NETWORKS = frozenset({"bridge", "host", "none"})
+_SERVICE_NETWORK = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+
+
+class LocalService(Strict):
+    """A local service the egress proxy may reach: a user-defined Docker network."""
+
+    network: str
+    """The network's name. The proxy joins it, so an allowlist entry
+    ``CONTAINER.NETWORK[:PORT]`` (a container's name or alias on it) reaches that service."""
+
+    @field_validator("network")
+    @classmethod
+    def _user_network(cls, name: str) -> str:
+        if not _SERVICE_NETWORK.match(name):
+            raise ValueError(f"'{name}' is not a Docker network name")
+        if name in _ENGINE_NETWORKS or name.startswith("orchestrator-"):
+            raise ValueError(
+                f"'{name}' is not a user-defined network; name a network you created "
+                "(`docker network create NAME`)"
+            )
+        return name
+
+
+class ProjectNetwork(Strict):
+    """``network:`` in the project file: what the egress proxy may reach besides the
+    internet."""
+
+    services: list[LocalService] = []
+    """Local services behind the allowlist: networks the egress proxy joins."""
 
 
 class OutboxLimits(Strict):
@@ -193,6 +263,18 @@ class ClearanceSettings(Strict):
     """Name of the credential a push uses (see ``credentials``)."""
 
 
+class IsolationSettings(Strict):
+    """``isolation:`` in the project file: the runtime each trust level runs under at
+    least. A worker file may ask for ``gvisor`` at any level, never for less than this."""
+
+    untrusted: Isolation = "gvisor"
+    """``runc`` here is an explicit opt-out: untrusted workers then share the host's
+    kernel (see docs/security.md for the trade-off)."""
+    session: Isolation = "runc"
+    workspace: Isolation = "runc"
+    full: Isolation = "runc"
+
+
 class ProjectConfig(Strict):
     """``orchestrator.yaml``: what exists and the widest access it may be given."""
 
@@ -207,6 +289,10 @@ class ProjectConfig(Strict):
     clearance: ClearanceSettings = ClearanceSettings()
     untrusted_network: Literal["none", "allow", "full"] = "allow"
     """The widest network an ``untrusted`` worker may get: nothing, an allowlist, or full."""
+    network: ProjectNetwork = ProjectNetwork()
+    """Local services an allowlisted worker may reach through the egress proxy."""
+    isolation: IsolationSettings = IsolationSettings()
+    """The runtime per trust level: gVisor for ``untrusted``, runc for the others."""
 
 
 def check_zone_name(name: str) -> str:
@@ -220,6 +306,8 @@ def check_zone_name(name: str) -> str:
         raise ValueError(f"zone name '{name}' is reserved for a standard zone; pick another")
     if name in SYSTEM_DIRS:
         raise ValueError(f"zone name '{name}' would hide the container's /{name}; pick another")
+    if name == INPUTS_ZONE:
+        raise ValueError(f"zone name '{name}' would hide the run's inputs at /{name}; pick another")
     return name
 
 
@@ -271,7 +359,43 @@ class SandboxRequest(Strict):
         return zones
 
 
-EnvValue = str | int | float | bool
+class InputsConfig(Strict):
+    """``inputs:`` in a worker file: what per-run inputs (``run --input``) it accepts.
+
+    Without this section a worker takes any inputs; with it, its runs also always get an
+    (empty when none were given) ``/inputs`` folder."""
+
+    suffixes: list[str] | None = None
+    """Only files whose names end in one of these (e.g. ``.pdf``; case ignored), inside
+    given folders too."""
+    max_count: int | None = Field(default=None, ge=0)
+    """At most this many inputs per run (0: none)."""
+    max_size: Size | None = None
+    """The largest one input may be (a folder: the sum of its files)."""
+
+    @field_validator("suffixes")
+    @classmethod
+    def _dotted(cls, suffixes: list[str] | None) -> list[str] | None:
+        for suffix in suffixes or []:
+            if not suffix.startswith(".") or "/" in suffix:
+                raise ValueError(f"suffix '{suffix}' must look like '.pdf'")
+        return suffixes
+
+
+def _env_value(value: object) -> object:
+    """One clear message for a list or mapping, instead of one per union member."""
+    if isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list):
+        kind = "a list"
+    elif isinstance(value, dict):
+        kind = "a mapping"
+    else:
+        kind = "empty" if value is None else type(value).__name__
+    raise ValueError(f"must be a string, number or boolean, not {kind}; quote it")
+
+
+EnvValue = Annotated[str | int | float | bool, BeforeValidator(_env_value)]
 
 
 class WorkerConfig(Strict):
@@ -292,10 +416,15 @@ class WorkerConfig(Strict):
     network: Network | None = None
     trust: Trust = "untrusted"
     """Preset over the standard zones; see docs/security.md."""
+    isolation: Isolation | None = None
+    """``gvisor`` to run under gVisor even where the project's level says runc; ``runc``
+    only where the project allows it for the run's trust level."""
     children: list[str] = []
     """Workers this one may call through the broker (``orchestrator-call NAME``)."""
     secrets: list[str] = []
     """Names from the project's ``credentials`` delivered as files under /run/secrets."""
+    inputs: InputsConfig | None = None
+    """What per-run inputs it accepts (any, when unset); see docs/configuration.md."""
 
     @field_validator("children")
     @classmethod

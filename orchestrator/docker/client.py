@@ -28,8 +28,15 @@ from orchestrator import labels
 from orchestrator.errors import EngineError, EngineUnreachable
 
 #: The oldest engine API with everything the plan uses (Docker 20.10).
-API_VERSION = os.environ.get("DOCKER_API_VERSION", "1.41")
+DEFAULT_API_VERSION = "1.41"
 T = TypeVar("T")
+
+
+def api_version() -> str:
+    """The engine API version to ask for: ``DOCKER_API_VERSION``, else the default. Read at
+    each use, not at import: a forked command (``orchestrator serve``) has its own env."""
+    return os.environ.get("DOCKER_API_VERSION", DEFAULT_API_VERSION)
+
 
 _TRANSIENT_STATUS = frozenset({500, 502, 503, 504})
 #: Engine answers with a 5xx status that are the request's own fault, never worth a retry.
@@ -90,6 +97,10 @@ def engine_errors(action: str) -> Iterator[None]:
                 "start docker` or `sudo dockerd &`) or point DOCKER_HOST at it"
             ) from None
         raise EngineError(f"connection to the Docker engine lost while {action}: {exc}") from None
+    except requests.exceptions.ChunkedEncodingError as exc:  # the engine went away mid-reply
+        raise EngineError(
+            f"connection to the Docker engine lost while {action} (did it restart?): {exc}"
+        ) from None
     except docker_errors.APIError as exc:
         detail = exc.explanation or str(exc)
         if isinstance(detail, bytes):
@@ -106,7 +117,7 @@ class DockerClient:
         if client is None:
             with engine_errors("connecting"):
                 params = docker.utils.kwargs_from_env()
-                client = docker.APIClient(version=API_VERSION, timeout=120, **params)
+                client = docker.APIClient(version=api_version(), timeout=120, **params)
         self.api = client
         self._owner_labels = labels.current_owner().labels()
 

@@ -1,17 +1,19 @@
-"""Allowlisted egress: an internal network whose only way out is a logging proxy.
+"""Allowlisted egress: a run's own internal network whose only way out is a logging proxy.
 
 A worker with ``network: {allow: [...]}`` is attached to an *internal* Docker network (no
-route out). The only other member of that network is a squid proxy (``images/proxy``),
-which is also attached to one shared outside bridge (``orchestrator-egress``). The proxy
-admits plain HTTP and HTTPS ``CONNECT`` to the listed hosts and ports only, and logs every
-decision on its stdout, from where :func:`decisions` reads them back.
+route out) of its own (:mod:`.networks` creates and removes it with the run). The only
+other member of that network is a squid proxy (``images/proxy``), which sits on one shared
+outside bridge (``orchestrator-egress``) and joins each run's network with the alias
+``proxy`` (:func:`attach`). The proxy admits plain HTTP and HTTPS ``CONNECT`` to the listed
+hosts and ports only, and logs every decision (with the client's address) on its stdout,
+from where :func:`decisions` reads them back.
 
-One proxy and one internal network exist per distinct allowlist, named after a hash of
-the normalised allowlist (the *key*), and are shared by every run with that allowlist:
-:func:`ensure_egress` creates them or reuses what is already up, and is safe to call from
-several processes at once. Shared objects outlive the run that created them, so they do
-not carry the per-process owner labels; :mod:`.egress_gc` removes them once no run uses
-them. See docs/network.md.
+One proxy exists per distinct allowlist (and set of local service networks it joins),
+named after a hash of both (the *key*), and is shared by every run with that allowlist:
+:func:`ensure_egress` creates it or reuses what is already up and healthy, and is safe to
+call from several processes at once. Shared objects outlive the run that created them, so
+they do not carry the per-process owner labels; :mod:`.egress_gc` removes them once no run
+uses them. See docs/network.md.
 """
 
 from __future__ import annotations
@@ -34,10 +36,15 @@ from orchestrator.config.allowlist import (
     allowlist_key,
     validate_allowlist,
 )
+from orchestrator.docker import podman
 from orchestrator.docker.client import DockerClient, engine_errors, is_transient, retrying
 from orchestrator.docker.images import PROXY_IMAGE, build_image
+from orchestrator.docker.netnames import is_run_network
+from orchestrator.docker.podman import security_opt_for, tmpfs_for, ulimits_for
+from orchestrator.docker.seccomp import default_security_opt
 from orchestrator.errors import EngineError, ImageMissing
-from orchestrator.policy.network import INTERNAL_PREFIX, PROXY_ALIAS, PROXY_PORT, network_env
+from orchestrator.policy.network import PROXY_ALIAS, PROXY_PORT, egress_key, network_env
+from orchestrator.runtime.engine import EgressDecision
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -48,6 +55,7 @@ __all__ = [
     "Decision",
     "Egress",
     "allowlist_key",
+    "attach",
     "build_proxy_image",
     "decisions",
     "ensure_egress",
@@ -59,7 +67,7 @@ __all__ = [
 
 T = TypeVar("T")
 Progress = Callable[[str], None]
-Role = Literal["proxy", "internal", "outside", "full"]
+Role = Literal["proxy", "internal", "outside", "full", "run"]
 
 #: The bridge every proxy shares to reach the outside.
 OUTSIDE_NETWORK = "orchestrator-egress"
@@ -75,6 +83,13 @@ SHARED = labels.SHARED
 EGRESS_KEY = f"{labels.PREFIX}.egress-key"
 EGRESS_ROLE = f"{labels.PREFIX}.egress-role"
 EGRESS_ALLOW = f"{labels.PREFIX}.egress-allow"
+EGRESS_VERSION = f"{labels.PREFIX}.egress-version"
+#: The proxy's configuration contract: what the orchestrator passes it and what it must do
+#: (environment, networks, health check, rules). Bump it whenever that changes: a proxy
+#: carrying another version (or none: made before the label existed) is replaced when no
+#: run of an older version still uses it. 2: per-run networks, EGRESS_EXCLUDE, the
+#: health check, EGRESS_REACH (private destinations other than these refused).
+PROXY_VERSION = "2"
 
 #: Proxy hardening and limits.
 PROXY_MEMORY = 128 << 20
@@ -83,6 +98,13 @@ PROXY_NANO_CPUS = 1_000_000_000
 PROXY_NOFILE = 4096
 PROXY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,size=16m,mode=1777"}
 PROXY_LOG_CONFIG = {"max-size": "10m", "max-file": "3"}
+#: The proxy's health check (CIS 5.27): squid must answer a request on loopback. A proxy
+#: the engine reports ``unhealthy`` (3 failures 30 s apart) is replaced on its next use.
+PROXY_HEALTH_TEST = ["CMD", "/usr/local/bin/egress-proxy", "--health"]
+PROXY_HEALTH_INTERVAL = 30.0
+PROXY_HEALTH_TIMEOUT = 5.0
+PROXY_HEALTH_RETRIES = 3
+PROXY_HEALTH_START = 10.0
 
 #: squid's line once its listening socket is open.
 _READY_MARK = b"Accepting HTTP Socket connections"
@@ -101,19 +123,18 @@ _DOCKER_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]
 
 @dataclass(frozen=True)
 class Egress:
-    """A ready proxy: attach a worker to ``network`` and give it :func:`proxy_env`.
+    """A ready proxy: :func:`attach` it to a run's internal network, put the worker on that
+    network and give it :func:`proxy_env`.
 
-    ``network`` is the internal network's name (unique: see ``BRIDGE_PREFIX``), usable
-    as a container's network mode; ``network_id`` is its id; ``proxy_container`` is the
-    proxy container's id.
+    ``proxy_container`` is the proxy container's id; ``services`` are the local service
+    networks it has joined.
     """
 
-    network: str
     proxy_url: str
     proxy_container: str
     key: str
-    network_id: str = ""
     allow: tuple[AllowEntry, ...] = field(default=())
+    services: tuple[str, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -122,7 +143,7 @@ class Decision:
 
     ``time`` is when the proxy received the request (aware, UTC); ``status`` is the HTTP
     status the proxy answered (403 for a denial, 200 for an opened tunnel, 0 when the
-    client went away first).
+    client went away first); ``client`` is the address the request came from.
     """
 
     host: str
@@ -131,6 +152,11 @@ class Decision:
     time: datetime
     method: str
     status: int = 0
+    client: str = ""
+
+    def as_egress(self) -> EgressDecision:
+        """As the runtime records it (host, port, allowed, method)."""
+        return EgressDecision(self.host, self.port, self.allowed, self.method)
 
 
 def proxy_env(egress: Egress) -> dict[str, str]:
@@ -217,7 +243,7 @@ def remove_network(engine: DockerClient, network: str) -> bool:
     """Remove a network; True when it is gone, False when it is still in use."""
     with engine_errors(f"removing network {network}"):
         try:
-            retrying(lambda: engine.api.remove_network(network))
+            retrying(lambda: podman.remove_network(engine, network))
         except docker_errors.NotFound:
             return True
         except docker_errors.APIError as exc:
@@ -228,15 +254,24 @@ def remove_network(engine: DockerClient, network: str) -> bool:
 
 
 def ensure_network(
-    engine: DockerClient, name: str, *, internal: bool, bridge: str, labels_: dict[str, str]
+    engine: DockerClient,
+    name: str,
+    *,
+    internal: bool,
+    bridge: str,
+    labels_: dict[str, str],
+    options: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Find or create a labelled bridge network called ``name``; return its summary.
 
     Two processes may try at once. The fixed bridge interface name makes the engine refuse
     the second creation (403 "same bridge name") or the name check refuses it (409); the
-    loser then finds the winner's network on the next look.
+    loser then finds the winner's network on the next look. An existing network lacking
+    one of ``options`` (e.g. made by an older version) is replaced while no container uses
+    it, and refused, naming the fix, while one does.
     """
     role = labels_.get(EGRESS_ROLE, "")
+    wanted = dict(options or {})
     for _attempt in range(5):
         found = networks_named(engine, name)
         if found:
@@ -252,6 +287,9 @@ def ensure_network(
                     f"network '{name}' has the wrong 'internal' setting; remove it "
                     f"(`docker network rm {name}`) and try again"
                 )
+            if wanted and not _has_options(engine, network, wanted):
+                _replace_outdated(engine, network, wanted)
+                continue
             return network
         with engine_errors(f"creating the egress network {name}"):
             try:
@@ -261,7 +299,7 @@ def ensure_network(
                     internal=internal,
                     labels=labels_,
                     check_duplicate=True,
-                    options={"com.docker.network.bridge.name": bridge},
+                    options={"com.docker.network.bridge.name": bridge, **wanted},
                 )
             except docker_errors.APIError as exc:
                 text = _explanation(exc)
@@ -272,13 +310,40 @@ def ensure_network(
     raise EngineError(f"could not create or find the egress network '{name}'")
 
 
+def _has_options(engine: DockerClient, network: dict[str, Any], wanted: Mapping[str, str]) -> bool:
+    got = network.get("Options")
+    if got is None:  # the list answer lacked them: ask the network itself
+        with engine_errors(f"inspecting network {network['Name']}"):
+            got = engine.api.inspect_network(network["Id"]).get("Options")
+    got = got or {}
+    return all(got.get(key) == value for key, value in wanted.items())
+
+
+def _replace_outdated(
+    engine: DockerClient, network: dict[str, Any], wanted: Mapping[str, str]
+) -> None:
+    """Remove a network made without ``wanted`` options, unless a container uses it."""
+    name = str(network["Name"])
+    users = [
+        str((u.get("Names") or ["?"])[0]).lstrip("/")
+        for u in network_users(engine, name, str(network["Id"]))
+    ]
+    settings = ", ".join(f"{key}={value}" for key, value in wanted.items())
+    if users or not remove_network(engine, str(network["Id"])):
+        raise EngineError(
+            f"network '{name}' was created without {settings} and is used by "
+            f"{', '.join(users) or 'a container'}; stop those runs, remove it "
+            f"(`docker network rm {name}`) and try again"
+        )
+
+
 def ensure_outside_network(engine: DockerClient) -> str:
     """Create (or find) the shared outside bridge all proxies use; return its id."""
     network = ensure_network(
         engine,
         OUTSIDE_NETWORK,
         internal=False,
-        bridge=OUTSIDE_BRIDGE,
+        bridge=podman.outside_bridge(engine, OUTSIDE_BRIDGE),
         labels_=shared_labels("outside"),
     )
     return str(network["Id"])
@@ -293,14 +358,23 @@ def build_proxy_image(engine: DockerClient, base: str, progress: Progress = lamb
 
 
 def ensure_egress(
-    engine: DockerClient, allow: Sequence[AllowEntry], *, timeout: float = 30.0
+    engine: DockerClient,
+    allow: Sequence[AllowEntry],
+    *,
+    services: Sequence[str] = (),
+    timeout: float = 30.0,
 ) -> Egress:
-    """Return a ready proxy for ``allow``, creating it and its networks when needed.
+    """Return a ready proxy for ``allow``, creating it when needed.
 
-    Reusing a running proxy costs one engine request. A proxy another process is creating
-    at the same moment is waited for; one left behind half-created or stopped is replaced.
-    Returns only once squid accepts connections; raises EngineError after ``timeout``
-    seconds, or at once when the proxy cannot start (with the end of its log).
+    ``services`` names local service networks (the project's ``network.services``) the
+    proxy joins, so that allowlist entries naming containers on them work. Reusing a
+    running, healthy proxy costs one engine request. A proxy another process is creating
+    at the same moment is waited for; one made by another version (its
+    ``egress-version`` label), left behind half-created, stopped, or reported
+    ``unhealthy`` by its health check is replaced, and the replacement joins the run
+    networks the old one served. Returns only once squid accepts connections; raises
+    EngineError after ``timeout`` seconds, or at once when the proxy cannot start (with the
+    end of its log).
     """
     entries = tuple(sorted(set(allow)))
     if not entries:
@@ -308,20 +382,41 @@ def ensure_egress(
     for entry in entries:
         if not isinstance(entry, AllowEntry):
             raise TypeError("ensure_egress takes entries from validate_allowlist()")
-    key = allowlist_key(entries)
+    wanted = tuple(sorted(set(services)))
+    key = egress_key(entries, wanted)
     name = PROXY_PREFIX + key
     deadline = time.monotonic() + timeout
+    carried: list[str] = []  # run networks a replaced proxy served
     while time.monotonic() <= deadline:
         info = _inspect_container(engine, name)
         if info is not None:
-            egress = _reuse(engine, info, entries, key, deadline)
+            egress = _reuse(engine, info, entries, wanted, key, deadline, carried)
         else:
-            egress = _create(engine, entries, key, deadline)
+            egress = _create(engine, entries, wanted, key, deadline, carried)
         if egress is not None:
             return egress
         # A stale proxy was removed, another process won the race for the name, or a
         # network vanished under a concurrent removal: look again.
     raise EngineError(f"timed out setting up the egress proxy {name}")
+
+
+def attach(engine: DockerClient, egress: Egress, network: str) -> None:
+    """Connect the proxy to a run's internal network as ``proxy``; a no-op when it already is.
+
+    Raises docker's NotFound when the proxy or the network is gone (a concurrent clean-up).
+    """
+    try:
+        engine.api.connect_container_to_network(
+            egress.proxy_container, network, aliases=[PROXY_ALIAS]
+        )
+    except docker_errors.APIError as exc:
+        if isinstance(exc, docker_errors.NotFound):
+            raise
+        if "already exists" in _explanation(exc):  # already attached
+            return
+        raise EngineError(
+            f"connecting the egress proxy to network {network}: {_explanation(exc)}"
+        ) from None
 
 
 def _check_ours(info: dict[str, Any], key: str) -> None:
@@ -334,20 +429,24 @@ def _check_ours(info: dict[str, Any], key: str) -> None:
         )
 
 
-def _egress_from(info: dict[str, Any], entries: tuple[AllowEntry, ...], key: str) -> Egress | None:
-    """The Egress a proxy container serves; None when it lost its internal network."""
-    network = INTERNAL_PREFIX + key
-    attached = ((info.get("NetworkSettings") or {}).get("Networks")) or {}
-    endpoint = attached.get(network)
-    if endpoint is None:
+def _attached(info: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(((info.get("NetworkSettings") or {}).get("Networks")) or {})
+
+
+def _egress_from(
+    info: dict[str, Any], entries: tuple[AllowEntry, ...], services: tuple[str, ...], key: str
+) -> Egress | None:
+    """The Egress a proxy container serves; None when it lost its outside network or one
+    of its service networks (it cannot serve as declared any more)."""
+    attached = _attached(info)
+    if any(network not in attached for network in (OUTSIDE_NETWORK, *services)):
         return None
     return Egress(
-        network=network,
         proxy_url=f"http://{PROXY_ALIAS}:{PROXY_PORT}",
         proxy_container=str(info["Id"]),
         key=key,
-        network_id=str(endpoint.get("NetworkID") or ""),
         allow=entries,
+        services=services,
     )
 
 
@@ -355,22 +454,28 @@ def _reuse(
     engine: DockerClient,
     info: dict[str, Any],
     entries: tuple[AllowEntry, ...],
+    services: tuple[str, ...],
     key: str,
     deadline: float,
+    carried: list[str],
 ) -> Egress | None:
     """Use an existing proxy container, waiting for it if it is being set up.
 
-    Returns None after removing a container that cannot serve (stopped, abandoned while
-    being created, or detached from its network), so the caller creates a new one.
+    Returns None after removing a container that cannot serve (made by another version,
+    stopped, unhealthy, abandoned while being created, or detached from its networks), so
+    the caller creates a new one; the run networks it served are added to ``carried``.
     """
     _check_ours(info, key)
+    if ((info.get("Config") or {}).get("Labels") or {}).get(EGRESS_VERSION) != PROXY_VERSION:
+        _remove_outdated(engine, info, key, carried)
+        return None
     container = str(info["Id"])
     while True:
         state = info.get("State") or {}
         status = state.get("Status", "")
         if status == "running":
-            egress = _egress_from(info, entries, key)
-            if egress is None:
+            egress = _egress_from(info, entries, services, key)
+            if egress is None or (state.get("Health") or {}).get("Status") == "unhealthy":
                 break
             started = parse_docker_time(str(state.get("StartedAt", "")))
             if started is None or now() - started < _READY_GRACE:
@@ -390,43 +495,90 @@ def _reuse(
         if refreshed is None:
             return None
         info = refreshed
+    carried.extend(n for n in _attached(info) if is_run_network(n) and n not in carried)
     remove_container(engine, container)
     return None
 
 
+def _remove_outdated(
+    engine: DockerClient, info: dict[str, Any], key: str, carried: list[str]
+) -> None:
+    """Remove a proxy made by another version (its rules no longer fit what runs expect),
+    and the internal network older versions gave it; refuse, naming the fix, while a
+    container of an older version's run still uses that network."""
+    name = str(info.get("Name", "")).lstrip("/")
+    container = str(info["Id"])
+    label = {"label": [f"{SHARED}=true", f"{EGRESS_KEY}={key}"]}
+    with engine_errors(f"listing the networks of the egress proxy {name}"):
+        old_networks = retrying(lambda: engine.api.networks(filters=label)) or []
+    users = [
+        str((user.get("Names") or ["?"])[0]).lstrip("/")
+        for network in old_networks
+        for user in network_users(engine, str(network["Name"]), str(network["Id"]))
+        if user["Id"] != container
+    ]
+    if users:
+        raise EngineError(
+            f"the egress proxy {name} was made by an older version and is used by "
+            f"{', '.join(sorted(set(users)))}; let those runs end, then remove it "
+            f"(`docker rm -f {name}`) and try again"
+        )
+    carried.extend(n for n in _attached(info) if is_run_network(n) and n not in carried)
+    remove_container(engine, container)
+    for network in old_networks:
+        remove_network(engine, str(network["Id"]))  # False: a run joined it meanwhile
+
+
+def _service_subnets(engine: DockerClient, services: tuple[str, ...]) -> list[str]:
+    """The subnets of the declared local service networks, which must exist."""
+    found: list[str] = []
+    for name in services:
+        networks = networks_named(engine, name)
+        if not networks:
+            raise EngineError(
+                f"orchestrator.yaml: network.services: network '{name}' does not exist; "
+                f"create it (`docker network create {name}`) or remove it from the list"
+            )
+        with engine_errors(f"inspecting network {name}"):
+            found.extend(_subnets(engine.api.inspect_network(networks[0]["Id"])))
+    return found
+
+
 def _create(
-    engine: DockerClient, entries: tuple[AllowEntry, ...], key: str, deadline: float
+    engine: DockerClient,
+    entries: tuple[AllowEntry, ...],
+    services: tuple[str, ...],
+    key: str,
+    deadline: float,
+    carried: list[str],
 ) -> Egress | None:
     """Create and start the proxy; None when another process won the race for the name."""
     allowed = allow_text(entries)
-    outside = ensure_outside_network(engine)
-    internal = ensure_network(
-        engine,
-        INTERNAL_PREFIX + key,
-        internal=True,
-        bridge=BRIDGE_PREFIX + key[:11],
-        labels_=shared_labels("internal", key),
-    )
-    network = str(internal["Name"])
-    subnets = _subnets(internal)
-    if not subnets:  # the list answer lacked the addresses: ask the network itself
-        with engine_errors(f"inspecting the egress network {network}"):
-            subnets = _subnets(engine.api.inspect_network(internal["Id"]))
-    if not subnets:
-        raise EngineError(f"egress network {network} has no IPv4 subnet")
+    ensure_outside_network(engine)
+    with engine_errors(f"inspecting the egress network {OUTSIDE_NETWORK}"):
+        excluded = _subnets(engine.api.inspect_network(OUTSIDE_NETWORK))
+    if not excluded:
+        raise EngineError(f"egress network {OUTSIDE_NETWORK} has no IPv4 subnet")
+    excluded += _service_subnets(engine, services)
     host_config = engine.api.create_host_config(
-        network_mode=network,
+        network_mode=OUTSIDE_NETWORK,
         read_only=True,
         cap_drop=["ALL"],
-        security_opt=["no-new-privileges:true"],
-        tmpfs=dict(PROXY_TMPFS),
+        security_opt=security_opt_for(engine, default_security_opt()),
+        tmpfs=tmpfs_for(engine, dict(PROXY_TMPFS), read_only=True),
         mem_limit=PROXY_MEMORY,
         memswap_limit=PROXY_MEMORY,
         pids_limit=PROXY_PIDS,
         nano_cpus=PROXY_NANO_CPUS,
         init=True,
         ipc_mode="private",
-        ulimits=[docker.types.Ulimit(name="nofile", soft=PROXY_NOFILE, hard=PROXY_NOFILE)],
+        ulimits=ulimits_for(
+            engine,
+            [
+                docker.types.Ulimit(name="nofile", soft=PROXY_NOFILE, hard=PROXY_NOFILE),
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+            ],
+        ),
         log_config=docker.types.LogConfig(type="json-file", config=dict(PROXY_LOG_CONFIG)),
     )
     name = PROXY_PREFIX + key
@@ -438,11 +590,16 @@ def _create(
                 environment={
                     "EGRESS_ALLOW": allowed,
                     "EGRESS_PORT": str(PROXY_PORT),
-                    "EGRESS_CLIENTS": " ".join(subnets),
+                    # Its only other networks are the runs' own: every client there is
+                    # served, nothing on the outside or a service network ever is.
+                    "EGRESS_EXCLUDE": " ".join(excluded),
+                    # The only private destinations: everything else there may be a
+                    # run's network, which the proxy joins and must never bridge.
+                    "EGRESS_REACH": " ".join(excluded),
                 },
-                labels=shared_labels("proxy", key, allowed),
+                labels={**shared_labels("proxy", key, allowed), EGRESS_VERSION: PROXY_VERSION},
                 host_config=host_config,
-                networking_config={"EndpointsConfig": {network: {"Aliases": [PROXY_ALIAS]}}},
+                healthcheck=_healthcheck(),
                 use_config_proxy=False,
             )
         except docker_errors.ImageNotFound:
@@ -458,28 +615,43 @@ def _create(
     container = str(created["Id"])
     try:
         with engine_errors(f"starting the egress proxy {name}"):
-            try:
-                engine.api.connect_container_to_network(container, outside)
-            except docker_errors.NotFound:
-                # The outside network was removed by a concurrent cleanup: start over.
-                remove_container(engine, container)
-                return None
+            for service in services:
+                engine.api.connect_container_to_network(container, service)
             retrying(lambda: engine.api.start(container))
         _wait_ready(engine, container, deadline)
+        egress = Egress(f"http://{PROXY_ALIAS}:{PROXY_PORT}", container, key, entries, services)
+        for network in carried:  # the runs a replaced proxy served keep their way out
+            try:
+                attach(engine, egress, network)
+            except docker_errors.NotFound:
+                continue
         info = _inspect_container(engine, container)
     except _Vanished:
         return None  # removed under us (a concurrent clean-up): start over
+    except docker_errors.NotFound:
+        remove_container(engine, container)
+        return None  # a network was removed by a concurrent clean-up: start over
     except BaseException:
         remove_container(engine, container)
         raise
-    egress = _egress_from(info or {}, entries, key)
-    if info is None or egress is None:
+    if info is None or _egress_from(info, entries, services, key) is None:
         raise EngineError(f"the egress proxy {name} vanished while starting")
     return egress
 
 
+def _healthcheck() -> dict[str, Any]:
+    second = 1_000_000_000
+    return {
+        "test": list(PROXY_HEALTH_TEST),
+        "interval": int(PROXY_HEALTH_INTERVAL * second),
+        "timeout": int(PROXY_HEALTH_TIMEOUT * second),
+        "retries": PROXY_HEALTH_RETRIES,
+        "start_period": int(PROXY_HEALTH_START * second),
+    }
+
+
 def _subnets(network: Mapping[str, Any]) -> list[str]:
-    """A network's IPv4 subnets: the only clients its proxy serves."""
+    """A network's IPv4 subnets."""
     configs = (network.get("IPAM") or {}).get("Config") or []
     return [str(c["Subnet"]) for c in configs if c.get("Subnet") and ":" not in c["Subnet"]]
 
@@ -520,8 +692,9 @@ def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
 def parse_decisions(text: str) -> list[Decision]:
     """Parse the proxy's decision lines (other lines are ignored).
 
-    A line reads ``EGRESS <start> <method> <host> <port> <allow|-> <status> <squid code>``;
-    requests squid could not parse (no host) are reported with host ``-`` and port 0.
+    A line reads ``EGRESS <start> <method> <host> <port> <allow|-> <status> <squid code>
+    <client>`` (older proxies omit the client); requests squid could not parse (no host)
+    are reported with host ``-`` and port 0.
     """
     found: list[Decision] = []
     for line in text.splitlines():
@@ -543,6 +716,7 @@ def parse_decisions(text: str) -> list[Decision]:
                 time=moment,
                 method=method,
                 status=int(status) if status.isdigit() else 0,
+                client=fields[8] if len(fields) > 8 else "",
             )
         )
     return found

@@ -28,6 +28,7 @@ from orchestrator.docker.egress import (
     remove_network,
     shared_labels,
 )
+from orchestrator.docker.netnames import is_run_network
 from orchestrator.errors import EngineError
 
 __all__ = ["egress_keys", "is_idle", "remove_egress", "remove_idle_egress"]
@@ -51,8 +52,14 @@ def _labels_of(engine: DockerClient, target: Mapping[str, str] | str) -> dict[st
             return {}
 
 
+def _run_networks(proxy: Mapping[str, Any]) -> list[str]:
+    """The run networks a proxy (a container list entry) is attached to: its runs."""
+    attached = ((proxy.get("NetworkSettings") or {}).get("Networks")) or {}
+    return sorted(name for name in attached if is_run_network(name))
+
+
 def _by_key(engine: DockerClient, key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The proxy containers and internal networks carrying ``key``."""
+    """The proxy containers and (older versions') internal networks carrying ``key``."""
     label = {"label": [f"{SHARED}=true", f"{EGRESS_KEY}={key}"]}
     with engine_errors(f"listing egress objects of {key}"):
         containers = retrying(lambda: engine.api.containers(all=True, filters=label))
@@ -64,9 +71,10 @@ def is_idle(engine: DockerClient, target: Mapping[str, str] | str, idle_seconds:
     """Whether a shared egress object is unused and may be removed.
 
     ``target`` is an object's labels (e.g. a ``ManagedObject.labels``), an egress key, or a
-    container or network id or name. A proxy and its internal network are idle when no
-    other container (running or not) references the network, the proxy started more than
-    ``idle_seconds`` ago, and it logged no decision in the last ``idle_seconds``. The
+    container or network id or name. A proxy is idle when it is attached to no run's
+    network (each run's own network is removed when the run ends, or by ``gc`` once its
+    owner is gone), it started more than ``idle_seconds`` ago, and it logged no decision
+    in the last ``idle_seconds``. The
     outside network is idle when no container references it. Objects that are not shared
     egress objects are never idle here.
     """
@@ -79,6 +87,8 @@ def is_idle(engine: DockerClient, target: Mapping[str, str] | str, idle_seconds:
     if not key:
         return False
     containers, networks = _by_key(engine, key)
+    if any(_run_networks(proxy) for proxy in containers):
+        return False
     proxies = {c["Id"] for c in containers}
     for network in networks:
         for user in network_users(engine, network["Name"], network["Id"]):
@@ -120,13 +130,20 @@ def egress_keys(engine: DockerClient) -> set[str]:
 
 
 def remove_egress(engine: DockerClient, key: str) -> list[str]:
-    """Remove the proxy and internal network of ``key``, and the outside network when no
-    container uses it any more; return the names removed.
+    """Remove the proxy of ``key``, and the outside network when no container uses it any
+    more; return the names removed. Local service networks the proxy joined are the
+    user's: they are left alone.
 
-    Raises EngineError, removing nothing, while a worker still references the internal
-    network: check :func:`is_idle` first.
+    Raises EngineError, removing nothing, while the proxy serves a run's network: check
+    :func:`is_idle` first.
     """
     containers, networks = _by_key(engine, key)
+    for proxy in containers:
+        if _run_networks(proxy):
+            raise EngineError(
+                f"egress proxy {key} is still used by {', '.join(_run_networks(proxy))}; "
+                "let those runs end (or run gc) first"
+            )
     proxies = {c["Id"] for c in containers}
     for network in networks:
         users = [

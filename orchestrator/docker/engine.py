@@ -8,33 +8,103 @@ on everything it creates, retries transient failures a bounded number of times (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import requests
 from docker import errors as docker_errors
+from docker.utils import socket as docker_socket
 
 from orchestrator import labels
-from orchestrator.docker import networks
+from orchestrator.docker import hostconfig, podman, runtimes
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
-from orchestrator.errors import ImageMissing
+from orchestrator.docker.execframes import frames_until_stopped
+from orchestrator.docker.hostpaths import (
+    HostView,
+    engine_sockets,
+    mapping_problem,
+    own_container_id,
+    socket_problem,
+)
+from orchestrator.errors import (
+    ContainerStopped,
+    EngineError,
+    EngineUnreachable,
+    ImageMissing,
+    OrchestratorError,
+    StartFailure,
+)
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.engine import EgressDecision, ExitState, ManagedObject, Stream
 
+#: A container killed by SIGKILL, as the engine reports it (an OOM kill among others).
+EXIT_SIGKILL = 137
+#: How long past a SIGKILLed container's exit its OOM event may still arrive.
+LATE_OOM_GRACE_S = 2.0
+
+
+#: How Docker (runc) reports, as an exec's first output, a command it could not start.
+EXEC_FAILED = b"OCI runtime exec failed"
+EXIT_CANNOT_INVOKE = 126
+EXIT_NOT_FOUND = 127
+
+
+def start_failure_code(message: str) -> int | None:
+    """The exit code for an engine's report that a command cannot run, Docker's (and a
+    shell's) convention: 127 not found, 126 not runnable; None for any other failure."""
+    lowered = message.lower()
+    if "executable file not found" in lowered or "no such file or directory" in lowered:
+        return EXIT_NOT_FOUND
+    if "permission denied" in lowered or "exec format error" in lowered:
+        return EXIT_CANNOT_INVOKE
+    return None
+
 
 class DockerExec:
-    """One exec'd command: its output frames, then its exit code."""
+    """One exec'd command: its output frames, then its exit code.
+
+    Docker reports a command it could not start (not found, not runnable) as the exec's
+    own output (``OCI runtime exec failed: ...``, Podman's words are turned into these by
+    :func:`.podman.exec_frames`) and exit code 126: :meth:`exit_code` then raises
+    :class:`~orchestrator.errors.StartFailure` instead, with the code a shell would give.
+    """
 
     def __init__(self, engine: DockerEngine, exec_id: str, frames: Iterator[tuple[Stream, bytes]]):
         self.engine = engine
         self.exec_id = exec_id
-        self.frames = frames
+        self.failure: bytearray | None = None
+        """The start of the output, when it is the engine's report of a failed start."""
+        self.frames = self._watched(frames)
+
+    def _watched(self, frames: Iterator[tuple[Stream, bytes]]) -> Iterator[tuple[Stream, bytes]]:
+        first = True
+        try:
+            for stream, chunk in frames:
+                if stream == "stdout":
+                    if first and chunk.startswith(EXEC_FAILED):
+                        self.failure = bytearray()
+                    first = False
+                    if self.failure is not None and len(self.failure) < 4096:
+                        self.failure += chunk
+                yield stream, chunk
+        finally:
+            close = getattr(frames, "close", None)
+            if close is not None:  # closing this closes the connection at once
+                close()
 
     def exit_code(self) -> int | None:
         with engine_errors("reading a command's exit code"):
             code = self.engine.api.exec_inspect(self.exec_id).get("ExitCode")
-        return None if code is None else int(code)
+        if code is None:
+            return None
+        if self.failure is not None and int(code) in (EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND):
+            message = self.failure.decode("utf-8", errors="replace").strip()
+            raise StartFailure(message, code=start_failure_code(message) or EXIT_CANNOT_INVOKE)
+        return int(code)
 
 
 class DockerEngine(DockerClient):
@@ -42,31 +112,71 @@ class DockerEngine(DockerClient):
 
     # -- one container's life -------------------------------------------------------------
 
-    def create(self, spec: ContainerSpec) -> str:
-        host_config = self.api.create_host_config(
-            binds={
-                m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
-                for m in spec.mounts
-            },
-            network_mode=spec.network_mode,
-            read_only=spec.read_only_rootfs,
-            cap_drop=spec.cap_drop,
-            cap_add=spec.cap_add or None,
-            security_opt=spec.security_opt,
-            pids_limit=spec.pids_limit,
-            mem_limit=spec.mem_limit,
-            memswap_limit=spec.memswap_limit,
-            nano_cpus=spec.nano_cpus,
-            tmpfs=spec.tmpfs,
-            init=spec.init,
-            privileged=spec.privileged,
-            ipc_mode="private",
-            devices=spec.devices or None,
-        )
+    #: Runtimes seen on an engine (by its address) in this process. Only their presence is
+    #: remembered: a missing one is asked about again, so that setting it up while a
+    #: long-lived process (a session server) runs is noticed.
+    _seen_runtimes: ClassVar[set[tuple[str, str]]] = set()
 
-        # With an outbox, the container only keeps its mounts alive (as a user of its own)
-        # while the worker runs by exec; see orchestrator.runtime.run.
-        supervised = spec.supervisor_user is not None
+    def runtime_for(self, spec: ContainerSpec) -> str:
+        podman.check_spec(self, spec)  # what Podman cannot run, before its runtime names
+        name = runtimes.runtime_name(spec.isolation, spec.network.mode)
+        if name == runtimes.RUNC:
+            return name  # Docker's own, always there
+        key = (str(self.api.base_url), name)
+        if key not in self._seen_runtimes:
+            if name not in runtimes.engine_runtimes(self):
+                raise EngineError(runtimes.missing_message(spec.worker, spec.trust, name))
+            self._seen_runtimes.add(key)
+        return name
+
+    _host_view: HostView | None = None
+    _host_view_read = False
+
+    def check_mounts(self, spec: ContainerSpec) -> None:
+        """Refuse a mount that would hand the container the engine's socket, or a host
+        folder other than the one the orchestrator checked (when it runs in a container
+        itself: see :mod:`.hostpaths`). Nothing is created before this passes."""
+        sockets = engine_sockets()
+        problems = [p for m in spec.mounts if (p := socket_problem(m.source, m.target, sockets))]
+        view = self.host_view() if spec.mounts and not problems else None
+        if view is not None:
+            problems = [p for m in spec.mounts if (p := mapping_problem(view, m.source, m.target))]
+        if problems:
+            more = f" (and {len(problems) - 1} more mounts)" if len(problems) > 1 else ""
+            raise OrchestratorError(f"{problems[0]}{more}")
+
+    def host_view(self) -> HostView | None:
+        """The orchestrator's own container and its mounts, read once; None outside a
+        container, or in one this engine does not know."""
+        if not self._host_view_read:
+            container = own_container_id()
+            if container is not None:
+                with engine_errors("inspecting the orchestrator's own container"):
+                    try:
+                        inspected = self.api.inspect_container(container)
+                    except docker_errors.NotFound:
+                        inspected = None
+                if inspected is not None:
+                    self._host_view = HostView.from_inspect(container, inspected)
+            self._host_view_read = True
+        return self._host_view
+
+    def create(self, spec: ContainerSpec) -> str:
+        self.check_mounts(spec)
+        runtime = self.runtime_for(spec)
+        config = hostconfig.host_config(spec, runtime)
+        config["security_opt"] = podman.security_opt_for(self, config["security_opt"])
+        config["ulimits"] = podman.ulimits_for(self, config["ulimits"]) or None
+        config["tmpfs"] = podman.tmpfs_for(
+            self,
+            config["tmpfs"],
+            read_only=spec.read_only_rootfs,
+            binds=[m.target for m in spec.mounts],
+        )
+        host_config = self.api.create_host_config(
+            **config, extra_hosts=podman.extra_hosts_for(self, spec)
+        )
+        options = hostconfig.container_config(spec)
 
         # Named after the run: a create retried after a lost reply finds the first one
         # instead of leaving a second, unnoticed container behind.
@@ -76,15 +186,9 @@ class DockerEngine(DockerClient):
             try:
                 result = self.api.create_container(
                     name=name,
-                    image=spec.image,
-                    entrypoint=["sleep"] if supervised else None,
-                    command=["infinity"] if supervised else spec.command,
-                    user=spec.supervisor_user or spec.user,
-                    environment=spec.env,
-                    working_dir=spec.working_dir,
+                    **options,
                     labels=self.labels_for(spec.labels),
                     host_config=host_config,
-                    network_disabled=spec.network_mode == "none",
                     use_config_proxy=False,  # a worker gets exactly the plan's proxy settings
                     stdin_open=False,
                     tty=False,
@@ -100,7 +204,9 @@ class DockerEngine(DockerClient):
 
         with engine_errors(f"creating the container for '{spec.worker}'"):
             try:
-                return retrying(create)
+                container_id = retrying(create)
+                self._gvisor_containers[container_id] = runtimes.is_gvisor(runtime)
+                return container_id
             except docker_errors.ImageNotFound:
                 raise ImageMissing(spec.image) from None
             except docker_errors.NotFound as exc:
@@ -132,8 +238,14 @@ class DockerEngine(DockerClient):
             frames.close()
 
     def start(self, container_id: str) -> None:
-        with engine_errors("starting the container"):
-            retrying(lambda: self.api.start(container_id))
+        try:
+            with engine_errors("starting the container"):
+                retrying(lambda: self.api.start(container_id))
+        except EngineError as exc:
+            code = start_failure_code(str(exc))
+            if code is None or isinstance(exc, EngineUnreachable):
+                raise
+            raise StartFailure(str(exc), code=code) from exc
 
     def wait(self, container_id: str, timeout: float | None) -> int | None:
         with engine_errors("waiting for the container"):
@@ -145,14 +257,38 @@ class DockerEngine(DockerClient):
                 if "timed out" in str(exc).lower():
                     return None
                 raise
-        return int(result.get("StatusCode", -1))
+        return podman.exit_code_for(self, container_id, int(result.get("StatusCode", -1)))
 
     def exit_state(self, container_id: str) -> ExitState:
         with engine_errors("reading the container's exit state"):
             state = retrying(lambda: self.api.inspect_container(container_id))["State"]
-        return ExitState(
-            exit_code=int(state.get("ExitCode", -1)), oom_killed=bool(state.get("OOMKilled"))
-        )
+        code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+        if code == EXIT_SIGKILL and not oom and state.get("Status") == "exited":
+            oom = self._late_oom_event(container_id, str(state.get("StartedAt", "")))
+        return ExitState(exit_code=code, oom_killed=oom)
+
+    def _late_oom_event(self, container_id: str, started_at: str) -> bool:
+        """Whether the engine reports an OOM of this container, waiting briefly for it.
+
+        The engine sets ``OOMKilled`` only when the OOM event reaches it before the exit
+        event; under gVisor the sandbox's death often comes first (up to ~0.2 s measured).
+        The event itself still arrives, so a SIGKILLed container is given a short grace.
+        """
+        try:
+            since = int(datetime.fromisoformat(started_at[:19] + "+00:00").timestamp())
+        except ValueError:
+            return False
+        with engine_errors("reading the container's events"):
+            stream = self.api.events(
+                since=since,
+                until=int(time.time() + LATE_OOM_GRACE_S) + 1,
+                filters={"container": container_id, "event": "oom"},
+                decode=True,
+            )
+            try:
+                return any(True for _ in stream)
+            finally:
+                stream.close()
 
     def kill(self, container_id: str) -> None:
         with engine_errors("killing the container"):
@@ -175,6 +311,7 @@ class DockerEngine(DockerClient):
 
         with engine_errors("removing the container"):
             retrying(remove)
+        self._gvisor_containers.pop(container_id, None)
         return True
 
     # -- garbage collection ---------------------------------------------------------------
@@ -192,27 +329,112 @@ class DockerEngine(DockerClient):
         user: str,
         env: dict[str, str] | None = None,
         workdir: str | None = None,
+        stdin: bytes | None = None,
     ) -> DockerExec:
         with engine_errors("starting a command in the container"):
-            exec_id = self.api.exec_create(
-                container_id,
-                argv,
-                stdout=True,
-                stderr=True,
-                user=user,
-                environment=env,
-                workdir=workdir,
-            )["Id"]
-            frames = self.api.exec_start(exec_id, stream=True, demux=True)
-        return DockerExec(self, exec_id, self._frames(frames))
+            try:
+                exec_id = self.api.exec_create(
+                    container_id,
+                    argv,
+                    stdout=True,
+                    stderr=True,
+                    stdin=stdin is not None,
+                    user=user,
+                    environment=env,
+                    workdir=workdir,
+                )["Id"]
+            except docker_errors.APIError as exc:
+                if podman.stopped_refusal(exc.status_code, str(exc.explanation or "")):
+                    raise ContainerStopped(
+                        f"container {container_id[:12]} is no longer running: no command "
+                        "can start in it"
+                    ) from None
+                raise
+            watch = self._under_gvisor(container_id)
+            if stdin is None and not watch:
+                frames = self.api.exec_start(exec_id, stream=True, demux=True)
+                return DockerExec(self, exec_id, podman.exec_frames_for(self, self._frames(frames)))
+            sock = self.api.exec_start(exec_id, socket=True)
+        running = (lambda: self._running(container_id)) if watch else None
+        fed = self._fed_frames(sock, stdin, running)
+        return DockerExec(self, exec_id, podman.exec_frames_for(self, fed))
 
-    def prepare_network(self, spec: ContainerSpec) -> None:
-        networks.prepare_network(self, spec)
+    #: Whether a container (by id) runs under gVisor, as created here or inspected once.
+    _gvisor_containers: ClassVar[dict[str, bool]] = {}
+
+    def _under_gvisor(self, container_id: str) -> bool:
+        known = self._gvisor_containers.get(container_id)
+        if known is None:
+            with engine_errors("inspecting the container"):
+                host = self.api.inspect_container(container_id).get("HostConfig") or {}
+            known = runtimes.is_gvisor(str(host.get("Runtime") or ""))
+            self._gvisor_containers[container_id] = known
+        return known
+
+    def _running(self, container_id: str) -> bool:
+        """Whether the container still runs (an unanswered question counts as yes)."""
+        try:
+            state = self.api.inspect_container(container_id).get("State") or {}
+        except docker_errors.NotFound:
+            return False
+        except (docker_errors.DockerException, requests.exceptions.RequestException):
+            return True
+        return bool(state.get("Running"))
+
+    @staticmethod
+    def _fed_frames(
+        sock: Any, stdin: bytes | None, running: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[Stream, bytes]]:
+        """Feed ``stdin`` from a thread (a command that reads no input, or reads it slowly,
+        must not stop its output being read), close the write side (end of file for the
+        command), and demultiplex the hijacked connection's frames ourselves. With
+        ``running``, the frames also end once the container stops (gVisor: see
+        :mod:`.execframes`)."""
+        raw: socket.socket = getattr(sock, "_sock", sock)
+
+        def feed() -> None:
+            assert stdin is not None
+            try:
+                view = memoryview(stdin)
+                while view:
+                    sent = raw.send(view[: 1 << 16])
+                    view = view[sent:]
+                raw.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the command ended (or closed its input) before reading it all
+
+        if stdin is not None:
+            threading.Thread(target=feed, name="exec-stdin", daemon=True).start()
+        try:
+            if running is not None:
+                yield from frames_until_stopped(sock, running)
+                return
+            for stream, chunk in docker_socket.frames_iter(sock, tty=False):  # type: ignore[no-untyped-call]
+                if chunk:
+                    yield ("stdout" if stream == docker_socket.STDOUT else "stderr"), chunk
+        except (docker_socket.SocketError, OSError, ValueError):
+            return  # the connection closed as the container went away
+        finally:
+            sock.close()
+            raw.close()
+
+    # The networks module (and the egress proxy's, which it imports) is loaded only when
+    # a run needs a network: a ``none`` run does not pay for importing it.
+    def prepare_network(self, spec: ContainerSpec) -> ManagedObject | None:
+        if spec.network.mode == "none":
+            return None
+        from orchestrator.docker import networks
+
+        return networks.prepare_network(self, spec)
 
     def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
+        from orchestrator.docker import networks
+
         return networks.network_decisions(self, spec, since)
 
     def collect_shared(self, idle_seconds: float) -> list[str]:
+        from orchestrator.docker import networks
+
         return networks.collect_shared(self, idle_seconds)
 
     def list_managed(self) -> list[ManagedObject]:
@@ -229,12 +451,16 @@ class DockerEngine(DockerClient):
         return found
 
     def remove_object(self, obj: ManagedObject) -> bool:
+        if obj.kind == "network":  # a run's network: the shared proxy leaves it first
+            from orchestrator.docker import networks
+
+            if not networks.release_network(self, obj.id):
+                raise EngineError(f"network {obj.name} is still in use")
+            return True
         with engine_errors(f"removing {obj.kind} {obj.name}"):
             try:
                 if obj.kind == "container":
                     self.api.remove_container(obj.id, force=True, v=True)
-                elif obj.kind == "network":
-                    self.api.remove_network(obj.id)
                 else:
                     self.api.remove_volume(obj.id, force=True)
             except docker_errors.NotFound:

@@ -3,18 +3,26 @@
 The base image is bootstrapped from the host's own apt sources with ``mmdebstrap`` and
 imported into the engine; the worker image is then built on it from ``images/worker``.
 Both steps are idempotent: an existing base is reused, and the build uses the engine's
-cache. With a registry, ``base`` may name an official image (e.g. ``python:3.12-slim``).
+cache (and, with ``cache_from``, images brought back by ``docker load`` in a CI job). With a
+registry, ``base`` may name an official image (e.g. ``python:3.12-slim``).
+
+On request, the orchestrator's own image (``images/orchestrator``, for CI runners: see
+docs/ci.md) is built on the same base from wheels made on this machine by ``pip wheel``,
+so that the image build itself needs no package index.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 from docker import errors as docker_errors
 
 from orchestrator import labels
@@ -25,6 +33,7 @@ Progress = Callable[[str], None]
 
 WORKER_IMAGE = "orchestrator/worker:latest"
 PROXY_IMAGE = "orchestrator/proxy:latest"
+ORCHESTRATOR_IMAGE = "orchestrator/orchestrator:latest"
 BASE_REPOSITORY = "orchestrator/base"
 BASE_PACKAGES = ("python3", "ca-certificates")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -104,20 +113,40 @@ def bootstrap_base(engine: DockerClient, tag: str, suite: str, progress: Progres
         repository, _, version = tag.partition(":")
         progress(f"importing {rootfs.stat().st_size >> 20} MiB as {tag}")
         with engine_errors(f"importing the base image {tag}"):
+            # The tag goes inside ``repository`` (the API allows both) and each label gets
+            # its own LABEL: Podman's import ignores a separate tag and reads a LABEL's
+            # second key=value pair as part of the first one's value.
             engine.api.import_image_from_file(
                 str(rootfs),
-                repository=repository,
-                tag=version or "latest",
+                repository=f"{repository}:{version or 'latest'}",
                 changes=[
                     f"ENV PATH={DEFAULT_PATH}",
-                    f"LABEL {labels.PREFIX}.image=base {labels.PREFIX}.suite={suite}",
+                    f"LABEL {labels.PREFIX}.image=base",
+                    f"LABEL {labels.PREFIX}.suite={suite}",
                 ],
             )
 
 
-def build_image(engine: DockerClient, name: str, tag: str, base: str, progress: Progress) -> None:
-    """Build ``images/<name>`` on ``base`` as ``tag``, streaming the build's progress."""
-    context = images_dir() / name
+def build_image(
+    engine: DockerClient,
+    name: str,
+    tag: str,
+    base: str,
+    progress: Progress,
+    *,
+    context: Path | None = None,
+    buildargs: dict[str, str] | None = None,
+) -> None:
+    """Build ``images/<name>`` (or ``context``) on ``base`` as ``tag``, streaming progress.
+
+    An existing ``tag`` is offered as a cache source: after a ``docker load`` (a CI cache)
+    the classic builder would not reuse the loaded layers on its own. The image the build
+    replaces is removed when nothing uses it, so that rebuilds (every test run rebuilds the
+    orchestrator's image) leave no untagged copies behind.
+    """
+    context = context or images_dir() / name
+    previous = _image_id(engine, tag)
+    cache_from = [tag] if previous else None
     with engine_errors(f"building {tag}"):
         try:
             stream = engine.api.build(
@@ -126,8 +155,9 @@ def build_image(engine: DockerClient, name: str, tag: str, base: str, progress: 
                 rm=True,
                 forcerm=True,
                 decode=True,
-                buildargs={"BASE": base},
+                buildargs={"BASE": base, **(buildargs or {})},
                 labels={f"{labels.PREFIX}.image": name},
+                cache_from=cache_from,
             )
             for event in stream:
                 if "error" in event:
@@ -137,6 +167,18 @@ def build_image(engine: DockerClient, name: str, tag: str, base: str, progress: 
                     progress(text)
         except docker_errors.BuildError as exc:
             raise ImageBuildError(f"building {tag} failed: {exc.msg}") from None
+    if previous and _image_id(engine, tag) != previous:
+        # Still used by a container (or another tag): then it stays, as docker leaves it.
+        with contextlib.suppress(docker_errors.APIError, requests.exceptions.RequestException):
+            engine.api.remove_image(previous)
+
+
+def _image_id(engine: DockerClient, tag: str) -> str | None:
+    with engine_errors(f"looking up image '{tag}'"):
+        try:
+            return str(engine.api.inspect_image(tag)["Id"])  # type: ignore[no-untyped-call]
+        except docker_errors.NotFound:
+            return None
 
 
 def build_all(
@@ -145,9 +187,11 @@ def build_all(
     base: str | None = None,
     suite: str | None = None,
     rebuild_base: bool = False,
+    with_orchestrator: bool = False,
     progress: Progress = lambda _: None,
 ) -> BuildResult:
-    """Make sure the base exists (bootstrapping it if needed), then build the worker image."""
+    """Make sure the base exists (bootstrapping it if needed), then build the worker and
+    proxy images, and with ``with_orchestrator`` the orchestrator's own image."""
     engine.ping()
     base_built = False
     if base is None:
@@ -165,4 +209,60 @@ def build_all(
             engine.api.pull(repository, tag=version or "latest")
     build_image(engine, "worker", WORKER_IMAGE, base, progress)
     build_image(engine, "proxy", PROXY_IMAGE, base, progress)
-    return BuildResult(base=base, base_built=base_built, images=[WORKER_IMAGE, PROXY_IMAGE])
+    built = [WORKER_IMAGE, PROXY_IMAGE]
+    if with_orchestrator:
+        build_orchestrator_image(engine, base, progress)
+        built.append(ORCHESTRATOR_IMAGE)
+    return BuildResult(base=base, base_built=base_built, images=built)
+
+
+def source_checkout() -> Path:
+    """The project checkout the orchestrator runs from (its ``pyproject.toml``)."""
+    root = images_dir().parent
+    if not (root / "pyproject.toml").is_file() or not (root / "orchestrator").is_dir():
+        raise ImageBuildError(
+            f"the orchestrator image is built from a checkout of the project, and {root} is "
+            "not one (no pyproject.toml); run `orchestrator images build --with-orchestrator` "
+            "from a checkout's virtualenv (`make images-orchestrator`)"
+        )
+    return root
+
+
+def build_wheels(source: Path, into: Path, progress: Progress) -> None:
+    """``pip wheel`` the project and its dependencies into ``into`` with this interpreter.
+
+    The wheels are made for this Python (their tags say so); the image's Dockerfile
+    checks that its own python3 is the same version before installing them.
+    """
+    progress("building wheels of the orchestrator and its dependencies (pip wheel)")
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(into)]
+    done = subprocess.run(
+        [*command, str(source)], capture_output=True, text=True, errors="replace", check=False
+    )
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
+        raise ImageBuildError(
+            f"pip wheel of {source} failed (exit {done.returncode}); is pip installed in "
+            f"{sys.prefix}? Last output:\n{tail}"
+        )
+    progress(f"{len(list(into.glob('*.whl')))} wheels ready")
+
+
+def build_orchestrator_image(engine: DockerClient, base: str, progress: Progress) -> None:
+    """Build ``orchestrator/orchestrator`` on ``base`` from wheels made here (no index in
+    the build): ``images/orchestrator/Dockerfile`` with the wheels beside it."""
+    source = source_checkout()
+    with tempfile.TemporaryDirectory(prefix="orchestrator-image-") as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(images_dir() / "orchestrator", context)
+        build_wheels(source, context / "wheels", progress)
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        build_image(
+            engine,
+            "orchestrator",
+            ORCHESTRATOR_IMAGE,
+            base,
+            progress,
+            context=context,
+            buildargs={"PYTHON_VERSION": python},
+        )

@@ -1,67 +1,171 @@
 """What a plan's network needs from the engine, made ready before the worker is created.
 
-``none`` needs nothing. An allowlist needs its egress proxy and internal network
-(:mod:`orchestrator.docker.egress`). ``full`` needs the project's own bridge network with
-outbound access (never Docker's default bridge, which every container shares). All of
-these are shared between runs, so they carry no owner labels; :func:`collect_shared`
-removes the ones no container uses any more.
+``none`` needs nothing. An allowlist needs the run's own internal network (owner-labelled
+like the run's container, removed with the run, or by ``gc`` after a crash) and its
+egress proxy (:mod:`orchestrator.docker.egress`) attached to it as ``proxy``. ``full``
+needs the project's own bridge network with outbound access and inter-container traffic
+turned off (never Docker's default bridge, which every container shares), so no run on it
+reaches another. Proxies and project networks are shared between runs, so they carry no
+owner labels; :func:`collect_shared` removes the ones no container uses any more.
 """
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 from datetime import datetime
 
 from docker import errors as docker_errors
 
+from orchestrator import labels
 from orchestrator.config.allowlist import validate_allowlist
-from orchestrator.docker.client import DockerClient, engine_errors
+from orchestrator.docker import podman
+from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.egress import (
+    BRIDGE_PREFIX,
     EGRESS_ROLE,
     SHARED,
+    attach,
     decisions,
     ensure_egress,
     ensure_network,
     network_users,
+    remove_network,
     shared_labels,
 )
 from orchestrator.docker.egress_gc import remove_idle_egress
+from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec
-from orchestrator.policy.network import FULL_PREFIX
-from orchestrator.runtime.engine import EgressDecision
+from orchestrator.runtime.engine import EgressDecision, ManagedObject
+
+#: Containers on the project's ``full`` network must not reach each other.
+NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
+
+#: The subnets of the run networks this process set up, by name: a run's decisions are
+#: told apart by them even when its network is already gone when they are read.
+_RUN_SUBNETS: dict[str, list[ipaddress.IPv4Network]] = {}
 
 
-def prepare_network(engine: DockerClient, spec: ContainerSpec) -> None:
-    """Create or reuse what ``spec.network_mode`` names."""
-    if spec.egress is not None:
-        egress = ensure_egress(engine, validate_allowlist(spec.egress))
-        if egress.network != spec.network_mode:
+def prepare_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObject | None:
+    """Create or reuse what ``spec``'s network mode needs; return the run's own network
+    (an allowlist's), which the run removes at its end."""
+    if spec.network.mode == "allowlist":
+        return _open_run_network(engine, spec)
+    if spec.network.mode == "full":
+        if not spec.network.project:
             raise EngineError(
-                f"the egress network is '{egress.network}' but the plan names "
-                f"'{spec.network_mode}'; rebuild the plan"
+                f"the plan of '{spec.worker}' has network full but no project key; rebuild the plan"
             )
-    elif spec.network_mode.startswith(FULL_PREFIX):
-        bridge = "ofl-" + spec.network_mode.removeprefix(FULL_PREFIX)[:11]
+        bridge = "ofl-" + spec.network.project[:11]
         ensure_network(
             engine,
-            spec.network_mode,
+            network_name(spec),
             internal=False,
             bridge=bridge,
             labels_=shared_labels("full"),
+            options=NO_ICC,
         )
+    return None
+
+
+def _open_run_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObject:
+    """The run's own internal network, with the allowlist's proxy attached as ``proxy``."""
+    if not spec.run_id:
+        raise EngineError(
+            f"the plan of '{spec.worker}' has an allowlist but no run id to name its own "
+            "network after; rebuild the plan"
+        )
+    name = network_name(spec)
+    allow = validate_allowlist(spec.network.allow)
+    run_labels = {labels.RUN_ID: spec.run_id, labels.WORKER: spec.worker, EGRESS_ROLE: "run"}
+    bridge = BRIDGE_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:11]
+    with engine_errors(f"creating the run's network {name}"):
+        try:
+            podman.create_run_network(
+                engine, name, labels=engine.labels_for(run_labels), bridge=bridge
+            )
+        except docker_errors.APIError as exc:
+            if exc.status_code != 409:  # 409: made by an earlier attempt of this run
+                raise
+    try:
+        _RUN_SUBNETS[name] = _run_subnets(engine, name)
+        retried = False
+        while True:
+            egress = ensure_egress(engine, allow, services=spec.network.services)
+            try:
+                attach(engine, egress, name)
+                return ManagedObject("network", name, name, run_labels)
+            except docker_errors.NotFound:
+                if retried:  # the proxy was removed as idle just now: set it up again once
+                    raise EngineError(f"the egress proxy for {name} vanished twice") from None
+                retried = True
+    except BaseException:
+        release_network(engine, name)
+        raise
+
+
+def release_network(engine: DockerClient, network: str) -> bool:
+    """Remove an owned network, first disconnecting what is left on it (the shared proxy
+    of a finished run); True when it is gone."""
+    _RUN_SUBNETS.pop(network, None)
+    with engine_errors(f"removing network {network}"):
+        try:
+            info = retrying(lambda: engine.api.inspect_network(network))
+        except docker_errors.NotFound:
+            return True
+        for container in info.get("Containers") or {}:
+            try:
+                engine.api.disconnect_container_from_network(container, network, force=True)
+            except docker_errors.NotFound:
+                continue
+            except docker_errors.APIError as exc:
+                if exc.status_code not in (403, 409):  # 403/409: already leaving
+                    raise
+    return remove_network(engine, str(info["Id"]))
 
 
 def network_decisions(
     engine: DockerClient, spec: ContainerSpec, since: datetime
 ) -> list[EgressDecision]:
-    """The egress proxy's allow/deny decisions for requests made since ``since``."""
-    if spec.egress is None:
+    """The egress proxy's allow/deny decisions for this run's requests since ``since``.
+
+    Requests are told apart by the client's address, which lies in the run's own network
+    (read before that network is removed at the end of the run, or remembered from when
+    it was set up). When that subnet is unknown there are none: the proxy's other
+    decisions are other runs'.
+    """
+    if spec.network.mode != "allowlist":
         return []
-    egress = ensure_egress(engine, validate_allowlist(spec.egress))
+    name = network_name(spec)
+    subnets = _run_subnets(engine, name) or _RUN_SUBNETS.get(name, [])
+    if not subnets:
+        return []
+    allow = validate_allowlist(spec.network.allow)
+    egress = ensure_egress(engine, allow, services=spec.network.services)
+    return [d.as_egress() for d in decisions(engine, egress, since) if _in_any(d.client, subnets)]
+
+
+def _run_subnets(engine: DockerClient, network: str) -> list[ipaddress.IPv4Network]:
+    with engine_errors(f"inspecting network {network}"):
+        try:
+            info = engine.api.inspect_network(network)
+        except docker_errors.NotFound:
+            return []
+    configs = (info.get("IPAM") or {}).get("Config") or []
     return [
-        EgressDecision(host=d.host, port=d.port, allowed=d.allowed, method=d.method)
-        for d in decisions(engine, egress, since)
+        ipaddress.IPv4Network(c["Subnet"])
+        for c in configs
+        if c.get("Subnet") and ":" not in c["Subnet"]
     ]
+
+
+def _in_any(address: str, subnets: list[ipaddress.IPv4Network]) -> bool:
+    try:
+        parsed = ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    return any(parsed in subnet for subnet in subnets)
 
 
 def collect_shared(engine: DockerClient, idle_seconds: float) -> list[str]:
@@ -76,7 +180,7 @@ def collect_shared(engine: DockerClient, idle_seconds: float) -> list[str]:
             continue
         with engine_errors(f"removing network {network['Name']}"):
             try:
-                engine.api.remove_network(network["Id"])
+                podman.remove_network(engine, network["Id"])
             except docker_errors.NotFound:
                 continue
             except docker_errors.APIError as exc:

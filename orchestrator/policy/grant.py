@@ -8,12 +8,14 @@ included.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.config import Project, Resources, Worker
-from orchestrator.config.models import Trust, ZoneRequest
+from orchestrator.config.loader import WORKER_SUFFIX
+from orchestrator.config.models import ISOLATION_ORDER, Isolation, Trust, ZoneRequest, human_size
 from orchestrator.errors import PolicyError
 from orchestrator.labels import current_owner
 from orchestrator.policy.network import NetworkGrant, describe, network_grant
@@ -46,6 +48,9 @@ class ZoneGrant:
     ask_base: Path | None = None
     """``approval.write: ask``: the real zone folder. ``host_path`` is then the run's private
     copy of it; the difference becomes a change set applied only on approval."""
+    guard: bool = False
+    """A read-only bind of one of the project's policy files (or the repo's ``.git``) over
+    its place inside a writable zone: a file or a folder."""
 
     @property
     def read_only(self) -> bool:
@@ -86,6 +91,9 @@ class RunPaths:
     workers: Path
     sandbox_root: Path
     run_dir: Path
+    policy: tuple[Path, ...] = ()
+    """What the orchestrator reads its policy from: the project file, the workers folder and
+    credential files. Read-only wherever a writable zone holds them."""
 
     @property
     def secrets_dir(self) -> Path:
@@ -99,6 +107,11 @@ class RunPaths:
         """Holds the run's broker socket; mounted read-only at /run/orchestrator."""
         return self.run_dir / "broker"
 
+    @property
+    def inputs_dir(self) -> Path:
+        """Holds the run's inputs (filled when it opens); mounted read-only at /inputs."""
+        return self.run_dir / "inputs"
+
     @classmethod
     def of(cls, project: Project, *, session_id: str, workspace: str, run_id: str) -> RunPaths:
         root = project.sandbox_root
@@ -110,7 +123,24 @@ class RunPaths:
             workers=project.workers_dir,
             sandbox_root=root,
             run_dir=root / "runs" / run_id,
+            policy=policy_paths(project),
         )
+
+
+def policy_paths(project: Project) -> tuple[Path, ...]:
+    """The files and folders a later run's policy comes from (the last link not followed)."""
+    paths = [project.file, project.workers_dir]
+    # Worker files linked into the workers folder live elsewhere: guard where they really are.
+    if project.workers_dir.is_dir():
+        for entry in sorted(project.workers_dir.glob(f"*{WORKER_SUFFIX}")):
+            real = Path(os.path.realpath(entry))
+            if entry.is_symlink() and not real.is_relative_to(project.workers_dir):
+                paths.append(real)
+    for credential in project.config.credentials.values():
+        if credential.source == "file" and credential.path:
+            path = project.root / Path(credential.path).expanduser()
+            paths.append(Path(os.path.realpath(path.parent)) / path.name)
+    return tuple(dict.fromkeys(paths))
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,8 @@ class Grant:
     secrets: tuple[str, ...] = ()
     """Credential names delivered as files under /run/secrets (never for untrusted)."""
     paths: RunPaths | None = field(default=None, compare=False)
+    isolation: Isolation = "runc"
+    """The runtime the container runs under: ``gvisor`` (runsc) or ``runc``."""
 
     def zone(self, name: str) -> ZoneGrant | None:
         return next((z for z in self.zones if z.name == name and not z.standard), None)
@@ -192,13 +224,35 @@ def grant_for(
     timeout: float | None = None,
 ) -> Grant:
     """Check ``worker``'s requests against ``project`` and its trust level; return its grant."""
+    grant, problems = assess_grant(project, worker, paths, trust=trust, timeout=timeout)
+    if problems:
+        raise PolicyError(problems)
+    return grant
+
+
+def assess_grant(
+    project: Project,
+    worker: Worker,
+    paths: RunPaths,
+    *,
+    trust: Trust | None = None,
+    timeout: float | None = None,
+) -> tuple[Grant, list[str]]:
+    """The grant ``worker`` would get, and every problem found on the way (empty: granted).
+
+    With problems, the grant leaves out what was refused; callers that check more (a
+    child's restriction) use it to report their own problems in the same breath.
+    """
     level = trust or worker.config.trust
     sandbox = worker.config.sandbox
     problems: list[str] = []
     zones: list[ZoneGrant] = []
     masks: list[str] = []
     if sandbox is not None:
-        zones, masks = standard_zones(level, paths)
+        try:
+            zones, masks = standard_zones(level, paths)
+        except PolicyError as exc:
+            problems += exc.problems
         for index, request in enumerate(sandbox.zones):
             where = f"{worker.file}: sandbox.zones[{index}]"
             granted = _project_zone(project, request, level, where, problems, paths)
@@ -206,7 +260,12 @@ def grant_for(
                 zones.append(granted)
         if sandbox.readonly:  # read-only everything: no outbox to write into either
             zones = [_readonly(z) for z in zones if not z.outbox]
+        # The worker's own file too, wherever it lives (it may be run by its path).
+        own = Path(os.path.realpath(worker.file))
+        extra = () if own.is_relative_to(paths.workers) or own in paths.policy else (own,)
+        zones += _policy_guards(zones, replace(paths, policy=(*paths.policy, *extra)), problems)
     _check_secrets(project, worker, level, problems)
+    isolation = resolve_isolation(project, worker, level, problems)
     network = network_grant(worker.config.network or project.config.defaults.network)
     cap = project.config.untrusted_network
     if level == "untrusted" and network_rank(network) > {"none": 0, "allow": 1, "full": 2}[cap]:
@@ -214,12 +273,11 @@ def grant_for(
             f"{worker.file}: network: '{describe(network)}' is more than {project.file} allows "
             f"untrusted workers (untrusted_network: {cap}); narrow it or raise the trust"
         )
-    if problems:
-        raise PolicyError(problems)
     limits = resolve_limits(
         Resources(timeout=timeout), worker.config.resources, project.config.defaults.resources
     )
-    return Grant(
+    problems += _tmpfs_problems(project, worker, limits)
+    grant = Grant(
         trust=level,
         zones=tuple(zones),
         network=network,
@@ -228,7 +286,53 @@ def grant_for(
         children=tuple(worker.config.children),
         secrets=tuple(worker.config.secrets),
         paths=paths,
+        isolation=isolation,
     )
+    return grant, problems
+
+
+def resolve_isolation(
+    project: Project, worker: Worker, level: Trust, problems: list[str]
+) -> Isolation:
+    """The project's isolation for ``level``, or the worker's own when that is stronger.
+
+    A worker asking for less than its level gets (``runc`` where the project says
+    ``gvisor``) is refused, not quietly upgraded: it may depend on what gVisor lacks, and
+    only the project file may trade isolation away.
+    """
+    floor: Isolation = getattr(project.config.isolation, level)
+    asked = worker.config.isolation
+    if asked is None:
+        return floor
+    if ISOLATION_ORDER.index(asked) < ISOLATION_ORDER.index(floor):
+        problems.append(
+            f"{worker.file}: isolation: '{asked}' is weaker than {project.file} gives trust "
+            f"'{level}' (isolation.{level}: {floor}); remove it, or set isolation.{level}: "
+            f"{asked} in {project.file} (see docs/security.md)"
+        )
+        return floor
+    return asked
+
+
+def _tmpfs_problems(project: Project, worker: Worker, limits: Limits) -> list[str]:
+    """A tmpfs's pages count against the container's memory: /tmp may not outgrow the limit.
+
+    (The outbox, sized project-wide, is capped per run by the plan instead.)
+    """
+    if limits.tmp <= limits.memory:
+        return []
+    if worker.config.resources.tmp is not None:
+        where = f"{worker.file}: resources.tmp"
+    else:
+        where = f"{project.file}: defaults.resources.tmp"
+    if worker.config.resources.memory is not None:
+        fix = f"raise resources.memory in {worker.file}"
+    else:
+        fix = "raise the memory limit (resources.memory)"
+    return [
+        f"{where}: a {human_size(limits.tmp)} /tmp is more than the run's memory limit "
+        f"({human_size(limits.memory)}), which its pages count against; lower tmp or {fix}"
+    ]
 
 
 def _check_secrets(project: Project, worker: Worker, level: Trust, problems: list[str]) -> None:
@@ -246,6 +350,43 @@ def _check_secrets(project: Project, worker: Worker, level: Trust, problems: lis
                 f"{worker.file}: secrets: '{name}' is not in {project.file} credentials "
                 f"(known: {offered}); add it there"
             )
+
+
+def _policy_guards(zones: list[ZoneGrant], paths: RunPaths, problems: list[str]) -> list[ZoneGrant]:
+    """Read-only binds over every policy file (and the repo's ``.git``) inside a writable
+    zone: a worker must never widen what later runs get by rewriting their declarations."""
+    guarded = [*paths.policy, *([paths.repo_git] if paths.repo_git else [])]
+    targets = {zone.target for zone in zones}
+    guards: list[ZoneGrant] = []
+    for zone in zones:
+        if zone.read_only or zone.outbox or zone.ask_base is not None:
+            continue  # an ask zone's changes reach the host only on approval
+        if zone.host_path.is_relative_to(paths.sandbox_root):
+            continue  # run state (sessions, workspaces): never read as policy
+        for policy in guarded:
+            where = f"zone '{zone.name}' ({zone.target})"
+            if zone.host_path.is_relative_to(policy):
+                problems.append(
+                    f"{where}: {zone.host_path} lies in {policy}, which the orchestrator reads "
+                    "its policy from; a worker could widen later runs. Use mode ro, "
+                    "approval.write ask, or another folder"
+                )
+            elif policy.is_relative_to(zone.host_path):
+                target = f"{zone.target}/{policy.relative_to(zone.host_path).as_posix()}"
+                if target in targets:
+                    continue  # already mounted there (the repo's .git)
+                if not os.path.lexists(policy):
+                    problems.append(
+                        f"{where}: {policy} does not exist, and a worker could create it "
+                        "there (the orchestrator reads its policy from it); create it, or "
+                        "keep it outside writable zones"
+                    )
+                    continue
+                targets.add(target)
+                guards.append(
+                    ZoneGrant(zone.name, policy, target, "ro", standard=zone.standard, guard=True)
+                )
+    return guards
 
 
 def _readonly(zone: ZoneGrant) -> ZoneGrant:

@@ -1,15 +1,17 @@
 """Network grants: ``none`` < an allowlist < ``full``, and what a plan shows for them. Pure.
 
-An allowlisted worker sits on an internal network (no route out) named after its
-allowlist, with the egress proxy as its only way out; ``full`` uses a per-project network
-with outbound access, never Docker's default bridge. See docs/network.md.
+An allowlisted worker sits on an internal network (no route out) of its own, with the
+egress proxy of its allowlist as its only other member and only way out; ``full`` uses a
+per-project network with outbound access and inter-container traffic off, never the
+engine's default one. No run shares a network segment with another run. The plan states
+the mode; each engine adapter names and builds the networks (the Docker adapter's names
+are in :mod:`orchestrator.docker.netnames`). See docs/network.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from pathlib import Path
 
 from orchestrator.config.allowlist import AllowEntry, allowlist_key, validate_allowlist
 from orchestrator.config.models import Allowlist
@@ -18,9 +20,6 @@ from orchestrator.config.models import Allowlist
 PROXY_PORT = 3128
 PROXY_ALIAS = "proxy"
 PROXY_URL = f"http://{PROXY_ALIAS}:{PROXY_PORT}"
-#: Internal (no route out) networks are named after the allowlist's key.
-INTERNAL_PREFIX = "orchestrator-egress-"
-FULL_PREFIX = "orchestrator-full-"
 #: Proxy variables a worker file may not set itself.
 PROXY_VARIABLES = (
     "HTTP_PROXY",
@@ -42,9 +41,15 @@ def network_env(proxy_url: str = PROXY_URL) -> dict[str, str]:
     return dict(zip(PROXY_VARIABLES, values, strict=True))
 
 
-def internal_network(allow: Iterable[AllowEntry]) -> str:
-    """The name of the internal network serving this allowlist."""
-    return INTERNAL_PREFIX + allowlist_key(allow)
+def egress_key(allow: Iterable[AllowEntry], services: Iterable[str] = ()) -> str:
+    """The key naming the shared proxy for an allowlist and the local service networks it
+    is connected to (the allowlist's own key when there are none)."""
+    entries = tuple(allow)
+    joined = ",".join(sorted(set(services)))
+    if not joined:
+        return allowlist_key(entries)
+    text = allowlist_key(entries) + "|" + joined
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def narrower_or_equal(child: NetworkGrant, parent: NetworkGrant) -> bool:
@@ -72,8 +77,3 @@ def network_grant(declared: str | Allowlist) -> NetworkGrant:
 def rank(network: NetworkGrant) -> int:
     """0 none, 1 allowlist, 2 full."""
     return {"none": 0, "full": 2}.get(network, 1) if isinstance(network, str) else 1
-
-
-def full_network(project_root: Path) -> str:
-    """The per-project network with outbound access that ``network: full`` uses."""
-    return FULL_PREFIX + hashlib.sha256(str(project_root).encode()).hexdigest()[:12]

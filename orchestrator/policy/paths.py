@@ -31,25 +31,46 @@ class ZoneView:
         names = sorted({z.target for z in self.grant.zones if not z.read_only})
         return ", ".join(names) or "nothing"
 
-    def _readable_list(self) -> str:
-        return ", ".join(sorted({z.target for z in self.grant.zones})) or "nothing"
+    def _readable_list(self) -> str:  # the outbox is write-only
+        names = sorted({z.target for z in self.grant.zones if not z.outbox})
+        return ", ".join(names) or "nothing"
 
-    def _locate(self, verb: str, path: str) -> tuple[ZoneGrant, Path]:
+    def writable(self) -> str:
+        """The writable zones, for messages: "/output, /session" (or "nothing")."""
+        return self._writable_list()
+
+    def readable(self) -> str:
+        """The readable zones, for messages: "/input, /session" (or "nothing")."""
+        return self._readable_list()
+
+    def locate(self, verb: str, path: str) -> tuple[ZoneGrant, str]:
+        """The zone holding ``path`` and the clean path inside it (``a/b``; ``""`` for the
+        zone's root). Refuses relative paths, ``..``, NUL and masked or ungranted paths; the
+        outbox is returned like any zone (callers decide what it allows)."""
         if not path.startswith("/"):
             raise self._deny(verb, path, "use an absolute path such as /zone/file")
         if ".." in path.split("/"):
             raise self._deny(verb, path, "'..' is not allowed in paths")
+        if "\0" in path:
+            raise self._deny(verb, path, "a NUL character is not allowed in paths")
         clean = posixpath.normpath(path)
         for mask in self.grant.masks:
             if clean == mask or clean.startswith(mask + "/"):
                 raise self._deny(verb, path, f"{mask} is hidden from workers")
         for zone in self._mounts:
             if clean == zone.target or clean.startswith(zone.target + "/"):
-                if zone.outbox:
-                    raise self._deny(verb, path, f"{zone.target} is the run's write-only outbox")
-                relative = clean[len(zone.target) :].lstrip("/")
-                return zone, zone.host_path / relative
-        raise self._deny(verb, path, f"it is in no granted zone. Readable: {self._readable_list()}")
+                return zone, clean[len(zone.target) :].lstrip("/")
+        raise self._deny(
+            verb,
+            path,
+            f"outside the sandbox: it is in no granted zone. Readable: {self._readable_list()}",
+        )
+
+    def _locate(self, verb: str, path: str) -> tuple[ZoneGrant, Path]:
+        zone, relative = self.locate(verb, path)
+        if zone.outbox:
+            raise self._deny(verb, path, f"{zone.target} is the run's write-only outbox")
+        return zone, zone.host_path / relative
 
     def resolve(self, path: str, *, verb: str = "read") -> Path:
         """The host path behind a virtual path, refusing anything that escapes its zone."""
@@ -65,6 +86,12 @@ class ZoneView:
 
     def check_write(self, path: str, size: int | None = None) -> Path:
         """The host path to write ``path`` at, or a PolicyError naming what is writable."""
+        self.write_zone(path, size)
+        return self.resolve(path, verb="write")
+
+    def write_zone(self, path: str, size: int | None = None) -> ZoneGrant:
+        """The zone ``path`` would be written in, after the mode, suffix and size checks
+        (no file-system access: callers that open files check links themselves)."""
         zone, _ = self._locate("write", path)
         if zone.read_only:
             raise self._deny(
@@ -80,7 +107,7 @@ class ZoneView:
                 path,
                 f"{size} bytes exceeds {zone.target}'s per-file cap of {zone.max_file_size}",
             )
-        return self.resolve(path, verb="write")
+        return zone
 
     def can_read(self, path: str) -> bool:
         try:

@@ -1,10 +1,11 @@
 """Restriction: a child's grant, with its parent's grant as the ceiling.
 
 ``restrict(parent, child)`` either returns a grant no wider than the parent's in any respect
-(zones and their subtrees, modes, network, trust, resources, children) or refuses, naming the
-problem: "child 'formatter' asks rw on 'data' but parent 'main' has ro". What a child
-*declares* beyond its parent is an error; what it would get implicitly (its trust profile's
-standard zones, default limits, the project's default network) is capped silently.
+(zones and their subtrees, modes, network, trust, resources, children; its isolation runtime
+at least as strong) or refuses, naming the problem: "child 'formatter' asks rw on 'data' but
+parent 'main' has ro". What a child *declares* beyond its parent is an error; what it would
+get implicitly (its trust profile's standard zones, default limits, the project's default
+network, its level's isolation) is capped silently.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from orchestrator.config import Project, Worker
+from orchestrator.config.models import ISOLATION_ORDER, Isolation, human_size
 from orchestrator.errors import PolicyError
-from orchestrator.policy.grant import Grant, Limits, RunPaths, ZoneGrant, grant_for
+from orchestrator.policy.grant import Grant, Limits, RunPaths, ZoneGrant, assess_grant
 from orchestrator.policy.network import NetworkGrant, describe, narrower_or_equal
 from orchestrator.policy.trust import rank
 
@@ -50,15 +52,14 @@ def restrict(
             ]
         )
     declared_trust = child.config.trust
-    if rank(declared_trust) > rank(parent.trust):
-        raise PolicyError(
-            [
-                f"child '{name}' declares trust '{declared_trust}' but parent "
-                f"'{parent_name}' runs at '{parent.trust}'; a child's trust can only be lower"
-            ]
-        )
-    own = grant_for(project, child, paths, trust=declared_trust)
     problems: list[str] = []
+    if rank(declared_trust) > rank(parent.trust):
+        problems.append(
+            f"child '{name}' declares trust '{declared_trust}' but parent "
+            f"'{parent_name}' runs at '{parent.trust}'; a child's trust can only be lower"
+        )
+    own, refused = assess_grant(project, child, paths, trust=declared_trust)
+    problems += refused  # reported together with the ceiling's problems below
     zones: list[ZoneGrant] = []
     for zone in own.zones:
         ceiling = [p for p in parent.zones if p.name == zone.name and p.standard == zone.standard]
@@ -93,6 +94,7 @@ def restrict(
             )
     network = _network(own.network, parent.network, child, parent_name, problems)
     limits = _limits(own.limits, parent.limits, child, parent_name, problems)
+    isolation = _isolation(own.isolation, parent.isolation, child, parent_name, problems)
     problems += [
         f"child '{name}' asks secret '{secret}' but parent '{parent_name}' does not hold it"
         for secret in own.secrets
@@ -101,7 +103,9 @@ def restrict(
     if problems:
         raise PolicyError(problems)
     masks = tuple(dict.fromkeys((*own.masks, *parent.masks)))
-    return replace(own, zones=tuple(zones), network=network, limits=limits, masks=masks)
+    return replace(
+        own, zones=tuple(zones), network=network, limits=limits, masks=masks, isolation=isolation
+    )
 
 
 def _network(
@@ -121,6 +125,21 @@ def _network(
     return ceiling  # an undeclared (project default) network is capped to the parent's
 
 
+def _isolation(
+    wanted: Isolation, floor: Isolation, child: Worker, parent_name: str, problems: list[str]
+) -> Isolation:
+    """A child of a gVisor parent runs under gVisor too: asking runc is refused, an
+    implicit runc (its trust level's) is raised to the parent's."""
+    if ISOLATION_ORDER.index(wanted) >= ISOLATION_ORDER.index(floor):
+        return wanted
+    if child.config.isolation is not None:
+        problems.append(
+            f"child '{child.name}' asks isolation '{wanted}' but parent '{parent_name}' runs "
+            f"under '{floor}'; a child's isolation can only be as strong or stronger"
+        )
+    return floor
+
+
 def _limits(
     wanted: Limits, ceiling: Limits, child: Worker, parent_name: str, problems: list[str]
 ) -> Limits:
@@ -130,8 +149,15 @@ def _limits(
         mine, theirs = getattr(wanted, field), getattr(ceiling, field)
         if mine > theirs and getattr(declared, field) is not None:
             problems.append(
-                f"child '{child.name}' asks {field} {mine:g} but parent '{parent_name}' has "
-                f"{theirs:g}; a child's resources can only be smaller"
+                f"child '{child.name}' asks {field} {_amount(field, mine)} but parent "
+                f"'{parent_name}' has {_amount(field, theirs)}; a child's resources can only "
+                "be smaller"
             )
         values[field] = min(mine, theirs)
     return Limits.of(values)
+
+
+def _amount(field: str, value: float) -> str:
+    if field in ("memory", "tmp"):
+        return human_size(value)
+    return f"{value:g} s" if field == "timeout" else f"{value:g}"

@@ -8,13 +8,15 @@ untrusted   rw       -          outbox               -        ro       ro, or rw
                                                                        untrusted output
 session     rw       rw         outbox               -        ro       as declared
 workspace   rw       rw         outbox               ro       ro       as declared
-full        rw       rw         outbox               rw       rw       as declared
+full        rw       rw         outbox               rw       ro       as declared
 =========== ======== ========= ==================== ======== ======== ==============
 
 The outbox ``/staged`` is, at every level, a fresh tmpfs of its own with a hard size cap: a
 worker can add files, never see what earlier runs staged; what it leaves there becomes a
 pending change set on the host. ``/repo/.git`` stays read-only at every level, and the
 sandbox root (other sessions, change sets, the audit log) is never visible through ``/repo``.
+The policy files (the project file, the workers folder, credential files) are read-only in
+every container, wherever a writable zone holds them (see ``grant._policy_guards``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ PROFILES: dict[Trust, Profile] = {
         {"session": "rw", "workspace": "rw", "workers": "ro", "staged": "rw", "repo": "ro"}, True
     ),
     "full": Profile(
-        {"session": "rw", "workspace": "rw", "workers": "rw", "staged": "rw", "repo": "rw"}, True
+        {"session": "rw", "workspace": "rw", "workers": "ro", "staged": "rw", "repo": "rw"}, True
     ),
 }
 

@@ -229,8 +229,8 @@ class Broker:
             "ORCHESTRATOR_ATTACHMENTS": json.dumps(attach),
         }
         left = max(1.0, round(self.deadline - time.monotonic(), 1))
-        timeout = min(prepared.spec.timeout_s, left)
-        return replace(prepared, spec=replace(prepared.spec, env=env, timeout_s=timeout))
+        limits = replace(prepared.spec.limits, timeout_s=min(prepared.spec.limits.timeout_s, left))
+        return replace(prepared, spec=replace(prepared.spec, env=env, limits=limits))
 
 
 def _read_request(conn: socket.socket) -> dict[str, Any]:
@@ -242,7 +242,10 @@ def _read_request(conn: socket.socket) -> dict[str, Any]:
         data += chunk
         if len(data) > MAX_REQUEST:
             raise ValueError("request larger than 64 KiB")
-    request = json.loads(data.decode("utf-8"))
+    try:
+        request = json.loads(data.decode("utf-8"))
+    except RecursionError:  # e.g. 64 KiB of '[': the parser recurses once per level
+        raise ValueError("request nested too deeply") from None
     if not isinstance(request, dict):
         raise ValueError("request must be a JSON object")
     return request

@@ -1,8 +1,11 @@
-"""What the runtime needs from a container engine, as a typed protocol.
+"""What the runtime needs from a container engine, as typed protocols split by concern.
 
-The runtime depends on this protocol only; ``orchestrator.docker`` implements it with the
-Docker SDK, and tests may pass a fake. Implementations retry transient engine failures
-themselves and raise :class:`~orchestrator.errors.EngineError` for everything else.
+:class:`Containers` (one container's life), :class:`Networks` (a run's network and egress
+proxy) and :class:`Inventory` (what exists, for ``gc``) make up :class:`Engine`. The runtime
+depends on these only and each function asks for the narrowest it uses;
+``orchestrator.docker`` implements them with the Docker SDK, and the unit tests' fake is held
+to the same behaviour by a contract test run against both. Implementations retry transient
+engine failures themselves and raise :class:`~orchestrator.errors.EngineError` for everything else.
 """
 
 from __future__ import annotations
@@ -52,16 +55,20 @@ class ExecHandle(Protocol):
     frames: Iterator[tuple[Stream, bytes]]
 
     def exit_code(self) -> int | None:
-        """The command's exit code once its output has ended (None while running)."""
+        """The command's exit code once its output has ended (None while running).
+
+        Raises :class:`~orchestrator.errors.StartFailure` (with the code, 126 or 127) when
+        the engine could not start the command at all."""
 
 
-class Engine(Protocol):
-    """The container operations one run and ``gc`` use."""
-
-    def ping(self) -> None:
-        """Raise EngineUnreachable unless the engine answers."""
+class Containers(Protocol):
+    """One container's life: create, run, exec into, stop and remove it."""
 
     def image_exists(self, image: str) -> bool: ...
+
+    def runtime_for(self, spec: ContainerSpec) -> str:
+        """The engine's runtime for ``spec``'s isolation, checked to be there: raise
+        EngineError naming the set-up step when it is not."""
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) a container for ``spec``; return its id."""
@@ -69,12 +76,15 @@ class Engine(Protocol):
     def attach(self, container_id: str) -> Iterator[tuple[Stream, bytes]]:
         """Attach to a created container's output; iterate until it exits."""
 
-    def start(self, container_id: str) -> None: ...
+    def start(self, container_id: str) -> None:
+        """Start a created container. Raise :class:`~orchestrator.errors.StartFailure`
+        when its command cannot run (not found: 127, not runnable: 126)."""
 
     def wait(self, container_id: str, timeout: float | None) -> int | None:
         """Block until exit; return the exit code, or None when ``timeout`` passed first."""
 
-    def exit_state(self, container_id: str) -> ExitState: ...
+    def exit_state(self, container_id: str) -> ExitState:
+        """How a stopped container ended (its exit code; whether it was OOM-killed)."""
 
     def kill(self, container_id: str) -> None:
         """SIGKILL the container; no error when it has already stopped."""
@@ -94,11 +104,22 @@ class Engine(Protocol):
         user: str,
         env: dict[str, str] | None = None,
         workdir: str | None = None,
+        stdin: bytes | None = None,
     ) -> ExecHandle:
-        """Start ``argv`` inside a running container and attach to its output."""
+        """Start ``argv`` inside a running container and attach to its output.
 
-    def prepare_network(self, spec: ContainerSpec) -> None:
-        """Create or reuse the network (and egress proxy) ``spec`` names."""
+        With ``stdin``, those bytes are fed to the command, then end of file; without it the
+        command's standard input is empty (``/dev/null``). Raise
+        :class:`~orchestrator.errors.ContainerStopped` when the container is not running."""
+
+
+class Networks(Protocol):
+    """The network a run's plan names, and the egress proxy behind an allowlist."""
+
+    def prepare_network(self, spec: ContainerSpec) -> ManagedObject | None:
+        """Create or reuse the network (and egress proxy) ``spec``'s network mode needs.
+        Return the run's own network, which the run removes when it ends (None: nothing
+        of the run's own, e.g. a network shared by a project's runs)."""
 
     def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
         """The egress proxy's decisions on this run's requests (empty without one)."""
@@ -106,8 +127,19 @@ class Engine(Protocol):
     def collect_shared(self, idle_seconds: float) -> list[str]:
         """Remove shared objects (proxies, networks) that no container uses any more."""
 
+
+class Inventory(Protocol):
+    """Everything the orchestrator created on the engine, for ``gc`` and clean-up."""
+
     def list_managed(self) -> list[ManagedObject]:
         """Every container, network and volume carrying the orchestrator's labels."""
 
     def remove_object(self, obj: ManagedObject) -> bool:
         """Remove one managed object; True when it is gone."""
+
+
+class Engine(Containers, Networks, Inventory, Protocol):
+    """An engine as one run and ``gc`` use it: every concern, and a liveness check."""
+
+    def ping(self) -> None:
+        """Raise EngineUnreachable unless the engine answers."""

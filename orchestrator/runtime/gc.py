@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from orchestrator import labels
 from orchestrator.errors import EngineError
-from orchestrator.runtime.engine import Engine, ManagedObject
+from orchestrator.runtime.engine import Inventory, ManagedObject
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class GcReport:
     failed: list[tuple[ManagedObject, str]] = field(default_factory=list)
 
 
-def collect(engine: Engine, *, everything: bool = False) -> GcReport:
+def collect(engine: Inventory, *, everything: bool = False) -> GcReport:
     """Remove orphaned objects (or, with ``everything``, all managed objects of dead owners
     in any pid namespace)."""
     report = GcReport()

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.config import Project
 from orchestrator.config.models import OutboxLimits
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.preparation import Prepared, pristine_of
-from orchestrator.staging import (
-    ChangeMeta,
-    ChangeStore,
-    ChangeTarget,
-    collect_dir,
-    collect_tar,
-    create_and_audit,
-)
+
+if TYPE_CHECKING:
+    from orchestrator.staging import ChangeStore, Collected
+
+# orchestrator.staging is imported where a change set is stored, not here: a run whose
+# outbox is empty (or that has none) does not pay for importing it.
 
 CHANGES_FOLDER = "changes"
 
@@ -61,6 +60,8 @@ def zone_limits(project: Project, zone: str) -> OutboxLimits:
 
 
 def change_store(project: Project) -> ChangeStore:
+    from orchestrator.staging import ChangeStore
+
     return ChangeStore(project.sandbox_root / CHANGES_FOLDER)
 
 
@@ -70,26 +71,55 @@ class StagingReader:
     def __init__(self, project: Project, audit: AuditLog) -> None:
         self.project = project
         self.audit = audit
-        self.store = change_store(project)
 
-    def outbox(self, spec: ContainerSpec, stream: IO[bytes]) -> OutboxResult:
+    @cached_property
+    def store(self) -> ChangeStore:
+        return change_store(self.project)
+
+    def outbox(
+        self, spec: ContainerSpec, stream: IO[bytes], *, message: str | None = None
+    ) -> OutboxResult:
+        """Store one tar stream of a run's results (its outbox, or files a session stages)
+        as a pending change set targeting the repo."""
+        from orchestrator.staging import collect_tar
+
         limits = self.project.config.sandbox.outbox
         with (
             self.store.scratch() as tmp,
             collect_tar(stream, limits=limits, tmp_dir=tmp) as found,  # type: ignore[arg-type]
         ):
-            rejected = [{"path": r.path, "reason": r.reason} for r in found.rejected]
-            if not found.files and not found.rejected:
-                return OutboxResult(change_id=None, files=0)
-            meta = ChangeMeta(
-                worker=spec.worker,
-                trust=spec.trust,
-                target=ChangeTarget.repo(),
-                run_id=spec.run_id,
-                session_id=spec.session_id,
-                message=f"{spec.worker}: results of run {spec.run_id}",
-            )
-            change = create_and_audit(self.store, found, meta, self.audit)
+            return self._store(spec, found, message)
+
+    def outbox_dir(
+        self, spec: ContainerSpec, folder: Path, *, message: str | None = None
+    ) -> OutboxResult:
+        """The same for a host folder a worker wrote its results into (an engine that
+        cannot hand the outbox over as a tar stream, e.g. a swarm task's results folder):
+        collected by :func:`orchestrator.staging.collect_dir`, by the same rules."""
+        from orchestrator.staging import collect_dir
+
+        limits = self.project.config.sandbox.outbox
+        with (
+            self.store.scratch() as tmp,
+            collect_dir(folder, limits=limits, tmp_dir=tmp) as found,
+        ):
+            return self._store(spec, found, message)
+
+    def _store(self, spec: ContainerSpec, found: Collected, message: str | None) -> OutboxResult:
+        from orchestrator.staging import ChangeMeta, ChangeTarget, create_and_audit
+
+        rejected = [{"path": r.path, "reason": r.reason} for r in found.rejected]
+        if not found.files and not found.rejected:
+            return OutboxResult(change_id=None, files=0)
+        meta = ChangeMeta(
+            worker=spec.worker,
+            trust=spec.trust,
+            target=ChangeTarget.repo(),
+            run_id=spec.run_id,
+            session_id=spec.session_id,
+            message=message or f"{spec.worker}: results of run {spec.run_id}",
+        )
+        change = create_and_audit(self.store, found, meta, self.audit)
         return OutboxResult(change_id=change.id, files=len(change.files), rejected=rejected)
 
     def zones(self, prepared: Prepared) -> list[OutboxResult]:
@@ -106,6 +136,8 @@ class StagingReader:
         return results
 
     def _zone(self, prepared: Prepared, name: str, copy: Path) -> OutboxResult:
+        from orchestrator.staging import ChangeMeta, ChangeTarget, collect_dir, create_and_audit
+
         spec = prepared.spec
         zone = prepared.project.zones[name].config
         limits = zone_limits(self.project, name)

@@ -13,16 +13,23 @@ import re
 import shutil
 import stat
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.audit import AuditLog
-from orchestrator.config import Project, Worker
+from orchestrator.config import Project, Worker, load_worker
 from orchestrator.config.models import Trust
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.plan import ContainerSpec, compile_plan
 from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
 from orchestrator.policy.grant import ZoneGrant
+from orchestrator.runtime.hostfs import DIR_FLAGS, open_entry, permits
+from orchestrator.runtime.session_folders import touch
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.inputs import InputSpec
 
 AUDIT_FILE = "audit.jsonl"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -43,6 +50,10 @@ class Prepared:
     paths: RunPaths
     uid: int
     gid: int
+    fresh_session: bool = False
+    """The session was made for this run (no ``--session``): its folder goes if left empty."""
+    inputs: tuple[InputSpec, ...] = ()
+    """Checked inputs, placed in the run's ``/inputs`` folder when it opens."""
 
     @property
     def session_id(self) -> str:
@@ -67,25 +78,92 @@ def prepare(
     promote: bool = False,
     session_id: str | None = None,
     workspace: str = "default",
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    input_slot: bool = False,
 ) -> Prepared:
-    """Check the declarations and compile the plan, without touching Docker."""
+    """Check the declarations and compile the plan, without touching Docker.
+
+    ``inputs`` (host files or folders, checked now: see :mod:`orchestrator.runtime.inputs`)
+    are placed at ``/inputs/<name>`` when the run opens; ``input_slot`` gives the run an
+    ``/inputs`` folder without inputs yet (filled later by ``place_inputs``, e.g. for a run
+    opened ahead of need). ``env`` is added to the worker's environment and ``args`` to its
+    command; both are part of the plan, so a container created from it gets them.
+    """
+    from orchestrator.runtime.inputs import check_inputs
+
+    problems = [f"argument {i + 1} holds a NUL character" for i, a in enumerate(args) if "\0" in a]
+    if problems:
+        raise ConfigError(problems)
+    checked = check_inputs(project, worker, inputs) if inputs else ()
     run_id = run_id or new_id()
+    fresh = not session_id
     session_id = check_name("session", session_id) if session_id else new_id()
     paths = RunPaths.of(
         project, session_id=session_id, workspace=check_name("workspace", workspace), run_id=run_id
     )
     level = effective_trust(worker.config.trust, trust, promote=promote)
     grant = grant_for(project, worker, paths, trust=level, timeout=timeout)
-    return compile_prepared(project, worker, grant, paths, run_id=run_id, session_id=session_id)
+    prepared = compile_prepared(
+        project,
+        worker,
+        grant,
+        paths,
+        run_id=run_id,
+        session_id=session_id,
+        inputs=bool(checked) or input_slot,
+        env=env,
+        args=args,
+    )
+    return replace(prepared, fresh_session=fresh, inputs=checked)
+
+
+def load_and_prepare(project: Project, worker: str, **options: Any) -> Prepared:
+    """Load a worker file (by name or path) and :func:`prepare` it.
+
+    A file with invalid fields is still checked as far as it can be: its grant is computed
+    without those fields, and every problem is reported at once.
+    """
+    try:
+        loaded = load_worker(project, worker)
+    except ConfigError as exc:
+        if not isinstance(exc.partial, Worker):
+            raise
+        try:
+            prepare(project, exc.partial, **options)
+        except ConfigError as more:
+            problems = exc.problems + [p for p in more.problems if p not in exc.problems]
+            raise ConfigError(problems) from None
+        raise
+    return prepare(project, loaded, **options)
 
 
 def compile_prepared(
-    project: Project, worker: Worker, grant: Grant, paths: RunPaths, *, run_id: str, session_id: str
+    project: Project,
+    worker: Worker,
+    grant: Grant,
+    paths: RunPaths,
+    *,
+    run_id: str,
+    session_id: str,
+    inputs: bool = False,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> Prepared:
     """Compile an already checked grant (a top-level run's, or a child's restricted one)."""
     uid, gid = worker_identity(project.root)
     spec = compile_plan(
-        project, worker, grant, run_id=run_id, session_id=session_id, uid=uid, gid=gid
+        project,
+        worker,
+        grant,
+        run_id=run_id,
+        session_id=session_id,
+        uid=uid,
+        gid=gid,
+        inputs=inputs,
+        env=env,
+        args=args,
     )
     return Prepared(project, worker, grant, spec, paths, uid, gid)
 
@@ -94,22 +172,31 @@ def prepare_filesystem(prepared: Prepared) -> None:
     """Create the run's folders and check every mount source before the container exists."""
     uid, gid, paths = prepared.uid, prepared.gid, prepared.paths
     private(paths.sandbox_root)
+    # As root, folders made for the worker belong to the project folder's owner, and the
+    # worker's uid gets its access for the run only (runtime.access, when the run opens).
+    owner = (uid, gid) if os.geteuid() != 0 else project_owner(prepared.project.root)
     for zone in prepared.grant.zones:
         if zone.outbox:
             continue  # a tmpfs inside the container
         if zone.ask_base is not None:
             check_zone(replace(zone, host_path=zone.ask_base, ask_base=None), uid, gid)
+            # As root, the copy holds what the grant lets the worker read: everything.
+            whole = os.geteuid() == 0 and zone.ask_base.stat().st_uid != uid
             # Two copies: the worker's, and the snapshot its changes are measured against,
             # so that edits made to the zone meanwhile are conflicts, never silently undone.
-            private_copy(zone.ask_base, pristine_of(zone.host_path), uid, gid)
-            private_copy(zone.ask_base, zone.host_path, uid, gid)
+            private_copy(zone.ask_base, pristine_of(zone.host_path), uid, gid, whole=whole)
+            private_copy(zone.ask_base, zone.host_path, uid, gid, whole=whole)
         ours = zone.standard and zone.name in ("session", "workspace")
         missing_output = not zone.standard and not zone.read_only and not zone.host_path.exists()
         if ours or missing_output:
-            owned_folder(zone.host_path, uid, gid)
+            owned_folder(zone.host_path, *owner)
+        if ours and zone.name == "session":
+            touch(zone.host_path)  # used now: `gc --sessions-older-than` counts from here
         check_zone(zone, uid, gid)
     if prepared.grant.children:
         owned_folder(paths.broker_dir, uid, gid)
+    if prepared.spec.inputs is not None:
+        owned_folder(paths.inputs_dir, uid, gid)  # filled by runtime.inputs.place_inputs
 
 
 def pristine_of(copy: Path) -> Path:
@@ -117,18 +204,19 @@ def pristine_of(copy: Path) -> Path:
     return copy.parent.parent / "ask-base" / copy.name
 
 
-def private_copy(source: Path, target: Path, uid: int, gid: int) -> None:
+def private_copy(source: Path, target: Path, uid: int, gid: int, *, whole: bool = False) -> None:
     """Copy a zone for an ``ask`` run: folders and regular files, links as links.
 
     Walks with directory descriptors opened ``O_NOFOLLOW`` and opens files ``O_NOFOLLOW |
     O_NONBLOCK``, checking the type on the open descriptor: a folder swapped for a link, or
     a file for a FIFO, while copying is skipped, never followed or waited on. Entries the
-    worker's own uid could not read are left out (root copies on its behalf).
+    worker's own uid could not read are left out (root copies on its behalf), unless
+    ``whole``: root running a worker whose grant reads the zone, whatever its modes say.
     """
     target.mkdir(mode=0o700, parents=True)
-    top = os.open(source, _DIR_FLAGS)
+    top = os.open(source, DIR_FLAGS)
     try:
-        _copy_folder(top, target, uid, gid)
+        _copy_folder(top, target, uid if not whole else -1, gid if not whole else -1)
     finally:
         os.close(top)
     if os.getuid() == 0:
@@ -137,31 +225,23 @@ def private_copy(source: Path, target: Path, uid: int, gid: int) -> None:
                 os.chown(Path(folder) / name, uid, gid, follow_symlinks=False)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
 def _copy_folder(folder: int, into: Path, uid: int, gid: int) -> None:
     for entry in os.scandir(folder):
         info = entry.stat(follow_symlinks=False)
-        if not _permits(info, uid, gid, "r") and not stat.S_ISLNK(info.st_mode):
+        if uid >= 0 and not permits(info, uid, gid, "r") and not stat.S_ISLNK(info.st_mode):
             continue  # not the worker's to read
         if stat.S_ISLNK(info.st_mode):
             os.symlink(os.readlink(entry.name, dir_fd=folder), into / entry.name)
             continue
-        flags = _DIR_FLAGS if stat.S_ISDIR(info.st_mode) else _FILE_FLAGS
         if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
             continue  # FIFOs, sockets, devices: never opened
+        opened_entry = open_entry(folder, entry.name, info)
+        if opened_entry is None:
+            continue  # swapped for a link or something else, or gone
+        fd, opened = opened_entry
         try:
-            fd = os.open(entry.name, flags, dir_fd=folder)
-        except OSError:
-            continue  # swapped for a link (ELOOP), or gone
-        try:
-            opened = os.fstat(fd)
-            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
-                continue  # replaced between the listing and the open
             if stat.S_ISDIR(opened.st_mode):
-                if _permits(opened, uid, gid, "rx"):
+                if uid < 0 or permits(opened, uid, gid, "rx"):
                     (into / entry.name).mkdir(mode=0o700)
                     _copy_folder(fd, into / entry.name, uid, gid)
             elif stat.S_ISREG(opened.st_mode):
@@ -182,6 +262,12 @@ def private(folder: Path) -> None:
     """The sandbox root: created 0700, since it holds every session and the audit log."""
     if not folder.exists():
         folder.mkdir(mode=0o700, parents=True)
+
+
+def project_owner(root: Path) -> tuple[int, int]:
+    """The project folder's owner: who gets the files a worker made, when root runs it."""
+    info = root.stat()
+    return info.st_uid, info.st_gid
 
 
 def owned_folder(folder: Path, uid: int, gid: int) -> None:
@@ -215,26 +301,16 @@ def check_zone(zone: ZoneGrant, uid: int, gid: int) -> None:
         raise OrchestratorError(
             f"{label}: {path} leads through a symlink to {real}; refusing to mount it"
         )
-    if zone.target == "/repo/.git":
-        return  # a file (worktree) or folder, mounted read-only; git's own permissions apply
+    if zone.target == "/repo/.git" or zone.guard:
+        return  # a file or folder, mounted read-only; its own permissions apply
     if not stat.S_ISDIR(info.st_mode):
         raise OrchestratorError(f"{label}: {path} is not a folder; fix its path")
+    if os.geteuid() == 0:
+        return  # root gives the worker's uid what the grant says (runtime.access)
     needed = "rx" if zone.read_only else "rwx"
-    if not _permits(info, uid, gid, needed):
+    if not permits(info, uid, gid, needed):
         raise OrchestratorError(
             f"{label}: {path} is not {'readable' if zone.read_only else 'writable'} by uid "
             f"{uid} (the worker's user); `chown {uid}:{gid} {path}`, or run the orchestrator "
             "as the folder's owner"
         )
-
-
-def _permits(info: os.stat_result, uid: int, gid: int, needed: str) -> bool:
-    """Whether classic permission bits grant ``needed`` (r, w, x) to ``uid:gid``."""
-    if info.st_uid == uid:
-        shift = 6
-    elif info.st_gid == gid:
-        shift = 3
-    else:
-        shift = 0
-    bits = {"r": 4, "w": 2, "x": 1}
-    return all(info.st_mode >> shift & bits[flag] for flag in needed)

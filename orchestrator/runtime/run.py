@@ -1,33 +1,45 @@
-"""One run: create → attach → start → wait (timeout) → remove, on every path.
+"""One run's container, in steps: open → exec → collect → close.
 
-The container is removed whatever happens: success, the worker's failure, a timeout (kill,
-then remove), Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers
-of an orchestrator that could not even get that far (SIGKILL) are found by their owner
-labels and removed by :func:`orchestrator.runtime.gc.collect`.
+:class:`Run` is the lifecycle both one-shot runs and sessions use. ``open`` checks and
+creates everything the plan names (folders, network, broker, secrets, the container) and
+records the start in the audit log before the container exists; ``run_worker`` runs the
+worker's own command (a one-shot run), while a session execs commands of its own choosing;
+``collect`` reads the outbox once the worker's processes are gone; ``close`` removes the
+container, turns ``ask`` zone copies into change sets, reads the proxy's decisions and
+records the end. The container is removed whatever happens: success, the worker's failure,
+a timeout, Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of
+an orchestrator that could not even get that far (SIGKILL) are found by their owner labels
+and removed by :func:`orchestrator.runtime.gc.collect`.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, Literal, Protocol
 
-from orchestrator import labels
 from orchestrator.audit import AuditLog
-from orchestrator.errors import EngineError, OrchestratorError
-from orchestrator.plan import ContainerSpec
+from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
+from orchestrator.plan import RESERVED_ENV, ContainerSpec
+from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.broker import Broker
-from orchestrator.runtime.engine import Engine, Stream
+from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import collect
+from orchestrator.runtime.inputs import InputInfo, InputSpec, place_inputs
 from orchestrator.runtime.preparation import Prepared, prepare_filesystem
+from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
+from orchestrator.runtime.session_folders import remove_if_empty
 from orchestrator.runtime.supervised import (
-    OutboxReader,
+    KILL_ALL,
+    TOOL_ENV,
+    drain,
     oom_killed,
     read_outbox,
     run_worker_exec,
@@ -35,32 +47,30 @@ from orchestrator.runtime.supervised import (
 
 log = logging.getLogger(__name__)
 
-Status = Literal["exited", "timeout", "oom", "error", "interrupted"]
+#: A session is closed after this long without an operation (seconds), unless told otherwise.
+DEFAULT_IDLE_TIMEOUT = 15 * 60.0
+#: ... and after this long in any case.
+DEFAULT_MAX_LIFETIME = 8 * 3600.0
+
+Status = Literal["exited", "timeout", "oom", "error", "interrupted", "closed", "unused"]
 OutputSink = Callable[[Stream, bytes], None]
 
 EXIT_TIMEOUT = 124
 EXIT_OOM = 137
-EXIT_CANNOT_INVOKE = 126
-EXIT_NOT_FOUND = 127
 TAIL_BYTES = 64 << 10
+
+__all__ = ["Interrupted", "Run", "RunResult", "Staging", "execute"]
 
 
 class Staging(Protocol):
     """Where what a run produced goes: its outbox stream, and its private zone copies."""
 
-    def outbox(self, spec: ContainerSpec, stream: IO[bytes]) -> Any:
-        """Read one run's outbox tar stream (hostile data); say what it became."""
+    def outbox(self, spec: ContainerSpec, stream: IO[bytes], *, message: str | None = None) -> Any:
+        """Read one tar stream of a run's results (hostile data); say what it became.
+        ``message`` describes the change set (default: the run's results)."""
 
     def zones(self, prepared: Prepared) -> list[Any]:
         """Turn the run's private copies of ``ask`` zones into change sets; remove them."""
-
-
-class Interrupted(BaseException):
-    """The orchestrator was told to stop (SIGINT or SIGTERM) while a run was in flight."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by signal {signum}")
-        self.signum = signum
 
 
 @dataclass
@@ -112,139 +122,438 @@ def execute(
     engine: Engine,
     prepared: Prepared,
     *,
+    audit: AuditLog,
+    staging: Staging | None,
     on_output: OutputSink | None = None,
-    audit: AuditLog | None = None,
     depth: int = 0,
-    staging: Staging | None = None,
     secrets: Mapping[str, str] | None = None,
 ) -> RunResult:
-    """Run a prepared plan in a new container and remove it afterwards, on every path.
+    """Run a prepared plan's own command in a new container, then remove it: one-shot.
 
-    With ``audit``, the start (everything the container gets) is recorded before anything
-    is created, so a run that cannot be audited never starts; the end is recorded after the
+    The start (everything the container gets) is recorded in ``audit`` before anything is
+    created, so a run that cannot be audited never starts; the end is recorded after the
     container is gone. ``secrets`` holds resolved values by name; the grant decides which of
     them this run gets, and every value is redacted from output, errors and the audit log.
+    Library users go through :class:`orchestrator.Orchestrator`, which wires all of this.
     """
+    run = Run(
+        engine,
+        prepared,
+        audit=audit,
+        staging=staging,
+        secrets=secrets,
+        depth=depth,
+        on_output=on_output,
+    )
     try:
-        return _execute(engine, prepared, on_output, audit, depth, staging, secrets or {})
-    finally:
-        # The run's own folder (broker socket, ask copies) never outlives the run.
-        shutil.rmtree(prepared.paths.run_dir, ignore_errors=True)
-
-
-def _execute(
-    engine: Engine,
-    prepared: Prepared,
-    on_output: OutputSink | None,
-    audit: AuditLog | None,
-    depth: int,
-    staging: Staging | None,
-    secrets: Mapping[str, str],
-) -> RunResult:
-    spec = prepared.spec
-    values = _granted_secrets(prepared, secrets)
-    redactor = Redactor(list(values.values()))
-    if audit is not None:
-        for value in values.values():
-            audit.add_secret(value)
-    prepare_filesystem(prepared)
-    for obj in collect(engine).removed:
-        if audit is not None:
-            audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
-    if spec.network_mode != "none":
-        engine.prepare_network(spec)
-    if audit is not None:
-        audit.record("run.started", **_context(spec), metadata=_start_metadata(prepared, depth))
-    wall_start = datetime.now(UTC) - timedelta(seconds=1)
-    broker: Broker | None = None
-    started = time.monotonic()
-    tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
-    outcome = _Outcome()
-    failed = False
-    try:
-        if prepared.grant.children:
-            broker = Broker(
-                prepared,
-                depth=depth,
-                run_child=lambda child, level: execute(
-                    engine,
-                    child,
-                    audit=audit,
-                    depth=level,
-                    staging=staging,
-                    secrets=values,
-                ),
-                cancel_child=lambda run_id: _remove_run(engine, run_id),
-                audit=audit,
-            )
-            broker.start()
-        with delivered(prepared.paths.secrets_dir, values, prepared.uid, prepared.gid):
-            sink = RedactingSink(on_output, values) if redactor and on_output else None
-            reader = staging.outbox if staging is not None else None
-            _run_container(engine, spec, tails, sink or on_output, outcome, reader)
-            if sink is not None:
-                sink.flush()
+        run.open()
+        run.run_worker()
+        run.collect()
     except BaseException:
-        failed = True
+        run.close(failed=True)
         raise
-    finally:
-        if broker is not None:
-            broker.close(cancel=failed)
-        asked = staging.zones(prepared) if staging is not None else []
-        egress = _egress_decisions(engine, spec, wall_start, audit)
-        result = RunResult(
-            run_id=spec.run_id,
-            worker=spec.worker,
-            exit_code=outcome.exit_code,
-            status=outcome.status,
-            duration_s=round(time.monotonic() - started, 3),
-            stdout=redactor.tail(tails["stdout"].buffer, truncated=tails["stdout"].truncated),
-            stderr=redactor.tail(tails["stderr"].buffer, truncated=tails["stderr"].truncated),
-            container_removed=outcome.removed,
-            error=redactor.text(outcome.error) if outcome.error else None,
-            outbox=outcome.collected,
-            asked=asked,
-            egress=egress,
-        )
-        if audit is not None:
-            audit.record(
-                "run.ended",
-                allowed=result.status == "exited",
-                reason=result.error,
-                **_context(spec),
-                metadata={
-                    "exit_code": result.exit_code,
-                    "status": result.status,
-                    "duration_s": result.duration_s,
-                    "container_removed": result.container_removed,
-                },
+    return run.close()
+
+
+class Run:
+    """One container's life in steps: :meth:`open`, then :meth:`run_worker` or a session's
+    own execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prepared: Prepared,
+        *,
+        audit: AuditLog,
+        staging: Staging | None,
+        secrets: Mapping[str, str] | None = None,
+        depth: int = 0,
+        on_output: OutputSink | None = None,
+    ) -> None:
+        self.engine = engine
+        self.prepared = prepared
+        self.spec = prepared.spec
+        self.audit = audit
+        self.staging = staging
+        self.depth = depth
+        self.values = _granted_secrets(prepared, secrets or {})
+        self.redactor = Redactor(list(self.values.values()))
+        self.on_output = on_output
+        self.container_id: str | None = None
+        self.outcome = _Outcome()
+        self.tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
+        self.result: RunResult | None = None
+        self._broker: Broker | None = None
+        self._stack = ExitStack()
+        self._started = time.monotonic()
+        self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
+        self._opened = False
+        self._collected = False
+        self._worker_gone = False
+        self._reader: threading.Thread | None = None
+        self.inputs: list[InputInfo] = []
+        """The inputs placed at /inputs (name, sha256, size, kind, source)."""
+        self._access: WorkerAccess | None = None
+        self._network: ManagedObject | None = None
+        """The run's own network (an allowlist's), removed when the run closes."""
+
+    def handed_out(self) -> None:
+        """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
+        counts from here, not from when its container was made. (Its worker's timeout
+        always counts from the worker's start.)"""
+        self._started = time.monotonic()
+
+    def discard(self) -> RunResult:
+        """Close a run that was opened but never handed out: its end is recorded with
+        status ``unused``, so every ``run.started`` in the audit log has its ``run.ended``."""
+        if self.result is None and self.outcome.error is None:
+            self.outcome.status, self.outcome.exit_code = "unused", 0
+        return self.close()
+
+    @property
+    def keeps_alive(self) -> bool:
+        """Whether the container's own process only keeps it alive (work arrives by exec)."""
+        return self.spec.supervisor_user is not None
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Check and create what the plan names, record the start, create the container.
+
+        A keep-alive container is also started; any other waits for :meth:`run_worker`,
+        which attaches to its output first.
+        """
+        if self._opened:
+            raise RuntimeError("a Run is opened once")
+        self._opened = True
+        engine, spec, prepared = self.engine, self.spec, self.prepared
+        try:  # before anything exists: an engine without the plan's runtime runs nothing
+            runtime = engine.runtime_for(spec)
+        except OrchestratorError as exc:
+            self.outcome.error = str(exc)
+            raise
+        for value in self.values.values():
+            self.audit.add_secret(value)
+        prepare_filesystem(prepared)
+        if prepared.inputs:
+            self.inputs = place_inputs(prepared, prepared.inputs)
+        for obj in collect(engine).removed:
+            self.audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
+        if spec.network.mode != "none":
+            self._network = engine.prepare_network(spec)
+        metadata = start_metadata(prepared, self.depth)
+        metadata["inputs"] = [info.to_dict() for info in self.inputs]
+        metadata["runtime"] = runtime
+        self.audit.record("run.started", **run_context(spec), metadata=metadata)
+        self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
+        self._started = time.monotonic()
+        try:
+            self._access = WorkerAccess(prepared)
+            if self._access.trees:  # root: the worker's uid gets what its grant says
+                self._access.grant()
+                for dead in self._access.swept:
+                    self.audit.record(
+                        "gc.access_restored",
+                        run_id=dead.file.parent.name,
+                        metadata={"uid": dead.uid, "entries": len(dead.saved)},
+                    )
+                self.audit.record(
+                    "access.granted", **run_context(spec), metadata=self._access.summary()
+                )
+            if prepared.grant.children:
+                self._broker = Broker(
+                    prepared,
+                    depth=self.depth,
+                    run_child=self._run_child,
+                    cancel_child=lambda run_id: remove_run(engine, run_id),
+                    audit=self.audit,
+                )
+                self._broker.start()
+            self._stack.enter_context(
+                delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
             )
-    return result
+            self.container_id = engine.create(spec)
+            self.outcome.removed = False
+            if self.keeps_alive:
+                engine.start(self.container_id)
+        except Interrupted as exc:
+            self.outcome.interrupted(exc)
+            raise
+        except OrchestratorError as exc:
+            self.outcome.error = self.outcome.error or str(exc)
+            raise
+
+    def place_inputs(self, inputs: Sequence[InputSpec | str | os.PathLike[str]]) -> None:
+        """Place inputs in an opened run's /inputs before its worker starts (a run opened
+        ahead of need, whose plan has an inputs folder); recorded as ``run.inputs``."""
+        if self.container_id is None:
+            raise RuntimeError("open() the run first")
+        placed = place_inputs(self.prepared, inputs)
+        self.inputs += placed
+        self.audit.record(
+            "run.inputs",
+            **run_context(self.spec),
+            metadata={"inputs": [info.to_dict() for info in placed]},
+        )
+
+    def run_worker(self, *, env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> None:
+        """Run the worker's own command to its end (or timeout); fills in the outcome.
+
+        ``env`` and ``args`` are for a run opened ahead of need (a keep-alive container,
+        e.g. from a pool): they are given to the exec that runs the worker, over the plan's
+        env and after its arguments. A run prepared for one use gets its env and arguments
+        from its plan (``prepare(env=..., args=...)``) instead; a container whose worker is
+        its own process cannot take them here.
+        """
+        if self.container_id is None:
+            raise RuntimeError("open() the run first")
+        if (env or args) and not self.keeps_alive:
+            raise OrchestratorError(
+                f"run {self.spec.run_id}: env and args at run time need a keep-alive run; "
+                "give them to prepare() instead"
+            )
+        reserved = sorted(name for name in env or {} if name in RESERVED_ENV)
+        if reserved:
+            raise OrchestratorError(
+                f"env {', '.join(reserved)}: set by the orchestrator itself; use other names"
+            )
+        sink = self._sink()
+        try:
+            if self.keeps_alive:
+                self._worker_by_exec(sink, env or {}, args)
+            else:
+                self._worker_as_main_process(sink)
+        except Interrupted as exc:
+            self.outcome.interrupted(exc)
+            raise
+        except EngineError as exc:
+            self.outcome.error = self.outcome.error or str(exc)
+            raise
+        finally:
+            if isinstance(sink, RedactingSink):
+                sink.flush()
+
+    def collect(self) -> None:
+        """Read the outbox (hostile data) once every process of the worker's user is gone."""
+        if self._collected or self.container_id is None or not self.keeps_alive:
+            return
+        self._collected = True
+        if self.staging is None or self.spec.outbox is None:
+            return
+        try:
+            if not self._worker_gone:
+                user = self.spec.user
+                drain(self.engine.exec(self.container_id, KILL_ALL, user=user, env=TOOL_ENV))
+                self._worker_gone = True
+            self.outcome.collected = read_outbox(
+                self.engine, self.container_id, self.spec, self.staging.outbox
+            )
+        except ContainerStopped:  # its tmpfs went with it
+            lost = "its outbox was lost with its container, which had stopped"
+            self.outcome.error = f"{self.outcome.error}; {lost}" if self.outcome.error else lost
+
+    def close(self, *, failed: bool = False) -> RunResult:
+        """Remove the container and everything of this run; record the end. Never skipped:
+        call it on every path (it is idempotent and returns the same result again)."""
+        if self.result is not None:
+            return self.result
+        spec = self.spec
+        try:
+            if self.container_id is not None:
+                self.outcome.removed = remove_container(self.engine, self.container_id)
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+            if self._broker is not None:
+                self._broker.close(cancel=failed)
+            self._stack.close()  # secrets
+            self._release_access()
+            asked = self.staging.zones(self.prepared) if self.staging is not None else []
+            egress = _egress_decisions(self.engine, spec, self._wall_start, self.audit)
+            _release_network(self.engine, self._network)
+            self._network = None
+            tails = self.tails
+            self.result = RunResult(
+                run_id=spec.run_id,
+                worker=spec.worker,
+                exit_code=self.outcome.exit_code,
+                status=self.outcome.status,
+                duration_s=round(time.monotonic() - self._started, 3),
+                stdout=self.redactor.tail(
+                    tails["stdout"].buffer, truncated=tails["stdout"].truncated
+                ),
+                stderr=self.redactor.tail(
+                    tails["stderr"].buffer, truncated=tails["stderr"].truncated
+                ),
+                container_removed=self.outcome.removed,
+                error=self.redactor.text(self.outcome.error) if self.outcome.error else None,
+                outbox=self.outcome.collected,
+                asked=asked,
+                egress=egress,
+            )
+            if self._opened:
+                self.audit.record(
+                    "run.ended",
+                    allowed=self.result.status in ("exited", "closed", "unused"),
+                    reason=self.result.error,
+                    **run_context(spec),
+                    metadata={
+                        "exit_code": self.result.exit_code,
+                        "status": self.result.status,
+                        "duration_s": self.result.duration_s,
+                        "container_removed": self.result.container_removed,
+                    },
+                )
+            return self.result
+        finally:
+            self._release_access()  # on every path, and before the record could go
+            # The run's own folder (broker socket, ask copies) never outlives the run; rmtree
+            # walks by directory descriptors and never follows a link the worker planted.
+            remove_run_dir(self.prepared.paths.run_dir)
+            if self.prepared.fresh_session and self.depth == 0:
+                remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
+
+    def _release_access(self) -> None:
+        """Put back what the worker's uid was given and hand its files to the project
+        folder's owner (once the container is gone). A failure keeps the record for gc."""
+        access, self._access = self._access, None
+        if access is None or not access.trees:
+            return
+        problems = access.release()
+        for problem in problems:
+            log.warning("run %s: could not put access back: %s", self.spec.run_id, problem)
+        try:
+            self.audit.record(
+                "access.released",
+                allowed=not problems,
+                reason="; ".join(problems) or None,
+                **run_context(self.spec),
+                metadata={"entries": access.summary()["entries"], "kept_for_gc": bool(problems)},
+            )
+        except OrchestratorError as exc:
+            log.warning("run %s: could not audit the access release: %s", self.spec.run_id, exc)
+
+    # -- the worker's own command ---------------------------------------------------------
+
+    def _sink(self) -> OutputSink | None:
+        if self.on_output is not None and self.redactor:
+            return RedactingSink(self.on_output, self.values)
+        return self.on_output
+
+    def _worker_as_main_process(self, sink: OutputSink | None) -> None:
+        """attach → start → wait: the worker is the container's own process."""
+        engine, spec, outcome = self.engine, self.spec, self.outcome
+        assert self.container_id is not None
+        # Joined in close(), once the container is gone and its output has surely ended.
+        self._reader = _start_reader(engine.attach(self.container_id), self.tails, sink)
+        try:
+            engine.start(self.container_id)
+        except StartFailure as exc:  # the worker's command cannot run: its failure
+            outcome.status, outcome.exit_code, outcome.error = "error", exc.code, str(exc)
+            return
+        except EngineError as exc:
+            outcome.error = str(exc)
+            raise
+        code = engine.wait(self.container_id, timeout=spec.limits.timeout_s)
+        if code is None:
+            engine.kill(self.container_id)
+            outcome.timed_out(spec)
+        elif engine.exit_state(self.container_id).oom_killed:
+            outcome.oom(spec)
+        else:
+            outcome.status, outcome.exit_code = "exited", code
+
+    def _worker_by_exec(
+        self, sink: OutputSink | None, env: Mapping[str, str], args: Sequence[str]
+    ) -> None:
+        """The worker by exec (see :mod:`orchestrator.runtime.supervised`)."""
+        engine, spec, outcome, tails = self.engine, self.spec, self.outcome, self.tails
+        assert self.container_id is not None
+        try:
+            code, timed_out = run_worker_exec(
+                engine,
+                self.container_id,
+                spec,
+                lambda frames: _pump(frames, tails, sink),
+                env=env,
+                args=args,
+            )
+        except StartFailure as exc:  # the worker's command cannot run: its failure
+            outcome.status, outcome.exit_code, outcome.error = "error", exc.code, str(exc)
+            self._worker_gone = True  # run_worker_exec killed every process of the worker
+            return
+        stopped = code is None and not timed_out
+        if code is not None and code >= 128 and not timed_out and spec.isolation == "gvisor":
+            # runsc may report the sandbox's death as the exec's own end (128 and up)
+            # before the engine has seen the container stop.
+            stopped = engine.wait(self.container_id, timeout=3) is not None
+        if stopped:
+            # The container itself stopped under the worker (a gVisor sandbox at its memory
+            # limit dies as a whole; runc kills only the biggest process). The engine may
+            # not have recorded how yet: wait for it before reading its state.
+            engine.wait(self.container_id, timeout=10)
+        if stopped and engine.exit_state(self.container_id).oom_killed:
+            outcome.oom(spec)
+        elif timed_out:
+            outcome.timed_out(spec)
+        elif code == EXIT_OOM and oom_killed(
+            engine, self.container_id, spec.supervisor_user or spec.user
+        ):
+            outcome.oom(spec)
+        else:
+            outcome.status, outcome.exit_code = "exited", code if code is not None else 125
+        self._worker_gone = True  # run_worker_exec killed every process of the worker
+
+    def _run_child(self, child: Prepared, depth: int) -> RunResult:
+        return execute(
+            self.engine,
+            child,
+            audit=self.audit,
+            depth=depth,
+            staging=self.staging,
+            secrets=self.values,
+        )
 
 
 def _egress_decisions(
     engine: Engine, spec: ContainerSpec, since: datetime, audit: AuditLog | None
 ) -> list[dict[str, Any]]:
     """Collect the proxy's decisions after the run, into the audit log and the result."""
-    if spec.egress is None:
+    if spec.network.mode != "allowlist":
         return []
     try:
         found = engine.network_decisions(spec, since)
     except OrchestratorError as exc:
         log.warning("could not read the egress proxy's decisions: %s", exc)
         return []
+    return audit_decisions(found, spec, audit)
+
+
+def audit_decisions(
+    decisions: Iterable[EgressDecision], spec: ContainerSpec, audit: AuditLog | None
+) -> list[dict[str, Any]]:
+    """The egress proxy's decisions on one run: each into the audit log, all as result rows."""
     rows = []
-    for decision in found:
+    for decision in decisions:
         rows.append({"host": decision.host, "port": decision.port, "allowed": decision.allowed})
         if audit is not None:
             audit.record(
                 "egress.decision",
                 allowed=decision.allowed,
                 reason=None if decision.allowed else "not in the allowlist",
-                **_context(spec),
+                **run_context(spec),
                 metadata={"host": decision.host, "port": decision.port, "method": decision.method},
             )
     return rows
+
+
+def _release_network(engine: Engine, network: ManagedObject | None) -> None:
+    """Remove the run's own network (never raises: gc removes it if this fails)."""
+    if network is None:
+        return
+    try:
+        engine.remove_object(network)
+    except OrchestratorError as exc:
+        log.warning("could not remove the run's network %s: %s", network.name, exc)
 
 
 def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str, str]:
@@ -267,93 +576,19 @@ class _Outcome:
 
     def timed_out(self, spec: ContainerSpec) -> None:
         self.status, self.exit_code = "timeout", EXIT_TIMEOUT
-        self.error = f"timed out after {spec.timeout_s:g} s; the worker was killed"
+        self.error = f"timed out after {spec.limits.timeout_s:g} s; the worker was killed"
 
     def oom(self, spec: ContainerSpec) -> None:
         self.status, self.exit_code = "oom", EXIT_OOM
-        self.error = f"killed for exceeding its memory limit ({spec.mem_limit} bytes)"
+        self.error = f"killed for exceeding its memory limit ({spec.limits.memory} bytes)"
+
+    def interrupted(self, exc: Interrupted) -> None:
+        self.status, self.exit_code = "interrupted", 128 + exc.signum
+        self.error = str(exc)
 
 
-def _run_container(
-    engine: Engine,
-    spec: ContainerSpec,
-    tails: dict[Stream, Tail],
-    on_output: OutputSink | None,
-    outcome: _Outcome,
-    outbox_reader: OutboxReader | None,
-) -> None:
-    """create → attach → start → wait → remove; ``outcome`` is filled in on every path."""
-    container_id: str | None = None
-    reader: threading.Thread | None = None
-    try:
-        container_id = engine.create(spec)
-        outcome.removed = False
-        if spec.supervisor_user is not None:
-            engine.start(container_id)
-            _supervised(engine, container_id, spec, tails, on_output, outcome, outbox_reader)
-            return
-        reader = _start_reader(engine.attach(container_id), tails, on_output)
-        try:
-            engine.start(container_id)
-        except EngineError as exc:
-            code = _start_failure_code(str(exc))
-            if code is None:
-                outcome.error = str(exc)
-                raise
-            outcome.status, outcome.exit_code, outcome.error = "error", code, str(exc)
-            return
-        code = engine.wait(container_id, timeout=spec.timeout_s)
-        if code is None:
-            engine.kill(container_id)
-            outcome.timed_out(spec)
-            return
-        if engine.exit_state(container_id).oom_killed:
-            outcome.oom(spec)
-        else:
-            outcome.status, outcome.exit_code = "exited", code
-    except Interrupted as exc:
-        outcome.status, outcome.exit_code = "interrupted", 128 + exc.signum
-        outcome.error = str(exc)
-        raise
-    except EngineError as exc:
-        outcome.error = outcome.error or str(exc)
-        raise
-    finally:
-        if container_id is not None:
-            outcome.removed = _remove(engine, container_id)
-        if reader is not None:
-            reader.join(timeout=5)
-
-
-def _supervised(
-    engine: Engine,
-    container_id: str,
-    spec: ContainerSpec,
-    tails: dict[Stream, Tail],
-    on_output: OutputSink | None,
-    outcome: _Outcome,
-    outbox_reader: OutboxReader | None,
-) -> None:
-    """The worker by exec (see :mod:`orchestrator.runtime.supervised`), then its outbox."""
-    code, timed_out = run_worker_exec(
-        engine, container_id, spec, lambda frames: _pump(frames, tails, on_output)
-    )
-    exec_failure = tails["stdout"].text().startswith("OCI runtime exec failed")
-    if timed_out:
-        outcome.timed_out(spec)
-    elif code in (EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND) and exec_failure:
-        message = tails["stdout"].text().strip()
-        outcome.status, outcome.error = "error", message
-        outcome.exit_code = _start_failure_code(message) or EXIT_CANNOT_INVOKE
-    elif code == EXIT_OOM and oom_killed(engine, container_id, spec.supervisor_user or spec.user):
-        outcome.oom(spec)
-    else:
-        outcome.status, outcome.exit_code = "exited", code if code is not None else 125
-    if outbox_reader is not None:
-        outcome.collected = read_outbox(engine, container_id, spec, outbox_reader)
-
-
-def _context(spec: ContainerSpec) -> dict[str, Any]:
+def run_context(spec: ContainerSpec) -> dict[str, Any]:
+    """Who an audit entry about this run is about: worker, run, session and trust."""
     return {
         "worker": spec.worker,
         "run_id": spec.run_id,
@@ -362,7 +597,8 @@ def _context(spec: ContainerSpec) -> dict[str, Any]:
     }
 
 
-def _start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
+def start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
+    """What ``run.started`` records of a run's plan (env by names only)."""
     spec = prepared.spec
     return {
         "image": spec.image,
@@ -372,14 +608,10 @@ def _start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
             for m in spec.mounts
         ],
         "masks": sorted(prepared.grant.masks),
-        "network": spec.network_mode,
-        "egress": spec.egress,
-        "limits": {
-            "memory": spec.mem_limit,
-            "nano_cpus": spec.nano_cpus,
-            "pids": spec.pids_limit,
-            "timeout_s": spec.timeout_s,
-        },
+        "network": spec.network.mode,
+        "egress": spec.network.allow if spec.network.mode == "allowlist" else None,
+        "isolation": spec.isolation,
+        "limits": asdict(spec.limits),
         "children": list(prepared.grant.children),
         "depth": depth,
         "env": sorted(spec.env),  # names only: values may be sensitive
@@ -405,38 +637,3 @@ def _start_reader(
     thread = threading.Thread(target=_pump, args=(frames, tails, on_output), daemon=True)
     thread.start()
     return thread
-
-
-def _remove_run(engine: Engine, run_id: str) -> None:
-    """Remove every container of ``run_id`` (a child cancelled with its parent)."""
-    for obj in engine.list_managed():
-        if obj.kind == "container" and obj.labels.get(labels.RUN_ID) == run_id:
-            try:
-                engine.remove_object(obj)
-            except EngineError as exc:
-                log.warning("could not remove %s of run %s: %s", obj.name, run_id, exc)
-
-
-def _start_failure_code(message: str) -> int | None:
-    """Docker's own convention for a command that cannot run: 127 missing, 126 not runnable."""
-    lowered = message.lower()
-    if "executable file not found" in lowered or "no such file or directory" in lowered:
-        return EXIT_NOT_FOUND
-    if "permission denied" in lowered or "exec format error" in lowered:
-        return EXIT_CANNOT_INVOKE
-    return None
-
-
-def _remove(engine: Engine, container_id: str) -> bool:
-    """Remove the container; never raises, so it cannot hide the run's own outcome."""
-    for attempt in range(3):
-        try:
-            return engine.remove(container_id)
-        except EngineError as exc:
-            log.warning(
-                "removing container %s failed (attempt %d): %s", container_id[:12], attempt + 1, exc
-            )
-        except Interrupted:
-            continue  # a second Ctrl-C must not leave the container behind
-        time.sleep(0.2 * (attempt + 1))
-    return False

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ContainerStopped, OrchestratorError
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.engine import Engine, ExecHandle, Stream
+from orchestrator.runtime.engine import Containers, ExecHandle, Stream
 
 #: Kill everything the worker's user runs. Twice: a process forking during the first
 #: sweep is caught by the second (the PID limit bounds how many there can be).
@@ -30,6 +30,14 @@ OOM_COUNTERS = [
     "-c",
     "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null",
 ]
+#: The outbox as tar under gVisor, whose tmpfs shows no holes (SEEK_DATA fails, st_blocks
+#: counts the apparent size): tar then stores a sparse file in full, and one larger than the
+#: outbox itself (``$1`` bytes: it can only be sparse) stops the reader at its budget. Such
+#: files are listed last, so they hide no other entry; they are refused by name as before.
+GVISOR_TAR = (
+    'cd "$0" || exit 2; { find . \\( ! -type f -o ! -size +"$1"c \\) -print0; '
+    'find . -type f -size +"$1"c -print0; } | exec tar --sparse --null --no-recursion -T - -cf -'
+)
 #: Reads one run's outbox tar stream (hostile data) and says what it became.
 OutboxReader = Callable[[ContainerSpec, IO[bytes]], Any]
 
@@ -66,21 +74,30 @@ def drain(handle: ExecHandle) -> bytes:
 
 
 def run_worker_exec(
-    engine: Engine,
+    engine: Containers,
     container_id: str,
     spec: ContainerSpec,
     pump: Callable[[Iterator[tuple[Stream, bytes]]], None],
+    *,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> tuple[int | None, bool]:
-    """Exec the worker and wait up to its timeout; return (exit code, timed out).
+    """Exec the worker and wait up to its timeout; return (exit code, timed out). The exit
+    code is None when the container itself stopped under the worker.
 
-    Whatever happens, every process of the worker's user is gone when this returns.
+    Its argv is the image's command (or the worker's), then the plan's arguments, then
+    ``args``; its environment the plan's, with ``env`` over it. Whatever happens, every
+    process of the worker's user is gone when this returns (or raises
+    :class:`~orchestrator.errors.StartFailure`: the worker's command could not start).
     """
     argv = engine.image_argv(spec.image, spec.command)
     if not argv:
         raise OrchestratorError(
             f"image '{spec.image}' has no command; set command: in the worker file"
         )
-    handle = engine.exec(container_id, argv, user=spec.user, env=spec.env, workdir=spec.working_dir)
+    argv = [*argv, *spec.args, *args]
+    environment = {**spec.env, **(env or {})}
+    handle = engine.exec(container_id, argv, user=spec.user, env=environment, workdir=spec.workdir)
     done = threading.Event()
 
     def read() -> None:
@@ -91,13 +108,16 @@ def run_worker_exec(
 
     reader = threading.Thread(target=read, name=f"exec-{container_id[:12]}", daemon=True)
     reader.start()
-    finished = done.wait(timeout=spec.timeout_s)
-    drain(engine.exec(container_id, KILL_ALL, user=spec.user, env=TOOL_ENV))
+    finished = done.wait(timeout=spec.limits.timeout_s)
+    try:
+        drain(engine.exec(container_id, KILL_ALL, user=spec.user, env=TOOL_ENV))
+    except ContainerStopped:
+        return None, False  # the whole container died (gVisor at its memory limit): see Run
     done.wait(timeout=10)
-    return handle.exit_code(), not finished
+    return handle.exit_code(), not finished  # StartFailure: the worker's command cannot run
 
 
-def oom_killed(engine: Engine, container_id: str, user: str) -> bool:
+def oom_killed(engine: Containers, container_id: str, user: str) -> bool:
     """Whether the container's memory cgroup has OOM-killed anything (cgroup v1 or v2)."""
     counters = engine.exec(container_id, OOM_COUNTERS, user=user, env=TOOL_ENV)
     text = drain(counters).decode(errors="replace")
@@ -109,18 +129,23 @@ def oom_killed(engine: Engine, container_id: str, user: str) -> bool:
 
 
 def read_outbox(
-    engine: Engine, container_id: str, spec: ContainerSpec, reader: OutboxReader
+    engine: Containers, container_id: str, spec: ContainerSpec, reader: OutboxReader
 ) -> Any:
     """Stream the outbox as tar, as the worker's user, into ``reader`` (hostile data)."""
     assert spec.outbox is not None
-    tar = ["/bin/sh", "-c", 'exec tar -C "$0" -cf - .', spec.outbox]
+    # --sparse: a sparse file is sent as its map and written chunks, not its apparent size
+    # in zeros, so the reader can refuse it and skip it by what the stream holds.
+    tar = ["/bin/sh", "-c", 'exec tar --sparse -C "$0" -cf - .', spec.outbox]
+    if spec.isolation == "gvisor":
+        outbox = spec.tmpfs_at(spec.outbox)
+        tar = ["/bin/sh", "-c", GVISOR_TAR, spec.outbox, str(outbox.size if outbox else 0)]
     handle = engine.exec(container_id, tar, user=spec.user, env=TOOL_ENV)
     stream = FrameReader(handle.frames)
     try:
         return reader(spec, io.BufferedReader(stream, buffer_size=1 << 20))
     finally:
-        # Never read on past what the reader took: a sparse file makes tar send zeros for
-        # its full apparent size. Closing the stream, then removing the container, ends tar.
+        # Never read on past what the reader took (it stops at its byte budget). Closing
+        # the stream, then removing the container, ends tar.
         close = getattr(handle.frames, "close", None)
         if close is not None:
             close()

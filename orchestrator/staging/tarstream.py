@@ -1,22 +1,24 @@
 """Collecting a tar stream written by an untrusted container: every byte of it is hostile.
 
-The stream is what ``tar -C /staged -cf - .`` printed inside the container. It is parsed
+The stream is what ``tar --sparse -C /staged -cf - .`` printed inside the container. It is parsed
 with :mod:`tarfile` in streaming mode (``r|``: no seeking, no compression, nothing
 extracted), and only regular files are kept, each copied into a blob while being hashed.
 The parser is fenced in:
 
 - the whole stream may be at most twice the outbox cap plus header room
   (:func:`stream_budget`); past that, reading stops;
-- a member claiming more bytes than the stream may still hold stops reading at once, so a
-  header claiming 10 GB costs nothing; a member over a per-file or total cap is refused
-  and its data skipped without being stored;
+- each member is skipped by what the stream actually stores for it (for a sparse file,
+  its map and written chunks, not its apparent size): a refused member costs what it
+  stores, never more; a member storing more than the stream may still hold stops reading
+  at once, so a header claiming 10 GB costs nothing; a member over a per-file or total cap
+  is refused and its data skipped without being stored;
 - GNU long-name and pax headers are capped at :data:`META_MAX` bytes (tarfile reads them
-  into memory);
+  into memory); sparse maps are never kept (a GNU map chain is skipped block by block);
 - a read after the end of the stream raises instead of looping (tarfile skips data by
   reading, even past the end).
 
 A stream that ends early or breaks is not an error: what was fully read and hashed is
-kept, and a rejection describes where the stream broke.
+kept, and a rejection names the last entry read, after which nothing was.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ _META_TYPES = frozenset(
     {tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
      tarfile.SOLARIS_XHDTYPE}
 )  # fmt: skip
+#: pax keywords by which tarfile would replace ``size`` with a sparse file's apparent size.
+_APPARENT = ("GNU.sparse.size", "GNU.sparse.realsize")
+BLOCK = tarfile.BLOCKSIZE
 _KINDS = {
     tarfile.SYMTYPE: "symbolic link",
     tarfile.LNKTYPE: "hard link",
@@ -111,19 +116,41 @@ class _GuardedInfo(tarfile.TarInfo):
             raise _StreamProblem(f"an extended header of {self.size} bytes (over {META_MAX})")
         return super()._proc_member(tarfile)  # type: ignore[misc,no-any-return]
 
-    # Sparse maps are read by tarfile without any cap (a crafted map costs memory in
-    # proportion to the stream): refuse the unbounded kinds before they are read; the
-    # member itself is rejected as sparse. Our own tar never writes them (no --sparse).
-    def _proc_sparse(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
-        if self._sparse_structs[1]:  # type: ignore[attr-defined]  # an extension chain
-            raise _StreamProblem("a sparse member with an extended map (refused unread)")
-        return super()._proc_sparse(tarfile)  # type: ignore[misc,no-any-return]
+    # Sparse members: tarfile keeps their maps in memory without any cap, and sets
+    # ``size`` to the apparent size. Here no map is kept, ``size`` stays what the stream
+    # stores (map and written chunks), and the apparent size is noted apart: the member
+    # is refused and skipped by what it stores. Our own tar writes old GNU sparse members.
+    apparent: int | None = None
+    """A sparse member's apparent size (None: not sparse, or not stated)."""
 
-    def _proc_gnusparse_00(self, *args: object) -> None:
-        raise _StreamProblem("a sparse member (refused before reading its map)")
+    def _proc_sparse(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
+        _, extended, apparent = self._sparse_structs  # type: ignore[attr-defined]
+        del self._sparse_structs  # type: ignore[attr-defined]
+        while extended:  # a chain of map blocks: each costs a block of the stream budget
+            block = tarfile.fileobj.read(BLOCK)
+            if len(block) < BLOCK:
+                raise _StreamProblem("the stream ended inside a sparse map")
+            extended = bool(block[504])
+        self.sparse = []  # type: ignore[assignment]  # marks the member as sparse
+        self.apparent = apparent
+        self.offset_data = tarfile.fileobj.tell()
+        tarfile.offset = self.offset_data + self._block(self.size)  # type: ignore[attr-defined]
+        return self
+
+    def _proc_gnusparse_00(self, next: tarfile.TarInfo, *args: object) -> None:
+        # pax sparse 0.0 and 0.1 keep the map in the (capped) pax header, 1.0 in front of
+        # the stored data: it is skipped with that data, unread.
+        next.sparse = []  # type: ignore[assignment]
 
     _proc_gnusparse_01 = _proc_gnusparse_00
     _proc_gnusparse_10 = _proc_gnusparse_00
+
+    def _apply_pax_info(self, pax_headers: dict[str, str], encoding: str, errors: str) -> None:
+        stated = [pax_headers[key] for key in _APPARENT if key in pax_headers]
+        kept = {key: value for key, value in pax_headers.items() if key not in _APPARENT}
+        super()._apply_pax_info(kept, encoding, errors)  # type: ignore[misc]
+        if stated:
+            self.apparent = int(stated[-1]) if stated[-1].isdigit() else None
 
 
 class _WatchedTar(tarfile.TarFile):
@@ -172,22 +199,32 @@ def _read_members(source: _Fenced, intake: Intake) -> bool:
     except Exception as exc:  # noqa: BLE001 - hostile input: any parser failure is "corrupt"
         intake.reject(STREAM, f"not a readable tar stream ({_why(exc)}); nothing was collected")
         return True
-    read = 0
+    last: str | None = None
     while True:
         try:
             member = tar.next()
         except Exception as exc:  # noqa: BLE001 - as above
-            intake.reject(STREAM, f"stream broken after {read} entries ({_why(exc)}); rest skipped")
+            intake.reject(STREAM, f"stream broken ({_why(exc)}); {_unread(last)}")
             return True
         tar.members.clear()  # keep memory flat however many entries arrive
         if member is None:
             if tar.ending == "EOFHeaderError":
                 return False
-            intake.reject(STREAM, f"stream truncated or corrupt after {read} entries; rest skipped")
+            intake.reject(STREAM, f"stream truncated or corrupt; {_unread(last)}")
             return True
-        read += 1
+        last = printable(member.name.removeprefix("./"))
         if not _member(tar, member, source, intake):
             return True
+
+
+def _unread(last: str | None) -> str:
+    if last is None:
+        return "no entry could be read"
+    return f"entries after '{last}' were not read"
+
+
+#: What a rejection that stops reading adds (it names the entry).
+_AFTER = "entries after it were not read"
 
 
 def _why(exc: BaseException) -> str:
@@ -197,10 +234,9 @@ def _why(exc: BaseException) -> str:
 def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: Intake) -> bool:
     """Handle one member; False when reading must stop here."""
     shown = printable(member.name.removeprefix("./"))  # `tar -C DIR -cf - .` writes ./NAME
-    if member.offset_data + member.size > source.budget:
-        intake.reject(
-            shown, f"claims {member.size} bytes, more than the stream may hold; rest skipped"
-        )
+    span = max(tar.offset - member.offset_data, 0)  # what tarfile skips: the stored data
+    if member.offset_data + span > source.budget:
+        intake.reject(shown, f"stores {span} bytes, more than the stream may hold; {_AFTER}")
         return False
     if member.isdir():
         if is_root(member.name):
@@ -219,7 +255,13 @@ def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: 
         intake.reject(shown, f"{kind}{target}: only regular files are collected")
         return True
     if member.issparse():
-        intake.reject(shown, "sparse file: only plain regular files are collected")
+        size = getattr(member, "apparent", None)
+        apparent = "" if size is None else f"{size} bytes apparent, "
+        why = f"sparse file ({apparent}{span} stored): only plain regular files are collected"
+        intake.reject(shown, why)
+        return True
+    if member.size < 0 or member._block(member.size) != span:  # type: ignore[attr-defined]
+        intake.reject(shown, f"its headers disagree on its size ({member.size} or {span})")
         return True
     path = intake.name(member.name, shown)
     if path is None or not intake.place(path, shown):
@@ -235,11 +277,11 @@ def _member(tar: _WatchedTar, member: tarfile.TarInfo, source: _Fenced, intake: 
     try:
         result = intake.sink.write(cast(io.BufferedReader, data).readinto, member.size)
     except SourceFailed as exc:
-        reason = f"stream broke inside this file ({printable(str(exc))[:200]}); rest skipped"
+        reason = f"stream broke inside this file ({printable(str(exc))[:200]}); {_AFTER}"
         intake.reject(shown, reason)
         return False
     if result is None or result[1] != member.size:
-        intake.reject(shown, "content does not match its header size; rest skipped")
+        intake.reject(shown, f"content does not match its header size; {_AFTER}")
         return False
     stored = Stored(result[0], result[1])
     intake.take(path, shown, "create", normal_mode(member.mode), stored)

@@ -6,21 +6,31 @@ failure, never a skip.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import pytest
 
 from orchestrator import labels
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import OrchestratorError
-from orchestrator.runtime import RunResult, execute, prepare
+from orchestrator.runtime import RunResult, execute, open_audit, prepare
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def unavailable(message: str) -> NoReturn:
+    """Skip a test whose means are missing here; under CI=true that is a failure."""
+    if IN_CI:
+        pytest.fail(f"CI=true and {message}")
+    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +42,7 @@ def engine():
         eng = DockerEngine()
         eng.ping()
     except OrchestratorError as exc:
-        if IN_CI:
-            pytest.fail(f"CI=true and the Docker engine is unreachable: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
+        unavailable(f"the Docker engine is unreachable: {exc}")
     if not eng.image_exists(WORKER_IMAGE):
         build_all(eng)
     yield eng
@@ -49,6 +57,32 @@ def engine():
     assert not leftovers, f"tests left labelled objects behind: {leftovers}"
 
 
+#: The isolation runtimes the key tests run under (``isolation`` fixture).
+ISOLATIONS = ("runc", "gvisor")
+
+
+def require_gvisor(engine) -> None:
+    """Skip unless the engine has the gVisor runtimes; under CI=true that is a failure
+    (``make test`` sets them up). Podman never has them: gVisor is set up for Docker only."""
+    from orchestrator.docker import podman, runtimes
+
+    if podman.engine_kind(engine).podman:
+        pytest.skip("gVisor is set up for Docker only (docs/engines.md)")
+    missing = sorted(set(runtimes.GVISOR_ARGS) - set(runtimes.engine_runtimes(engine)))
+    if missing:
+        unavailable(f"no gVisor runtime ({', '.join(missing)}): `{runtimes.setup_command()}`")
+
+
+@pytest.fixture(params=ISOLATIONS)
+def isolation(request, engine, project) -> str:
+    """The test once per isolation runtime: the project file sets it for every trust level."""
+    if request.param == "gvisor":
+        require_gvisor(engine)
+    project.isolation = request.param
+    project.write_project()
+    return request.param
+
+
 @pytest.fixture
 def run_worker(engine, project):
     """Write a worker whose command is a Python script, run it, return the result."""
@@ -57,7 +91,8 @@ def run_worker(engine, project):
         command = json.dumps(["python3", "-c", textwrap.dedent(script)])
         project.worker(name, f"command: {command}\n{textwrap.dedent(front).strip()}")
         loaded = load_project(project.root)
-        return execute(engine, prepare(loaded, load_worker(loaded, name), **kwargs))
+        prepared = prepare(loaded, load_worker(loaded, name), **kwargs)
+        return execute(engine, prepared, audit=open_audit(loaded), staging=None)
 
     return run
 
@@ -85,9 +120,113 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody has reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
 def containers_of(engine, pid: int) -> list:
     return [
         o
         for o in engine.list_managed()
         if o.kind == "container" and o.labels.get(labels.OWNER_PID) == str(pid)
     ]
+
+
+# -- a swarm (test_swarm.py, test_swarm_nodes.py) ------------------------------------------
+
+
+def swarm_docker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+
+
+def _swarm_networks() -> set[str]:
+    """The networks a swarm brings: its own (scope swarm) and the node's gateway bridge.
+    (Other tests on this engine make and remove local networks meanwhile.)"""
+    rows = swarm_docker("network", "ls", "--format", "{{.Name}} {{.Scope}}").stdout.splitlines()
+    return {
+        name
+        for name, _, scope in (row.partition(" ") for row in rows)
+        if scope == "swarm" or name == "docker_gwbridge"
+    }
+
+
+def swarm_ours(swarm, pid: int) -> list:
+    return [o for o in swarm.list_managed() if o.labels.get(labels.OWNER_PID) == str(pid)]
+
+
+def swarm_gone(swarm, pid: int, within: float = 15) -> list:
+    """What is still there after ``within`` s: a removed overlay network leaves this node's
+    listing a moment after the manager has removed it."""
+    deadline = time.monotonic() + within
+    while (left := swarm_ours(swarm, pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _advertise_address() -> str:
+    """The engine's default bridge address (docker0's: its gateway, else the first address
+    of its subnet, as the engine assigns it): an address of this host that other nodes
+    running in containers here can reach, unlike loopback; else loopback."""
+    found = swarm_docker("network", "inspect", "bridge", "--format", "{{json .IPAM.Config}}")
+    try:
+        configs = json.loads(found.stdout or "null") or []
+    except ValueError:
+        configs = []
+    for config in configs:
+        if config.get("Gateway"):
+            return str(config["Gateway"])
+        if config.get("Subnet") and ":" not in config["Subnet"]:
+            return str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+    return "127.0.0.1"
+
+
+@pytest.fixture(scope="session")
+def swarm(engine):
+    """This engine as a swarm manager: when it is in no swarm, ``docker swarm init`` on the
+    default bridge's gateway address, and at the end ``docker swarm leave --force`` and the
+    ``docker_gwbridge`` its services caused removed (the swarm's networks are compared
+    before and after). An engine already in a swarm is used and left as it is."""
+    from orchestrator.swarm import SwarmEngine
+
+    state = swarm_docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
+    made = state == "inactive"
+    before = _swarm_networks()
+    if made:
+        done = swarm_docker("swarm", "init", "--advertise-addr", _advertise_address())
+        if done.returncode != 0:
+            unavailable(f"cannot make a single-node swarm: {done.stderr.strip()}")
+    elif state != "active":
+        unavailable(f"the engine's swarm state is {state!r}")
+    eng = SwarmEngine()
+    if not eng.is_manager():
+        unavailable("the engine is in a swarm but not a manager")
+    yield eng
+    ours = swarm_gone(eng, os.getpid())
+    for obj in ours:
+        eng.remove(obj.kind, obj.id)
+    if made:
+        swarm_docker("swarm", "leave", "--force")
+        if "docker_gwbridge" not in before:
+            for _ in range(50):
+                if swarm_docker("network", "rm", "docker_gwbridge").returncode == 0:
+                    break
+                if "docker_gwbridge" not in _swarm_networks():
+                    break
+                time.sleep(0.2)
+        assert _swarm_networks() == before, "the swarm session left networks behind"
+    assert not ours, f"tests left swarm objects behind: {ours}"

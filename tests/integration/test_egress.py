@@ -10,12 +10,18 @@ container's.
 
 from __future__ import annotations
 
+import dataclasses
+import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import uuid
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
@@ -23,14 +29,18 @@ import pytest
 from orchestrator import labels
 from orchestrator.docker import egress as eg
 from orchestrator.docker import egress_gc as eg_gc
+from orchestrator.docker import hostconfig
 from orchestrator.docker.images import (
     BASE_REPOSITORY,
     WORKER_IMAGE,
     build_image,
     host_suite,
 )
+from orchestrator.docker.netnames import RUN_PREFIX, full_network, network_name
+from orchestrator.docker.networks import release_network
 from orchestrator.errors import EngineError
-from orchestrator.plan import ContainerSpec
+from orchestrator.plan import ContainerSpec, Limits, Network, Tmpfs, project_key
+from tests.integration.conftest import ISOLATIONS, cli, require_gvisor
 
 docker = pytest.mark.docker
 
@@ -123,19 +133,21 @@ def test_decision_lines_are_parsed():
         "EGRESS 1700000000.250 GET allowed.test 80 allow 200 TCP_MISS\n"
         "EGRESS 1700000001.000 CONNECT Denied.Test 443 - 403 TCP_DENIED\n"
         "EGRESS 1700000002.000 NONE - - - 400 NONE_NONE\n"
+        "EGRESS 1700000003.000 GET allowed.test 80 allow 200 TCP_MISS 172.30.0.2\n"
         "EGRESS garbage\n"
     )
     got = eg.parse_decisions(text)
-    assert [(d.host, d.port, d.allowed, d.method, d.status) for d in got] == [
-        ("allowed.test", 80, True, "GET", 200),
-        ("denied.test", 443, False, "CONNECT", 403),
-        ("-", 0, False, "NONE", 400),
+    assert [(d.host, d.port, d.allowed, d.method, d.status, d.client) for d in got] == [
+        ("allowed.test", 80, True, "GET", 200, ""),
+        ("denied.test", 443, False, "CONNECT", 403, ""),
+        ("-", 0, False, "NONE", 400, ""),
+        ("allowed.test", 80, True, "GET", 200, "172.30.0.2"),
     ]
     assert got[0].time == datetime.fromtimestamp(1700000000.25, UTC)
 
 
 def test_proxy_env_points_every_client_at_the_proxy():
-    egress = eg.Egress("net", "http://proxy:3128", "cid", "0123456789abcdef")
+    egress = eg.Egress("http://proxy:3128", "cid", "0123456789abcdef")
     env = eg.proxy_env(egress)
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         assert env[name] == "http://proxy:3128"
@@ -249,30 +261,65 @@ def egress(engine, internet):
     return eg.ensure_egress(engine, allow)
 
 
-def run_probe(engine, network, script, *, env=None, timeout=90):
+@contextmanager
+def run_net(engine, egress):
+    """A run's own internal network with ``egress`` attached as ``proxy``; removed after."""
+    name = f"orchestrator-run-test-{uuid.uuid4().hex[:10]}"
+    engine.api.create_network(
+        name, driver="bridge", internal=True, labels=engine.labels_for({TEST_LABEL: "egress"})
+    )
+    try:
+        eg.attach(engine, egress, name)
+        yield name
+    finally:
+        assert release_network(engine, name)
+
+
+def on_run_network(spec, name):
+    """``spec`` on the run network ``name`` (as :func:`run_net` makes them): the plan says
+    ``allowlist``, and the adapter names the network after the run id."""
+    assert name.startswith(RUN_PREFIX)
+    spec = dataclasses.replace(spec, network=Network("allowlist"), run_id=name[len(RUN_PREFIX) :])
+    assert network_name(spec) == name
+    return spec
+
+
+def create_on(engine, spec, network):
+    """A container for ``spec`` on the network named ``network``: a run network through the
+    engine, any other (the test servers' outside network, which no plan names) with the
+    same rendered config and that network in place of the plan's."""
+    if network.startswith(RUN_PREFIX):
+        return engine.create(on_run_network(spec, network))
+    # Rendered as a networked run (an allowlist: every engine takes one; Podman refuses
+    # `full`), then put on the test's network instead of the run's own.
+    networked = dataclasses.replace(spec, network=Network("allowlist"))
+    config = hostconfig.host_config(networked, engine.runtime_for(networked))
+    config["network_mode"] = network
+    created = engine.api.create_container(
+        **hostconfig.container_config(networked),
+        labels=engine.labels_for(spec.labels),
+        host_config=engine.api.create_host_config(**config),
+        use_config_proxy=False,
+    )
+    return created["Id"]
+
+
+def run_probe(engine, network, script, *, env=None, timeout=90, isolation="runc"):
     """Run ``script`` in a hardened worker container on ``network``; return (code, output)."""
     spec = ContainerSpec(
         image=WORKER_IMAGE,
         command=["python3", "-c", textwrap.dedent(script)],
-        user="10001:10001",
-        working_dir="/tmp",
+        uid=10001,
+        gid=10001,
         env={"HOME": "/tmp", "RES_OPTIONS": "timeout:1 attempts:1", **(env or {})},
-        mounts=[],
-        network_mode=network,
-        read_only_rootfs=True,
-        cap_drop=["ALL"],
-        cap_add=[],
-        security_opt=["no-new-privileges:true"],
-        pids_limit=64,
-        mem_limit=256 << 20,
-        memswap_limit=256 << 20,
-        nano_cpus=1_000_000_000,
-        tmpfs={"/tmp": "rw,nosuid,nodev,size=16m,mode=1777"},
+        seccomp=None,
+        limits=Limits(memory=256 << 20, cpus=1.0, pids=64, timeout_s=timeout),
+        tmpfs=[Tmpfs("/tmp", size=16 << 20)],
         labels={labels.RUN_ID: "egress-test", labels.WORKER: "probe", TEST_LABEL: "egress"},
-        run_id="egress-test",
         worker="probe",
+        isolation=isolation,
     )
-    cid = engine.create(spec)
+    cid = create_on(engine, spec, network)
     try:
         engine.start(cid)
         code = engine.wait(cid, timeout)
@@ -343,8 +390,56 @@ def last_json(output):
     return json.loads(output.strip().splitlines()[-1])
 
 
+#: Prepended to a probe: replaces GATEWAY in the jobs with the container's default gateway
+#: (the host, as seen from a bridge network).
+GATEWAY_PROBE = r"""
+import socket, struct
+def _gateway():
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            return socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
+GATEWAY = _gateway()
+"""
+
+
+def with_gateway(script):
+    """A probe whose URLs naming GATEWAY use the address GATEWAY_PROBE found."""
+    return script.replace('"http://GATEWAY:', '"http://" + GATEWAY + ":')
+
+
+@pytest.fixture(scope="module")
+def host_web():
+    """A plain HTTP server on the host (all addresses, a free port); yields the port."""
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"host web"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @docker
-def test_allowlisted_host_is_reachable_and_everything_else_is_refused(engine, internet, egress):
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_allowlisted_host_is_reachable_and_everything_else_is_refused(
+    engine, internet, egress, isolation
+):
+    if isolation == "gvisor":
+        require_gvisor(engine)
     ip = internet["addresses"]
     proxy_outside_ip = engine.api.inspect_container(egress.proxy_container)["NetworkSettings"][
         "Networks"
@@ -367,7 +462,9 @@ def test_allowlisted_host_is_reachable_and_everything_else_is_refused(engine, in
         ["udp", "udp_allowed", ip["allowed"], 9999],
         ["udp", "udp_ipweb", ip["ipweb"], 9999],
     ]
-    code, output = run_probe(engine, egress.network, probe_script(jobs), env=eg.proxy_env(egress))
+    with run_net(engine, egress) as net:
+        env = eg.proxy_env(egress)
+        code, output = run_probe(engine, net, probe_script(jobs), env=env, isolation=isolation)
     assert code == 0, output
     r = last_json(output)
     assert r["http"] == ["ok", 200, "testweb allowed port 80 host allowed.test"]
@@ -438,6 +535,9 @@ def test_the_proxy_is_hardened_and_shared_not_owned(engine, egress):
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
     assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert any(opt.startswith("seccomp=") for opt in host["SecurityOpt"])
+    ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]}
+    assert ulimits == {"nofile": (eg.PROXY_NOFILE, eg.PROXY_NOFILE), "core": (0, 0)}
     assert host["Memory"] == host["MemorySwap"] == eg.PROXY_MEMORY
     assert host["PidsLimit"] == eg.PROXY_PIDS
     assert host["Privileged"] is False
@@ -452,9 +552,14 @@ def test_the_proxy_is_hardened_and_shared_not_owned(engine, egress):
         and got[eg.EGRESS_ALLOW] == "allowed.test:80 allowed.test:443"
     )
     assert labels.OWNER_PID not in got  # shared objects outlive their creator
-    network = engine.api.inspect_network(egress.network)
-    assert network["Internal"] is True
-    assert network["Labels"][eg.EGRESS_KEY] == egress.key
+    # Between runs the proxy sits on the outside network only; each run's network is the
+    # run's own, joined by the proxy for the run's duration.
+    assert set(info["NetworkSettings"]["Networks"]) == {eg.OUTSIDE_NETWORK}
+    assert info["Config"]["Healthcheck"]["Test"] == eg.PROXY_HEALTH_TEST
+    with run_net(engine, egress) as net:
+        network = engine.api.inspect_network(net)
+        assert network["Internal"] is True
+        assert set(network["Containers"]) == {egress.proxy_container}
     assert set(network["Containers"]) == {egress.proxy_container}
 
 
@@ -472,7 +577,8 @@ def test_wildcards_exact_ports_and_listed_ip_literals(engine, internet):
         ["fetch", "ip_8080", f"http://{ip['ipweb']}:8080/"],
         ["fetch", "denied", "http://denied.test:8080/"],
     ]
-    code, output = run_probe(engine, egress.network, probe_script(jobs), env=eg.proxy_env(egress))
+    with run_net(engine, egress) as net:
+        code, output = run_probe(engine, net, probe_script(jobs), env=eg.proxy_env(egress))
     assert code == 0, output
     r = last_json(output)
     assert r["sub_8080"] == ["ok", 200, "testweb allowed port 8080 host www.allowed.test:8080"]
@@ -516,7 +622,7 @@ def test_two_processes_setting_up_the_same_allowlist_share_one_proxy(engine, int
     containers = engine.api.containers(all=True, filters={"label": f"{eg.EGRESS_KEY}={key}"})
     networks = engine.api.networks(filters={"label": f"{eg.EGRESS_KEY}={key}"})
     assert [c["Id"] for c in containers] == list(ids)
-    assert len(networks) == 1
+    assert networks == []  # a proxy has no network of its own: runs bring theirs
 
 
 @docker
@@ -526,43 +632,31 @@ def test_idle_rules_and_removal_leave_nothing(engine, internet):
     internet["keys"].add(key)
     egress = eg.ensure_egress(engine, allow)
     assert not eg_gc.is_idle(engine, key, 60)  # just started: a run may be on its way
-    # A worker that exists (even before it starts) keeps the proxy busy.
+    # A run's network, with a worker that exists (even before it starts), keeps the proxy
+    # busy.
     spec_script = "import time; time.sleep(60)"
-    spec = ContainerSpec(
-        image=WORKER_IMAGE,
+    spec = dataclasses.replace(
+        _probe_spec(),
         command=["python3", "-c", spec_script],
-        user="10001:10001",
-        working_dir="/tmp",
         env={"HOME": "/tmp", **eg.proxy_env(egress)},
-        mounts=[],
-        network_mode=egress.network,
-        read_only_rootfs=True,
-        cap_drop=["ALL"],
-        cap_add=[],
-        security_opt=["no-new-privileges:true"],
-        pids_limit=16,
-        mem_limit=64 << 20,
-        memswap_limit=64 << 20,
-        nano_cpus=500_000_000,
-        tmpfs={"/tmp": "rw,nosuid,nodev,size=1m,mode=1777"},
-        labels={TEST_LABEL: "egress"},
     )
-    worker = engine.create(spec)
-    try:
-        assert not eg_gc.is_idle(engine, key, 0)
-        proxy_labels = engine.api.inspect_container(egress.proxy_container)["Config"]["Labels"]
-        assert not eg_gc.is_idle(engine, proxy_labels, 0)
-        with pytest.raises(EngineError, match="still used"):
-            eg_gc.remove_egress(engine, key)
-        assert engine.api.inspect_container(egress.proxy_container)["State"]["Running"]
-    finally:
-        engine.remove(worker)
+    with run_net(engine, egress) as net:
+        worker = engine.create(on_run_network(spec, net))
+        try:
+            assert not eg_gc.is_idle(engine, key, 0)
+            proxy_labels = engine.api.inspect_container(egress.proxy_container)["Config"]["Labels"]
+            assert not eg_gc.is_idle(engine, proxy_labels, 0)
+            with pytest.raises(EngineError, match="still used"):
+                eg_gc.remove_egress(engine, key)
+            assert engine.api.inspect_container(egress.proxy_container)["State"]["Running"]
+        finally:
+            engine.remove(worker)
     time.sleep(0.05)
     assert eg_gc.is_idle(engine, key, 0)
     assert eg_gc.is_idle(engine, egress.proxy_container, 0)
     assert not eg_gc.is_idle(engine, {labels.MANAGED: "true"}, 0)  # not an egress object
     removed = eg_gc.remove_egress(engine, key)
-    assert f"{eg.PROXY_PREFIX}{key}" in removed and egress.network in removed
+    assert f"{eg.PROXY_PREFIX}{key}" in removed
     assert key not in eg_gc.egress_keys(engine)
     assert not engine.api.containers(all=True, filters={"label": f"{eg.EGRESS_KEY}={key}"})
     assert not engine.api.networks(filters={"label": f"{eg.EGRESS_KEY}={key}"})
@@ -588,7 +682,6 @@ def test_a_stopped_proxy_is_replaced_and_a_broken_one_fails_fast(engine, interne
     engine.wait(first.proxy_container, 10)
     second = eg.ensure_egress(engine, allow)
     assert second.proxy_container != first.proxy_container
-    assert second.network == first.network
     state = engine.api.inspect_container(second.proxy_container)["State"]
     assert state["Running"]
     eg_gc.remove_egress(engine, key)
@@ -607,10 +700,11 @@ def test_a_stopped_proxy_is_replaced_and_a_broken_one_fails_fast(engine, interne
 
 
 @docker
-def test_worker_files_get_none_allowlist_or_full_end_to_end(engine, internet, project):
+def test_worker_files_get_none_allowlist_or_full_end_to_end(
+    engine, internet, project, host_web, isolation
+):
     from orchestrator.audit import AuditFilter, AuditLog
     from orchestrator.config import load_project, load_worker
-    from orchestrator.policy.network import full_network
     from orchestrator.runtime import execute, prepare
 
     jobs = [
@@ -620,30 +714,29 @@ def test_worker_files_get_none_allowlist_or_full_end_to_end(engine, internet, pr
         ["connect", "direct_ip", internet["addresses"]["ipweb"], 80],
     ]
     command = json.dumps(["python3", "-c", probe_script(jobs)])
-    project.extra = "untrusted_network: allow\n"
+    project.extra += "untrusted_network: allow\n"
     project.write_project()
     project.worker("listed", f"command: {command}\nnetwork: {{allow: [allowed.test]}}")
     project.worker("closed", f"command: {command}\nresources: {{timeout: 60}}")
-    project.worker("open", f"command: {command}\ntrust: session\nnetwork: full")
+    # `full` has no proxy and its own project network: it reaches a server on the host.
+    open_jobs = [["fetch", "host_web", "http://GATEWAY:PORT/"]]
+    open_script = GATEWAY_PROBE + with_gateway(probe_script(open_jobs)).replace(
+        "PORT", str(host_web)
+    )
+    open_command = json.dumps(["python3", "-c", open_script])
+    project.worker("open", f"command: {open_command}\ntrust: session\nnetwork: full")
     loaded = load_project(project.root)
     audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
 
     def run(name):
         prepared = prepare(loaded, load_worker(loaded, name))
-        if name == "open":  # let the project's own network reach the test servers too
-            engine.prepare_network(prepared.spec)
-            for cid in internet["web_ids"]:
-                info = engine.api.inspect_container(cid)
-                if prepared.spec.network_mode not in info["NetworkSettings"]["Networks"]:
-                    engine.api.connect_container_to_network(
-                        cid, prepared.spec.network_mode, aliases=internet["aliases"][cid]
-                    )
-        result = execute(engine, prepared, audit=audit)
+        result = execute(engine, prepared, audit=audit, staging=None)
         return prepared, result, last_json(result.stdout)
 
     prepared, result, seen = run("listed")
     internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
-    assert prepared.spec.network_mode.startswith("orchestrator-egress-")
+    assert network_name(prepared.spec) == f"orchestrator-run-{prepared.spec.run_id}"
+    assert not engine.api.networks(names=[network_name(prepared.spec)])  # gone with the run
     assert prepared.spec.env["HTTPS_PROXY"] == "http://proxy:3128"
     assert seen["http_allowed"][:2] == ["ok", 200]
     assert seen["https_allowed"][:2] == ["ok", 200]
@@ -666,14 +759,545 @@ def test_worker_files_get_none_allowlist_or_full_end_to_end(engine, internet, pr
     assert result.egress == []
 
     prepared, result, seen = run("open")
-    try:
-        assert prepared.spec.network_mode == full_network(loaded.root)
-        assert seen["http_allowed"][:2] == ["ok", 200]
-        assert seen["http_denied"][:2] == ["ok", 200]
-    finally:
-        for cid in internet["web_ids"]:
-            engine.api.disconnect_container_from_network(
-                cid, prepared.spec.network_mode, force=True
-            )
+    full = network_name(prepared.spec)
+    assert full == full_network(project_key(loaded.root))
+    assert seen["host_web"][:2] == ["ok", 200], seen
+    options = engine.api.inspect_network(full)["Options"]
+    assert options["com.docker.network.bridge.enable_icc"] == "false"
     # The project network is shared, not owned: gc removes it once nothing uses it.
-    assert prepared.spec.network_mode in engine.collect_shared(idle_seconds=0)
+    assert full in engine.collect_shared(idle_seconds=0)
+
+
+# -- runs never reach each other -----------------------------------------------------------
+
+#: A run that listens on TCP 7777 and tells where in /meet/a.json; then waits for
+#: /meet/done, or calls the child named in CHILD (which probes it) and returns.
+LISTENER = r"""
+import json, os, socket, subprocess, threading, time
+ip = socket.gethostbyname(socket.gethostname())
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", 7777))
+server.listen(8)
+contacts = []
+def serve():
+    while True:
+        conn, peer = server.accept()
+        contacts.append(peer[0])
+        conn.sendall(b"hello")
+        conn.close()
+threading.Thread(target=serve, daemon=True).start()
+with open("/meet/a.tmp", "w") as handle:
+    json.dump({"ip": ip, "run": os.environ["ORCHESTRATOR_RUN_ID"]}, handle)
+os.rename("/meet/a.tmp", "/meet/a.json")
+CHILD = __CHILD__
+if CHILD:
+    subprocess.run(["orchestrator-call", CHILD], check=False)
+else:
+    deadline = time.time() + 90
+    while not os.path.exists("/meet/done") and time.time() < deadline:
+        time.sleep(0.1)
+print(json.dumps({"ip": ip, "contacts": contacts}))
+"""
+
+#: A run that connects to the listener's address directly and through its proxy, fetches
+#: URL (through the proxy when it has one), and reports in /meet/b.json.
+PROBER = r"""
+import json, os, socket, time, urllib.error, urllib.request
+deadline = time.time() + 60
+while not os.path.exists("/meet/a.json") and time.time() < deadline:
+    time.sleep(0.1)
+peer = json.load(open("/meet/a.json"))
+out = {"ip": socket.gethostbyname(socket.gethostname()), "peer": peer["ip"]}
+sock = socket.socket()
+sock.settimeout(3)
+try:
+    sock.connect((peer["ip"], 7777))
+    out["direct"] = ["connected", sock.recv(5).decode()]
+except OSError as exc:
+    out["direct"] = ["failed", type(exc).__name__]
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=15) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError as exc:
+        return str(exc)
+out["web"] = fetch(URL)
+if os.environ.get("HTTP_PROXY"):
+    out["via_proxy"] = fetch("http://%s:7777/" % peer["ip"])
+with open("/meet/b.json", "w") as handle:
+    json.dump(out, handle)
+open("/meet/done", "w").close()
+print(json.dumps(out))
+"""
+
+
+def _meeting_workers(project, front, url, child=None):
+    project.zone("meet", "rw")
+    zones = "sandbox: {zones: [{name: meet, mode: rw}]}"
+    listener = LISTENER.replace("__CHILD__", repr(child))
+    prober = GATEWAY_PROBE + PROBER.replace("URL)", url + ")", 1)
+    extra = f"\nchildren: [{child}]" if child else ""
+    for name, script in (("listener", listener), ("prober", prober)):
+        command = json.dumps(["python3", "-c", script])
+        project.worker(
+            name, f"command: {command}\n{front}\n{zones}{extra if name == 'listener' else ''}"
+        )
+    return project.root / "meet"
+
+
+def _listener_started(process, meet, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not (meet / "a.json").exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"the listener did not start:\n{out}\n{err}")
+        time.sleep(0.1)
+    return json.loads((meet / "a.json").read_text())
+
+
+def _two_sessions_meet(engine, project, front, url):
+    """A listener run and a prober run, each a CLI run of its own session."""
+    meet = _meeting_workers(project, front, url)
+    root = str(project.root)
+    listener = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "listener", "--project", root, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        peer = _listener_started(listener, meet)
+        # Control: the listener answers (from the host), so only the network stops others.
+        with socket.create_connection((peer["ip"], 7777), timeout=5) as sock:
+            assert sock.recv(5) == b"hello"
+        prober = cli("run", "prober", "--project", root, "--json")
+    finally:
+        (meet / "done").touch()
+        out, err = listener.communicate(timeout=120)
+    assert listener.returncode == 0, err
+    assert prober.returncode == 0, prober.stderr
+    first = json.loads(out)
+    seen = json.loads((meet / "b.json").read_text())
+    return peer, last_json(first["stdout"]), seen
+
+
+@docker
+def test_a_run_with_the_same_allowlist_cannot_reach_another_run(engine, internet, project):
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
+    peer, listened, seen = _two_sessions_meet(
+        engine,
+        project,
+        "trust: session\nnetwork: {allow: [allowed.test]}",
+        '"http://allowed.test/"',
+    )
+    assert seen["direct"][0] == "failed", seen  # no route to the other run
+    assert seen["via_proxy"] == 403, seen  # and the proxy admits only the allowlist
+    assert seen["web"] == 200, seen  # while the proxy still works for the run
+    assert seen["ip"] not in listened["contacts"], listened
+    networks = {
+        n["Name"] for n in engine.api.networks() if n["Name"].startswith("orchestrator-run-")
+    }
+    assert f"orchestrator-run-{peer['run']}" not in networks  # removed with its run
+
+
+@docker
+def test_a_full_run_cannot_reach_another_full_run(engine, project, host_web):
+    url = f'"http://" + GATEWAY + ":{host_web}/"'
+    try:
+        _, listened, seen = _two_sessions_meet(
+            engine, project, "trust: session\nnetwork: full", url
+        )
+    finally:
+        # the project's, shared network
+        release_network(engine, full_network(project_key(project.root)))
+    assert seen["direct"][0] == "failed", seen  # inter-container traffic is off
+    assert seen["web"] == 200, seen  # the way out still works
+    assert seen["ip"] not in listened["contacts"], listened
+
+
+@docker
+def test_a_child_through_the_broker_gets_its_own_network(engine, internet, project):
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
+    meet = _meeting_workers(
+        project,
+        "trust: session\nnetwork: {allow: [allowed.test]}",
+        '"http://allowed.test/"',
+        child="prober",
+    )
+    result = cli("run", "listener", "--project", str(project.root), "--json")
+    assert result.returncode == 0, result.stderr
+    seen = json.loads((meet / "b.json").read_text())
+    assert seen["direct"][0] == "failed", seen
+    assert seen["via_proxy"] == 403 and seen["web"] == 200, seen
+    assert seen["ip"] not in last_json(result.json()["stdout"])["contacts"]
+
+
+@docker
+def test_a_full_network_made_without_icc_off_is_replaced_or_refused(engine, project):
+    from orchestrator.docker.networks import NO_ICC, prepare_network
+
+    key = project_key(project.root)
+    name = full_network(key)
+    spec = dataclasses.replace(_probe_spec(), network=Network("full", project=key))
+    engine.api.create_network(  # as an older version made it: inter-container traffic on
+        name, driver="bridge", labels=eg.shared_labels("full")
+    )
+    try:
+        prepare_network(engine, spec)  # unused: replaced
+        options = engine.api.inspect_network(name)["Options"]
+        assert options.items() >= NO_ICC.items()
+        release_network(engine, name)
+        engine.api.create_network(name, driver="bridge", labels=eg.shared_labels("full"))
+        user = engine.create(dataclasses.replace(spec, command=["true"]))
+        try:
+            with pytest.raises(EngineError, match="enable_icc=false and is used by"):
+                prepare_network(engine, spec)
+        finally:
+            engine.remove(user)
+    finally:
+        release_network(engine, name)
+
+
+def _probe_spec():
+    return ContainerSpec(
+        image=WORKER_IMAGE,
+        command=["python3", "-c", "pass"],
+        uid=10001,
+        gid=10001,
+        env={"HOME": "/tmp"},
+        seccomp=None,
+        limits=Limits(memory=64 << 20, cpus=0.5, pids=16, timeout_s=600.0),
+        tmpfs=[Tmpfs("/tmp", size=1 << 20)],
+        labels={TEST_LABEL: "egress"},
+    )
+
+
+# -- the proxy's health ----------------------------------------------------------------------
+
+
+def _health(engine, container):
+    state = engine.api.inspect_container(container)["State"]
+    return (state.get("Health") or {}).get("Status")
+
+
+def _wait_health(engine, container, wanted, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while (got := _health(engine, container)) != wanted:
+        assert time.monotonic() < deadline, f"health stayed {got}, wanted {wanted}"
+        time.sleep(0.2)
+
+
+@docker
+def test_an_unhealthy_proxy_is_replaced_and_serves_the_runs_of_the_old_one(
+    engine, internet, monkeypatch
+):
+    # Production checks every 30 s; here every second, so the test stays short.
+    monkeypatch.setattr(eg, "PROXY_HEALTH_INTERVAL", 1.0)
+    monkeypatch.setattr(eg, "PROXY_HEALTH_TIMEOUT", 1.0)
+    monkeypatch.setattr(eg, "PROXY_HEALTH_START", 0.0)
+    monkeypatch.setattr(eg, "PROXY_HEALTH_RETRIES", 2)
+    allow = eg.validate_allowlist(["allowed.test"])
+    key = eg.allowlist_key(allow)
+    internet["keys"].add(key)
+    try:  # start from a proxy made with the short intervals
+        eg_gc.remove_egress(engine, key)
+    except EngineError:
+        pytest.skip("the proxy for allowed.test is in use by a run")
+    first = eg.ensure_egress(engine, allow)
+    _wait_health(engine, first.proxy_container, "healthy")
+    with run_net(engine, first) as net:
+        # squid stops answering, but its socket stays open: only the health check sees it.
+        freeze = (
+            "import os, signal\n"
+            "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    if open(f'/proc/{pid}/comm').read().strip() == 'squid':\n"
+            "        os.kill(int(pid), signal.SIGSTOP)\n"
+        )
+        exec_id = engine.api.exec_create(first.proxy_container, ["python3", "-c", freeze])
+        engine.api.exec_start(exec_id)
+        _wait_health(engine, first.proxy_container, "unhealthy")
+        assert eg.ensure_egress(engine, allow) != first  # replaced, not reused
+        second = eg.ensure_egress(engine, allow)
+        assert second.proxy_container != first.proxy_container
+        assert not engine.api.containers(all=True, filters={"id": first.proxy_container})
+        # The run in flight keeps its way out: the new proxy joined its network.
+        assert second.proxy_container in engine.api.inspect_network(net)["Containers"]
+        _, output = run_probe(
+            engine,
+            net,
+            probe_script([["fetch", "http", "http://allowed.test/"]]),
+            env=eg.proxy_env(second),
+        )
+        assert last_json(output)["http"][:2] == ["ok", 200], output
+    _wait_health(engine, second.proxy_container, "healthy")
+    # The health check's own requests are not decisions.
+    assert not [
+        d
+        for d in eg.decisions(engine, second, datetime.fromtimestamp(0, UTC))
+        if d.host == "health.invalid"
+    ]
+
+
+# -- local services behind an allowlist --------------------------------------------------------
+
+
+@docker
+def test_a_declared_local_service_is_reachable_through_the_proxy_only(engine, internet, project):
+    from orchestrator.runtime import collect
+
+    net = f"svc-test-{uuid.uuid4().hex[:8]}"  # the user's own network: no orchestrator labels
+    engine.api.create_network(net, driver="bridge")
+    key = eg.egress_key(eg.validate_allowlist([f"web.{net}"]), [net])
+    web = None
+    try:
+        web = engine.api.create_container(
+            image=TESTWEB_IMAGE,
+            name=f"orchestrator-test-svcweb-{os.getpid()}",
+            environment={"TESTWEB_NAME": "service"},
+            labels=engine.labels_for({TEST_LABEL: "egress"}),
+            host_config=engine.api.create_host_config(
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
+                network_mode=net,
+            ),
+            networking_config={"EndpointsConfig": {net: {"Aliases": ["web", "other"]}}},
+        )["Id"]
+        engine.start(web)
+        _wait_for_servers(engine, [web])
+        address = engine.api.inspect_container(web)["NetworkSettings"]["Networks"][net]["IPAddress"]
+        project.extra = f"network:\n  services:\n    - network: {net}\n"
+        project.write_project()
+        jobs = [
+            ["fetch", "service", f"http://web.{net}/"],
+            ["fetch", "unlisted", f"http://other.{net}/"],
+            ["connect", "direct", address, 80],
+        ]
+        command = json.dumps(["python3", "-c", probe_script(jobs)])
+        project.worker("svc", f"command: {command}\nnetwork: {{allow: [web.{net}]}}")
+        plan = cli("plan", "svc", "--project", str(project.root), "--json")
+        assert plan.json()["network"]["services"] == [net]
+        result = cli("run", "svc", "--project", str(project.root), "--json")
+        assert result.returncode == 0, result.stderr
+        seen = last_json(result.json()["stdout"])
+        assert seen["service"][:2] == ["ok", 200], seen
+        assert seen["unlisted"][:2] == ["http-error", 403], seen
+        assert seen["direct"][0] == "failed", seen  # only through the proxy
+        # gc removes the proxy when idle, and never the user's network.
+        collect(engine)
+        eg_gc.remove_egress(engine, key)
+        assert engine.api.inspect_network(net)["Name"] == net
+    finally:
+        if web is not None:
+            engine.remove(web)
+        try:
+            eg_gc.remove_egress(engine, key)
+        finally:
+            engine.api.remove_network(net)
+
+
+@docker
+def test_an_undeclared_service_network_that_does_not_exist_is_named(engine, internet, project):
+    project.extra = "network:\n  services:\n    - network: no-such-net-here\n"
+    project.write_project()
+    project.worker("svc", 'command: ["true"]\nnetwork: {allow: [web.no-such-net-here]}')
+    result = cli("run", "svc", "--project", str(project.root))
+    assert result.returncode == 125
+    assert "network 'no-such-net-here' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+KILLED = """
+import dataclasses, os, signal, sys
+from orchestrator.docker import DockerEngine
+from orchestrator.plan import ContainerSpec, Limits, Network
+from orchestrator.docker.networks import prepare_network
+spec = ContainerSpec(
+    image="x", command=None, uid=1, gid=1, limits=Limits(memory=1, cpus=1, pids=1, timeout_s=1),
+    network=Network("allowlist", allow=["allowed.test"]), run_id=sys.argv[1], worker="killed",
+)
+prepare_network(DockerEngine(), spec)
+print("ready", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@docker
+def test_gc_removes_the_network_of_a_killed_run_and_frees_its_proxy(engine, internet):
+    from orchestrator.runtime import collect
+
+    key = eg.allowlist_key(eg.validate_allowlist(["allowed.test"]))
+    internet["keys"].add(key)
+    run_id = f"killed{uuid.uuid4().hex[:6]}"
+    name = f"orchestrator-run-{run_id}"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED, run_id], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -9 and "ready" in done.stdout, done.stderr
+    proxy = eg.PROXY_PREFIX + key
+    proxy_id = engine.api.inspect_container(proxy)["Id"]
+    assert proxy_id in engine.api.inspect_network(name)["Containers"]
+    assert not eg_gc.is_idle(engine, key, 0)  # the dead run's network still holds it
+    removed = {obj.name for obj in collect(engine).removed}
+    assert name in removed
+    assert not engine.api.networks(names=[name])
+    networks = engine.api.inspect_container(proxy)["NetworkSettings"]["Networks"]
+    assert name not in networks
+
+
+# -- upgrades: a proxy made by an older version ------------------------------------------------
+
+
+def _old_style_proxy(engine, allow, key):
+    """A proxy as the version before per-run networks made it: on its own internal network
+    ``orchestrator-egress-<key>``, serving only that network's subnet, no version label and
+    no health check. Returns (container id, network name)."""
+    network = f"orchestrator-egress-{key}"
+    engine.api.create_network(
+        network,
+        driver="bridge",
+        internal=True,
+        labels=eg.shared_labels("internal", key),
+        options={"com.docker.network.bridge.name": f"{eg.BRIDGE_PREFIX}{key[:11]}"},
+    )
+    subnet = engine.api.inspect_network(network)["IPAM"]["Config"][0]["Subnet"]
+    allowed = eg.allow_text(allow)
+    created = engine.api.create_container(
+        image=eg.PROXY_IMAGE,
+        name=eg.PROXY_PREFIX + key,
+        environment={"EGRESS_ALLOW": allowed, "EGRESS_PORT": "3128", "EGRESS_CLIENTS": subnet},
+        labels=eg.shared_labels("proxy", key, allowed),
+        host_config=engine.api.create_host_config(
+            network_mode=network, read_only=True, cap_drop=["ALL"], init=True
+        ),
+        networking_config={"EndpointsConfig": {network: {"Aliases": ["proxy"]}}},
+    )["Id"]
+    engine.api.connect_container_to_network(created, eg.OUTSIDE_NETWORK)
+    engine.start(created)
+    return created, network
+
+
+@docker
+def test_a_proxy_made_by_an_older_version_is_replaced(engine, internet, project):
+    allow = eg.validate_allowlist(["allowed.test", "www.allowed.test"])
+    key = eg.allowlist_key(allow)
+    internet["keys"].add(key)
+    try:
+        eg_gc.remove_egress(engine, key)
+    except EngineError:
+        pytest.skip("the proxy for this allowlist is in use by a run")
+    old, old_network = _old_style_proxy(engine, allow, key)
+    try:
+        jobs = [["fetch", "http", "http://allowed.test/"]]
+        command = json.dumps(["python3", "-c", probe_script(jobs)])
+        project.worker(
+            "upgraded", f"command: {command}\nnetwork: {{allow: [allowed.test, www.allowed.test]}}"
+        )
+        result = cli("run", "upgraded", "--project", str(project.root), "--json")
+        assert result.returncode == 0, result.stderr
+        seen = last_json(result.json()["stdout"])
+        assert seen["http"][:2] == ["ok", 200], seen  # the old proxy answered 403
+        assert not engine.api.containers(all=True, filters={"id": old})
+        assert not engine.api.networks(names=[old_network])
+        info = engine.api.inspect_container(eg.PROXY_PREFIX + key)
+        assert info["Config"]["Labels"][eg.EGRESS_VERSION] == eg.PROXY_VERSION
+        assert info["Config"]["Healthcheck"]["Test"] == eg.PROXY_HEALTH_TEST
+    finally:
+        eg_gc.remove_egress(engine, key)  # the old proxy and its network too, if left
+
+
+@docker
+def test_an_older_proxy_still_serving_an_older_run_is_refused_with_the_fix(engine, internet):
+    allow = eg.validate_allowlist(["old.allowed.test"])
+    key = eg.allowlist_key(allow)
+    internet["keys"].add(key)
+    old, old_network = _old_style_proxy(engine, allow, key)
+    worker = None
+    try:
+        # On the old network by name: no plan names such a network any more.
+        worker = engine.api.create_container(
+            image=WORKER_IMAGE,
+            command=["true"],
+            labels=engine.labels_for({TEST_LABEL: "egress"}),
+            host_config=engine.api.create_host_config(network_mode=old_network),
+        )["Id"]
+        with pytest.raises(
+            EngineError, match=r"made by an older version and is used by .*docker rm -f"
+        ):
+            eg.ensure_egress(engine, allow)
+        assert engine.api.inspect_container(old)["State"]["Running"]  # left alone
+    finally:
+        if worker is not None:
+            engine.remove(worker)
+        eg_gc.remove_egress(engine, key)
+    assert not engine.api.networks(names=[old_network])
+
+
+# -- the proxy is no bridge between runs -------------------------------------------------------
+
+
+@docker
+def test_a_listed_name_or_address_in_another_run_is_refused_by_the_proxy(engine, internet):
+    # Run A's network holds a server known to the proxy's DNS there as victim.test; the
+    # proxy joins A's network because A has the same allowlist as the prober's run B.
+    net_a = f"orchestrator-run-test-{uuid.uuid4().hex[:10]}"
+    engine.api.create_network(
+        net_a, driver="bridge", internal=True, labels=engine.labels_for({TEST_LABEL: "egress"})
+    )
+    victim = None
+    key = ""
+    try:
+        victim = engine.api.create_container(
+            image=TESTWEB_IMAGE,
+            name=f"orchestrator-test-victim-{os.getpid()}",
+            environment={"TESTWEB_NAME": "victim"},
+            labels=engine.labels_for({TEST_LABEL: "egress"}),
+            host_config=engine.api.create_host_config(
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
+                network_mode=net_a,
+            ),
+            networking_config={"EndpointsConfig": {net_a: {"Aliases": ["victim.test"]}}},
+        )["Id"]
+        engine.start(victim)
+        _wait_for_servers(engine, [victim])
+        address = engine.api.inspect_container(victim)["NetworkSettings"]["Networks"][net_a][
+            "IPAddress"
+        ]
+        allow = eg.validate_allowlist(["victim.test", f"{address}:80", "allowed.test:8080"])
+        key = eg.allowlist_key(allow)
+        internet["keys"].add(key)
+        egress = eg.ensure_egress(engine, allow)
+        eg.attach(engine, egress, net_a)
+        jobs = [
+            ["fetch", "by_name", "http://victim.test/"],
+            ["fetch", "by_address", f"http://{address}/"],
+            ["fetch", "outside", "http://allowed.test:8080/"],
+        ]
+        with run_net(engine, egress) as net_b:
+            code, output = run_probe(engine, net_b, probe_script(jobs), env=eg.proxy_env(egress))
+        assert code == 0, output
+        seen = last_json(output)
+        assert seen["by_name"][:2] == ["http-error", 403], seen
+        assert seen["by_address"][:2] == ["http-error", 403], seen
+        assert seen["outside"][:2] == ["ok", 200], seen  # the rest of the list still works
+        # The proxy itself can reach the victim: only its rules stand in the way.
+        probe = engine.api.exec_create(
+            egress.proxy_container,
+            ["python3", "-c", f"import socket; socket.create_connection(('{address}', 80), 3)"],
+        )
+        engine.api.exec_start(probe)
+        assert engine.api.exec_inspect(probe)["ExitCode"] == 0
+    finally:
+        if victim is not None:
+            engine.remove(victim)
+        assert release_network(engine, net_a)
+        if key:
+            eg_gc.remove_egress(engine, key)

@@ -9,8 +9,12 @@ import pytest
 pytestmark = pytest.mark.docker
 
 
-def test_write_to_a_read_only_zone_fails_with_erofs(project, run_worker):
+def test_write_to_a_read_only_zone_fails_with_erofs(project, run_worker, isolation):
     data = project.zone("data", "ro", files={"a.txt": "original"})
+    # Writable by anyone: only the read-only mount can refuse (gVisor checks permissions
+    # first, so a file the worker could not write anyway would say EACCES there).
+    data.chmod(0o777)
+    (data / "a.txt").chmod(0o666)
     result = run_worker(
         """
         import errno
@@ -68,25 +72,29 @@ def test_files_written_to_a_rw_zone_belong_to_the_host_user(project, run_worker)
     assert result.stdout.split() == [str(uid), str(gid)]
     assert uid != 0
     info = (out / "report.txt").stat()
-    assert (info.st_uid, info.st_gid) == (uid, gid)
-    if os.getuid() != 0:
-        assert info.st_uid == os.getuid()
+    if os.getuid() != 0:  # the worker is the user
+        assert (info.st_uid, info.st_gid) == (uid, gid) and info.st_uid == os.getuid()
+    else:  # as root, what the worker made is the project folder's owner's once it is over
+        owner = project.root.stat()
+        assert (info.st_uid, info.st_gid) == (owner.st_uid, owner.st_gid)
 
 
-def test_no_capabilities_no_privileges_no_docker_socket(project, run_worker):
+def test_no_capabilities_no_privileges_no_docker_socket(project, run_worker, isolation):
     result = run_worker(
         """
-        import os, errno
+        import ctypes, os, errno
         status = dict(l.split(":\\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)
-        for key in ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp"):
+        for key in ("CapEff", "CapPrm", "CapBnd", "Seccomp"):
             print(key, status[key].strip())
+        # prctl(PR_GET_NO_NEW_PRIVS): gVisor's /proc/self/status has no NoNewPrivs line
+        print("NoNewPrivs", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))
         for sock in ("/var/run/docker.sock", "/run/docker.sock"):
             print("socket", sock, os.path.exists(sock))
         try:
             os.setuid(0); print("SETUID OK")
         except PermissionError:
             print("setuid refused")
-        for path in ("/etc/evil", "/usr/evil"):
+        for path in ("/etc/evil", "/usr/evil", "/var/tmp/evil"):
             try:
                 open(path, "w")
             except OSError as e:
@@ -106,13 +114,18 @@ def test_no_capabilities_no_privileges_no_docker_socket(project, run_worker):
     assert "Seccomp 2" in out  # Docker's default filter is kept
     assert "socket /var/run/docker.sock False" in out and "socket /run/docker.sock False" in out
     assert "setuid refused" in out
-    assert "/etc/evil EROFS" in out and "/usr/evil EROFS" in out
+    # /var/tmp is world-writable in the image: only the read-only root refuses there.
+    # (/etc and /usr are root's: gVisor checks permissions first and says EACCES.)
+    assert "/var/tmp/evil EROFS" in out
+    refused = ("EROFS",) if isolation == "runc" else ("EROFS", "EACCES")
+    assert any(f"/etc/evil {e}" in out for e in refused), out
+    assert any(f"/usr/evil {e}" in out for e in refused), out
     assert "tmp ok" in out
     assert "interfaces ['lo']" in out
     assert "pid1 /sbin/docker-init" in out or "pid1 /dev/init" in out
 
 
-def test_tmp_is_size_capped(project, run_worker):
+def test_tmp_is_size_capped(project, run_worker, isolation):
     result = run_worker(
         """
         import errno
@@ -129,7 +142,7 @@ def test_tmp_is_size_capped(project, run_worker):
     assert "ENOSPC" in result.stdout and "FILLED" not in result.stdout
 
 
-def test_memory_bomb_is_killed_as_oom(project, run_worker):
+def test_memory_bomb_is_killed_as_oom(project, run_worker, isolation):
     result = run_worker(
         """
         hog = []
@@ -142,7 +155,7 @@ def test_memory_bomb_is_killed_as_oom(project, run_worker):
     assert result.container_removed
 
 
-def test_fork_bomb_is_contained_by_the_pid_limit(project, run_worker):
+def test_fork_bomb_is_contained_by_the_pid_limit(project, run_worker, isolation):
     result = run_worker(
         """
         import os, time
@@ -163,3 +176,33 @@ def test_fork_bomb_is_contained_by_the_pid_limit(project, run_worker):
     assert children < 32
     assert "Resource temporarily unavailable" in result.stdout
     assert result.container_removed
+
+
+def test_the_runtime_is_really_used_and_threads_work(project, run_worker, isolation):
+    """Under gVisor the worker's system calls reach gVisor's kernel, not the host's: its
+    uname is gVisor's. The runsc variant of the seccomp profile keeps clone3 answering
+    ENOSYS (so glibc starts threads with clone) and io_uring refused, under both."""
+    result = run_worker(
+        """
+        import ctypes, errno, os, threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        def call(number, *args):
+            return "ok" if libc.syscall(number, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
+        print("release", os.uname().release)
+        print("clone3", call(435, None, 0))
+        print("io_uring_setup", call(425, 8, ctypes.create_string_buffer(120)))
+        ran = []
+        thread = threading.Thread(target=ran.append, args=(1,))
+        thread.start(); thread.join()
+        print("thread ran", ran == [1])
+        """
+    )
+    assert result.exit_code == 0, result.stderr
+    host_release = os.uname().release
+    if isolation == "gvisor":
+        assert f"release {host_release}" not in result.stdout, result.stdout
+    else:
+        assert f"release {host_release}\n" in result.stdout, result.stdout
+    assert "clone3 ENOSYS" in result.stdout
+    assert "io_uring_setup EPERM" in result.stdout
+    assert "thread ran True" in result.stdout

@@ -43,7 +43,7 @@ def test_json_result(engine, project):
     assert data["container_removed"] is True
 
 
-def test_timeout_exits_124_and_leaves_nothing(engine, project):
+def test_timeout_exits_124_and_leaves_nothing(engine, project, isolation):
     python_worker(project, "w", "import time; time.sleep(60)")
     started = time.monotonic()
     result = cli("run", "w", "--project", str(project.root), "--timeout", "1", "--json")
@@ -137,6 +137,26 @@ def test_help_does_not_import_docker_or_pydantic():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_plain_run_imports_only_what_it_uses(engine, project):
+    """A `network: none` run without outbox or secrets loads neither the egress proxy's
+    modules, nor the staging of change sets, nor the credentials (start-up cost)."""
+    project.worker("plain", 'command: ["true"]\n')
+    command = ["run", "plain", "--project", str(project.root)]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator", *command],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "container removed" in done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "orchestrator.docker" in imported  # the run did reach the engine
+    unused = ("orchestrator.docker.egress", "orchestrator.staging", "orchestrator.credentials")
+    assert [m for m in unused if m in imported] == []
+
+
 def test_python_dash_m_works():
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator", "--help"],
@@ -172,6 +192,11 @@ def test_runs_are_audited_start_and_end(engine, project):
     assert operations[0] == "run.started" and operations[-1] == "run.ended"
     started, ended = entries[0], entries[-1]
     assert started.metadata["network"] == "none"
+    # untrusted: gVisor by default, under the runtime that takes no network
+    assert (started.metadata["isolation"], started.metadata["runtime"]) == (
+        "gvisor",
+        "orchestrator-runsc",
+    )
     assert started.metadata["limits"]["pids"] == 256
     assert ended.metadata["exit_code"] == 3
     assert ended.metadata["container_removed"] is True

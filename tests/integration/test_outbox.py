@@ -9,8 +9,8 @@ from tests.integration.test_zones import TarContents, run, script_worker
 pytestmark = pytest.mark.docker
 
 
-def test_outbox_has_a_hard_cap_seen_as_no_space_inside(engine, project):
-    project.extra = "sandbox: {outbox: {size: 1m}}\n"
+def test_outbox_has_a_hard_cap_seen_as_no_space_inside(engine, project, isolation):
+    project.extra += "sandbox: {outbox: {size: 1m}}\n"
     project.write_project()
     script_worker(
         project,
@@ -33,7 +33,7 @@ def test_outbox_has_a_hard_cap_seen_as_no_space_inside(engine, project):
     assert len(result.outbox["big"]) <= 1 << 20
 
 
-def test_stragglers_are_killed_before_the_outbox_is_read(engine, project):
+def test_stragglers_are_killed_before_the_outbox_is_read(engine, project, isolation):
     script_worker(
         project,
         "w",
@@ -55,7 +55,7 @@ def test_stragglers_are_killed_before_the_outbox_is_read(engine, project):
     assert result.outbox["main"] == b"done"
 
 
-def test_timeout_with_an_outbox_still_collects_what_was_written(engine, project):
+def test_timeout_with_an_outbox_still_collects_what_was_written(engine, project, isolation):
     script_worker(
         project,
         "w",
@@ -67,7 +67,7 @@ def test_timeout_with_an_outbox_still_collects_what_was_written(engine, project)
     assert result.outbox == {"partial": b"half"}
 
 
-def test_oom_with_an_outbox_is_137(engine, project):
+def test_oom_with_an_outbox_is_137(engine, project, isolation):
     script_worker(
         project,
         "w",
@@ -76,6 +76,8 @@ def test_oom_with_an_outbox_is_137(engine, project):
     )
     result, _, _ = run(engine, project, "w", staging=TarContents())
     assert (result.status, result.exit_code) == ("oom", 137)
+    if isolation == "gvisor":  # the whole sandbox is killed at the limit (docs/security.md)
+        assert "outbox was lost" in (result.error or ""), result.error
 
 
 def test_missing_command_with_an_outbox_is_127(engine, project):
@@ -84,7 +86,7 @@ def test_missing_command_with_an_outbox_is_127(engine, project):
     assert (result.status, result.exit_code) == ("error", 127)
 
 
-def test_worker_cannot_stop_the_keepalive(engine, project):
+def test_worker_cannot_stop_the_keepalive(engine, project, isolation):
     script_worker(
         project,
         "w",
@@ -104,7 +106,7 @@ def test_worker_cannot_stop_the_keepalive(engine, project):
     assert result.outbox == {"kept": b"yes"}
 
 
-def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project):
+def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project, isolation):
     script_worker(
         project,
         "w",
@@ -126,3 +128,44 @@ def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project):
     assert result.container_removed
     reasons = " ".join(r["reason"] for r in result.outbox.rejected)
     assert "huge" in " ".join(r["path"] for r in result.outbox.rejected), reasons
+
+
+def test_a_sparse_file_does_not_hide_the_rest_of_the_outbox(engine, project, isolation):
+    """10 GiB apparent, one byte written: refused by name, and every later entry judged.
+
+    gVisor's tmpfs shows no holes, so tar stores the file in full there: it is then refused
+    for its size, listed after every other entry (runtime.supervised.GVISOR_TAR)."""
+    script_worker(
+        project,
+        "w",
+        """
+        import os
+        with open("/staged/big.bin", "wb") as f:
+            f.seek(10 << 30)
+            f.write(b"x")
+        open("/staged/report.md", "w").write("the report")
+        os.symlink("/etc/passwd", "/staged/link")
+        os.mkfifo("/staged/fifo")
+        """,
+        "sandbox: {}",
+    )
+    from tests.integration.conftest import cli
+
+    done = cli("run", "w", "--json", "--project", str(project.root), timeout=90)
+    assert done.returncode == 0, done.stderr
+    outbox = done.json()["outbox"]
+    rejected = {r["path"]: r["reason"] for r in outbox["rejected"]}
+    if isolation == "gvisor":
+        assert "stores 10737418752 bytes, more than the stream may hold" in rejected["big.bin"]
+    else:
+        assert "sparse file (10737418241 bytes apparent" in rejected["big.bin"]
+    assert "symbolic link to '/etc/passwd'" in rejected["link"]
+    assert "FIFO" in rejected["fifo"]
+    assert "(stream)" not in rejected  # the whole stream was read
+    assert outbox["files"] == 1
+
+    shown = cli("staged", "show", outbox["change_id"], "--json", "--project", str(project.root))
+    assert shown.returncode == 0, shown.stderr
+    change = shown.json()
+    assert [f["path"] for f in change["files"]] == ["report.md"]
+    assert {r["path"] for r in change["rejected"]} == {"big.bin", "link", "fifo"}

@@ -64,6 +64,7 @@ def test_secret_is_a_file_in_memory_not_env_and_redacted_everywhere(engine, secr
         engine,
         prepared,
         audit=audit,
+        staging=None,
         secrets={"api": TOKEN},
         on_output=lambda stream, chunk: shown.append(chunk),
     )

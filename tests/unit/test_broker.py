@@ -88,6 +88,7 @@ def test_runs_a_listed_child_with_its_attachments(broker):
         (b"not json\n", "bad request"),
         (b'["a list"]\n', "bad request"),
         (b'{"child": 5}\n', "request needs 'child'"),
+        (b"[" * 60000 + b"\n", "bad request: request nested too deeply"),
     ],
 )
 def test_refusals_are_answered_and_audited(broker, payload, error):
@@ -142,4 +143,15 @@ def test_a_child_gets_only_what_is_left_of_its_parents_time(broker):
     answer = ask(broker, b'{"child": "kid"}\n')
     assert answer["ok"] is True
     ((child, _),) = broker.calls
-    assert child.spec.timeout_s <= 5
+    assert child.spec.limits.timeout_s <= 5
+
+
+def test_a_deeply_nested_child_file_is_one_refusal_not_a_traceback(broker, project):
+    (project.root / "workers" / "kid.worker").write_text(
+        "---\nenv: " + "[" * 1000 + "]" * 1000 + "\n---\n"
+    )
+    answer = broker.handle({"child": "kid", "attach": []})
+    assert answer["ok"] is False
+    assert "kid.worker:2: invalid YAML: nested deeper than 32 levels" in answer["error"]
+    assert "\n" not in answer["error"]
+    assert broker.calls == []

@@ -1,8 +1,10 @@
 """A tiny change-set store and repository helpers for the clearance tests.
 
 The store writes the staging layout (``<root>/<id>/manifest.json`` + ``blobs/<sha256>``)
-and implements exactly the Protocol clearance needs. The other clearance test modules (and
-the child processes of the crash tests) import from here.
+and implements exactly the Protocols clearance needs, with their types (a mode read back is
+an ``int``, as the staging package gives it): mypy checks the assignments at the end of the
+fakes against the Protocols. The other clearance test modules (and the child processes of
+the crash tests) import from here.
 """
 
 from __future__ import annotations
@@ -13,12 +15,20 @@ import json
 import os
 import subprocess
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from orchestrator.clearance.store import ChangeStore
+from orchestrator.clearance.store import (
+    ChangeFile,
+    ChangeSet,
+    ChangeStore,
+    ChangeTarget,
+    ScanFinding,
+    Scanners,
+)
 
 
 @dataclass(frozen=True)
@@ -27,18 +37,24 @@ class FakeFile:
     operation: str
     size: int
     sha256: str | None
-    mode: str | None
+    mode: int | None
     base_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class FakeTarget:
+    kind: str
+    name: str | None = None
 
 
 @dataclass(frozen=True)
 class FakeChangeSet:
     id: str
     worker: str
-    run_id: str
+    run_id: str | None
     session_id: str
     trust: str
-    target: dict
+    target: FakeTarget
     message: str
     created_at: str
     status: str
@@ -122,13 +138,18 @@ class FakeStore:
         return json.loads((self.root / change_id / "manifest.json").read_text())
 
     def get(self, change_id: str) -> FakeChangeSet:
+        """Read a manifest back as staging does: the ``"0644"`` text becomes an ``int``."""
         try:
             data = self.manifest(change_id)
         except FileNotFoundError:
             raise LookupError(f"no change set {change_id}") from None
-        files = [FakeFile(**entry) for entry in data["files"]]
-        keep = {k: v for k, v in data.items() if k not in ("files", "rejected", "scans")}
-        return FakeChangeSet(files=files, **keep)
+        files = [
+            FakeFile(**{**entry, "mode": None if entry["mode"] is None else int(entry["mode"], 8)})
+            for entry in data["files"]
+        ]
+        skip = ("files", "rejected", "scans", "target")
+        keep = {k: v for k, v in data.items() if k not in skip}
+        return FakeChangeSet(files=files, target=FakeTarget(**data["target"]), **keep)
 
     def set_status(
         self, change_id: str, new: str, *, reason: str, expect: str | None = None
@@ -170,13 +191,24 @@ class FakeScanners:
     def __init__(self, findings: dict[str, str] | None = None) -> None:
         self.findings = findings or {}
 
-    def run(self, changeset, store):
+    def run(self, changeset: ChangeSet, store: ChangeStore) -> list[ScanFinding]:
         return [
             f"{f.path}: {self.findings[f.path]}" for f in changeset.files if f.path in self.findings
         ]
 
-    def blocking(self, results):
-        return [r for r in results if "BLOCK" in r]
+    def blocking(self, results: Sequence[ScanFinding]) -> list[ScanFinding]:
+        return [r for r in results if "BLOCK" in str(r)]
+
+
+#: Checked by mypy (``test_the_fakes_type_check_against_the_protocols``): each fake must
+#: satisfy the Protocol clearance is typed against.
+_AS_FILE: ChangeFile = FakeFile("a", "create", 1, None, 0o644)
+_AS_TARGET: ChangeTarget = FakeTarget("repo")
+_AS_CHANGESET: ChangeSet = FakeChangeSet(
+    "i", "w", None, "s", "workspace", FakeTarget("repo"), "m", "t", "pending", []
+)
+_AS_STORE: ChangeStore = FakeStore.__new__(FakeStore)
+_AS_SCANNERS: Scanners = FakeScanners()
 
 
 def stage_real(
@@ -293,3 +325,32 @@ def test_the_fake_store_notices_a_changed_blob(tmp_path):
     entry = store.manifest(change_id)["files"][0]
     store.blob_path(change_id, entry["sha256"]).write_bytes(b"b")
     assert store.verify_blobs(change_id)
+
+
+def test_the_fakes_type_check_against_the_protocols(tmp_path):
+    from mypy import api as mypy_api
+
+    out, err, status = mypy_api.run(
+        ["--no-incremental", "--cache-dir", str(tmp_path), "--follow-imports=silent",
+         "--allow-untyped-defs", "--allow-any-generics", "--no-warn-return-any", "-m", __name__]
+    )  # fmt: skip
+    assert status == 0, out + err
+
+
+def test_a_mode_read_back_is_an_int(tmp_path):
+    store = FakeStore(tmp_path / "changes")
+    change_id = store.stage({"run.sh": b"#!/bin/sh\n", "gone": None}, modes={"run.sh": "0755"})
+    assert [f.mode for f in store.get(change_id).files] == [0o755, None]
+
+
+def test_clearance_takes_a_mode_as_an_int_only():
+    from orchestrator.clearance.store import file_changes
+
+    def changeset(mode: int) -> FakeChangeSet:
+        entry = FakeFile("run.sh", "create", 1, "0" * 64, mode)
+        target = FakeTarget("repo")
+        return FakeChangeSet("i", "w", None, "s", "workspace", target, "m", "t", "pending", [entry])
+
+    assert [c.mode for c in file_changes(changeset(0o100755))] == [0o755]
+    with pytest.raises(ValueError, match="is not 0644 or 0755"):
+        file_changes(changeset("0644"))  # type: ignore[arg-type]  # the manifest text form

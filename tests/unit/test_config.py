@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config import load_project, load_worker, parse_size
+from orchestrator.config.models import human_size
 from orchestrator.errors import ConfigError
 
 
@@ -110,11 +112,51 @@ def test_zone_names(project, name, message):
 def test_zone_cannot_be_root_or_hold_the_docker_socket(project):
     (project.root / "orchestrator.yaml").write_text("zones:\n  all: {path: /}\n")
     with pytest.raises(
-        ConfigError, match=r"orchestrator\.yaml:2: zones\.all\.path: the host's root"
+        ConfigError, match=r"orchestrator\.yaml:2: zones\.all\.path: '/' is the host's root"
     ):
         load_project(project.root)
-    (project.root / "orchestrator.yaml").write_text("zones:\n  sock: {path: /var/run}\n")
-    with pytest.raises(ConfigError, match="Docker socket"):
+    (project.root / "orchestrator.yaml").write_text("zones:\n  sock: {path: /var}\n")
+    with pytest.raises(ConfigError, match="resolves to /var, which holds /var/"):
+        load_project(project.root)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/proc",
+        "/proc/self",
+        "/sys/kernel",
+        "/dev",
+        "/dev/shm",
+        "/run",
+        "/var/run",
+        "/run/lock",
+        "/var/lib",
+    ],
+)
+def test_zone_resolving_into_host_only_folders_is_refused(project, target):
+    (project.root / "innocent").symlink_to(target)
+    (project.root / "orchestrator.yaml").write_text(
+        "zones:\n  ok: {path: .}\n  sneaky: {path: innocent/.}\n"
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load_project(project.root)
+    (line,) = problems(excinfo)
+    real = Path(os.path.realpath(target))
+    assert line.startswith(
+        f"{project.root / 'orchestrator.yaml'}:3: zones.sneaky.path: 'innocent/.' resolves to "
+        f"{real}, "
+    )
+    assert ", inside /" in line or ", which holds /var/lib/docker" in line
+    assert line.endswith(("; name a project folder", "; name a narrower folder"))
+
+
+def test_zone_next_to_the_engine_socket_named_by_docker_host_is_refused(project, monkeypatch):
+    sockets = project.root / "engine"
+    sockets.mkdir()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sockets}/docker.sock")
+    (project.root / "orchestrator.yaml").write_text("zones:\n  e: {path: engine}\n")
+    with pytest.raises(ConfigError, match="would expose the Docker socket"):
         load_project(project.root)
 
 
@@ -168,3 +210,115 @@ def test_not_utf8(project):
 def test_project_path_may_be_given_relative(project, monkeypatch):
     monkeypatch.chdir(project.root.parent)
     assert load_project(Path(project.root.name)).root == project.root.resolve()
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        "[" * 1000 + "]" * 1000,
+        "{a: " * 1000 + "1" + "}" * 1000,
+        "\n" + "".join("  " * i + "-\n" for i in range(1000)) + "  " * 1000 + "- 1",
+    ],
+    ids=["flow-sequences", "flow-mappings", "block-sequences"],
+)
+def test_deep_nesting_is_one_line_not_a_recursion_error(project, nested):
+    project.worker("w", f'command: ["true"]\nenv: {nested}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_worker(load_project(project.root), "w")
+    (line,) = problems(excinfo)
+    assert "w.worker:" in line
+    assert "invalid YAML: nested deeper than 32 levels" in line
+    (project.root / "orchestrator.yaml").write_text(f"zones: {nested}\n")
+    with pytest.raises(ConfigError, match=r"orchestrator\.yaml:\d+: invalid YAML: nested deeper"):
+        load_project(project.root)
+
+
+def test_duplicate_keys_name_both_lines_at_any_level(project):
+    project.zone("z")
+    (project.root / "orchestrator.yaml").write_text(
+        "zones: {z: {path: ., mode: ro}, z: {path: /etc, mode: ro}}\n"
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load_project(project.root)
+    assert problems(excinfo) == [
+        f"{project.root / 'orchestrator.yaml'}:1: zones: duplicate key 'z' (first at line 1); "
+        "keep one"
+    ]
+    project.worker(
+        "w",
+        'command: ["true"]\nresources:\n  memory: 1g\n  memory: 2g\n'
+        "sandbox:\n  zones:\n    - {name: z, mode: ro, mode: rw}\ncommand: [x]",
+    )
+    project.write_project()
+    with pytest.raises(ConfigError) as excinfo:
+        load_worker(load_project(project.root), "w")
+    assert [line.split("w.worker:")[1] for line in problems(excinfo)] == [
+        "5: resources: duplicate key 'memory' (first at line 4); keep one",
+        "8: sandbox.zones.0: duplicate key 'mode' (first at line 8); keep one",
+        "9: (top level): duplicate key 'command' (first at line 2); keep one",
+    ]
+
+
+def test_merge_keys_and_aliases_are_not_duplicates(project):
+    project.worker(
+        "w",
+        'command: ["true"]\nresources: &r {memory: 1g}\nenv: {A: x, <<: {B: y}, B: z}',
+    )
+    worker = load_worker(load_project(project.root), "w")
+    assert worker.config.env == {"A": "x", "B": "z"}
+
+
+def test_non_string_env_values_give_one_line_each(project):
+    project.worker("w", 'command: ["true"]\nenv: {A: [1], B: {x: 1}, C: ok, D: 2}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_worker(load_project(project.root), "w")
+    assert [line.split("w.worker:")[1] for line in problems(excinfo)] == [
+        "3: env.A: must be a string, number or boolean, not a list; quote it",
+        "3: env.B: must be a string, number or boolean, not a mapping; quote it",
+    ]
+
+
+def test_engine_minimums_are_checked_when_loading(project):
+    project.worker("w", 'command: ["true"]\nresources: {memory: 1k, cpus: 0.001}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_worker(load_project(project.root), "w")
+    assert [line.split("w.worker:")[1] for line in problems(excinfo)] == [
+        "3: resources.memory: 1 KiB is below the engine's minimum memory limit of 6 MiB; "
+        "write at least 6m",
+        "3: resources.cpus: 0.001 is below the engine's minimum of 0.01 CPUs",
+    ]
+    project.extra = "defaults: {resources: {memory: 5m}}\n"
+    project.write_project()
+    with pytest.raises(ConfigError, match=r"orchestrator\.yaml:\d+: defaults\.resources\.memory"):
+        load_project(project.root)
+    project.worker("ok", 'command: ["true"]\nresources: {memory: 6m, cpus: 0.01}')
+    project.extra = ""
+    project.write_project()
+    assert load_worker(load_project(project.root), "ok").config.resources.memory == 6 << 20
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(2 << 30, "2 GiB"), (1536 << 20, "1.5 GiB"), (999 << 40, "999 TiB"), (100, "100 bytes"),
+     (6 << 20, "6 MiB"), (4096, "4 KiB")],
+)  # fmt: skip
+def test_human_sizes(size, text):
+    assert human_size(size) == text
+
+
+def test_invalid_fields_leave_a_partial_worker_for_the_grant_checks(project):
+    project.worker("w", 'command: ["true"]\nresources: {memory: 1k, cpus: 2}\nenv: {A: [1]}')
+    with pytest.raises(ConfigError) as caught:
+        load_worker(load_project(project.root), "w")
+    partial = caught.value.partial
+    assert partial is not None
+    assert partial.config.resources.memory is None  # the failing field is left out
+    assert partial.config.resources.cpus == 2  # the valid ones are kept
+    assert "A" not in partial.config.env
+
+
+def test_an_invalid_grant_field_leaves_no_partial_worker(project):
+    project.worker("w", 'command: ["true"]\nresources: {memory: 1k}\ntrust: root')
+    with pytest.raises(ConfigError) as caught:
+        load_worker(load_project(project.root), "w")
+    assert caught.value.partial is None

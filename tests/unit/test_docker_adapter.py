@@ -10,7 +10,7 @@ from orchestrator import labels
 from orchestrator.docker.client import is_transient
 from orchestrator.docker.engine import DockerEngine
 from orchestrator.errors import EngineError, EngineUnreachable, ImageMissing
-from orchestrator.plan import ContainerSpec
+from orchestrator.plan import ContainerSpec, Limits
 
 
 def api_error(status: int, explanation: str) -> docker_errors.APIError:
@@ -53,6 +53,9 @@ class FakeAPI:
     def create_host_config(self, **kwargs):
         return kwargs
 
+    def version(self):
+        return {"Version": "20.10.24", "Components": [{"Name": "Engine"}]}
+
     def _maybe_fail(self, name):
         self.calls.append(name)
         if self.failures:
@@ -72,11 +75,9 @@ class FakeAPI:
 
 def spec() -> ContainerSpec:
     return ContainerSpec(
-        image="img", command=["true"], user="1000:1000", working_dir="/tmp", env={}, mounts=[],
-        network_mode="none", read_only_rootfs=True, cap_drop=["ALL"], cap_add=[],
-        security_opt=["no-new-privileges:true"], pids_limit=64, mem_limit=1 << 26,
-        memswap_limit=1 << 26, nano_cpus=10**9, tmpfs={}, labels={labels.RUN_ID: "r1"},
-        run_id="r1", worker="w",
+        image="img", command=["true"], uid=1000, gid=1000, seccomp=None,
+        limits=Limits(memory=1 << 26, cpus=1.0, pids=64, timeout_s=600.0),
+        labels={labels.RUN_ID: "r1"}, run_id="r1", worker="w",
     )  # fmt: skip
 
 
@@ -120,6 +121,95 @@ def test_every_created_container_carries_the_owner_labels():
     assert api.labels[labels.MANAGED] == "true"
 
 
+def test_the_plan_s_seccomp_profile_and_ulimits_reach_the_engine():
+    import dataclasses
+    import json
+
+    from orchestrator.plan import SECCOMP_PROFILE, WORKER_ULIMITS
+
+    class Recording(FakeAPI):
+        def create_container(self, **kwargs):
+            self.host_config = kwargs["host_config"]
+            return super().create_container(**kwargs)
+
+    api = Recording([])
+    planned = dataclasses.replace(spec(), seccomp=SECCOMP_PROFILE, ulimits=list(WORKER_ULIMITS))
+    DockerEngine(client=api).create(planned)
+    new_privs, seccomp = api.host_config["security_opt"]
+    assert new_privs == "no-new-privileges:true"
+    profile = json.loads(seccomp.removeprefix("seccomp="))
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    allowed = {n for rule in profile["syscalls"] for n in rule["names"]}
+    assert {"read", "openat", "clone", "execve"} <= allowed
+    assert not {"io_uring_setup", "io_uring_enter", "io_uring_register"} & allowed
+    assert [dict(u) for u in api.host_config["ulimits"]] == [
+        {"Name": "core", "Soft": 0, "Hard": 0},
+        {"Name": "nofile", "Soft": 1024, "Hard": 4096},
+    ]
+
+
+def test_an_unknown_seccomp_profile_is_named():
+    from orchestrator.docker.seccomp import security_opt
+    from orchestrator.errors import OrchestratorError
+
+    with pytest.raises(OrchestratorError, match="unknown seccomp profile 'nope'"):
+        security_opt(["seccomp=nope"])
+
+
 def test_remove_of_a_missing_container_is_success():
     api = FakeAPI([docker_errors.NotFound("gone")])
     assert DockerEngine(client=api).remove("c1") is True
+
+
+def test_a_reply_cut_short_by_a_restarting_engine_is_a_lost_connection():
+    class Cut(FakeAPI):
+        def wait(self, container_id, timeout):
+            raise requests.exceptions.ChunkedEncodingError("Response ended prematurely")
+
+    with pytest.raises(EngineError, match="connection to the Docker engine lost while waiting"):
+        DockerEngine(client=Cut([])).wait("c1", timeout=5)
+
+
+class Exited(FakeAPI):
+    """A stopped container whose OOM event may reach the engine after its exit event."""
+
+    def __init__(self, code, flag, events):
+        super().__init__([])
+        self.state = {"Status": "exited", "ExitCode": code, "OOMKilled": flag,
+                      "StartedAt": "2026-11-23T20:40:01.123456789Z"}  # fmt: skip
+        self.events_given = events
+        self.asked = []
+
+    def inspect_container(self, container_id):
+        return {"State": self.state}
+
+    def events(self, since, until, filters, decode):
+        self.asked.append((since, filters))
+        return Stream(self.events_given)
+
+
+class Stream(list):
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize(
+    ("code", "flag", "events", "oom", "asks"),
+    [
+        (137, True, [], True, False),  # the engine saw the OOM first: no need to ask
+        (137, False, [{"status": "oom"}], True, True),  # the OOM event came after the exit
+        (137, False, [], False, True),  # killed, but not for memory
+        (1, False, [{"status": "oom"}], False, False),  # only a SIGKILL can be an OOM kill
+    ],
+)
+def test_an_oom_event_after_the_exit_still_counts(code, flag, events, oom, asks):
+    api = Exited(code, flag, events)
+    state = DockerEngine(client=api).exit_state("c1")
+    assert (state.exit_code, state.oom_killed) == (code, oom)
+    assert bool(api.asked) is asks
+    if asks:
+        since, filters = api.asked[0]
+        assert filters == {"container": "c1", "event": "oom"}
+        assert since == 1795466401  # the container's start, to the second

@@ -8,15 +8,17 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.config import load_project, load_worker
+from orchestrator.docker.netnames import network_name
 from orchestrator.errors import ConfigError, PolicyError
-from orchestrator.plan import compile_plan
+from orchestrator.plan import Limits, Network, Tmpfs, compile_plan, project_key
 from orchestrator.policy import RunPaths, grant_for
 from orchestrator.runtime import prepare
 
 PLAN_KEYS = {
-    "image", "command", "user", "working_dir", "env", "mounts", "network_mode",
-    "read_only_rootfs", "cap_drop", "cap_add", "security_opt", "pids_limit", "mem_limit",
-    "nano_cpus", "tmpfs", "labels",
+    "image", "command", "uid", "gid", "workdir", "env", "mounts", "tmpfs", "limits",
+    "network", "labels", "read_only_rootfs", "no_new_privileges", "seccomp", "capabilities",
+    "init", "ulimits", "isolation", "run_id", "worker", "trust", "session_id", "outbox",
+    "supervisor_user", "args", "inputs",
 }  # fmt: skip
 
 
@@ -55,18 +57,19 @@ def test_hardened_defaults(project):
     project.worker("w", "sandbox: {zones: [{name: data}, {name: out, mode: rw}]}", body="Do it.")
     spec = prepare(*load(project)).spec
     assert spec.read_only_rootfs is True
-    assert spec.cap_drop == ["ALL"]
-    assert spec.cap_add == []
-    assert spec.security_opt == ["no-new-privileges:true"]
-    assert spec.privileged is False
+    assert spec.capabilities == []
+    assert spec.no_new_privileges is True
+    assert spec.seccomp == "orchestrator-default"
+    assert [(u.name, u.soft, u.hard) for u in spec.ulimits] == [
+        ("core", 0, 0),
+        ("nofile", 1024, 4096),
+    ]
+    assert spec.to_dict()["ulimits"][0] == {"name": "core", "soft": 0, "hard": 0}
     assert spec.init is True
-    assert spec.devices == []
-    assert spec.network_mode == "none"
-    assert spec.mem_limit == spec.memswap_limit == 512 << 20
-    assert spec.pids_limit == 256
-    assert spec.nano_cpus == 1_000_000_000
-    assert spec.tmpfs["/tmp"].startswith("rw,nosuid,nodev,size=")
-    assert not spec.user.startswith("0:")
+    assert spec.network == Network("none")
+    assert spec.limits == Limits(memory=512 << 20, cpus=1.0, pids=256, timeout_s=600.0)
+    assert spec.tmpfs_at("/tmp") == Tmpfs("/tmp", size=64 << 20)  # mode 1777, exec allowed
+    assert spec.uid != 0 and spec.user == f"{spec.uid}:{spec.gid}"
     assert [(m.target, m.read_only) for m in spec.mounts] == [
         ("/session", False),
         ("/workers", True),
@@ -74,7 +77,9 @@ def test_hardened_defaults(project):
         ("/out", False),
     ]
     assert spec.outbox == "/staged"
-    assert spec.tmpfs["/staged"].startswith("rw,nosuid,nodev,noexec,size=268435456,mode=0700")
+    assert spec.tmpfs_at("/staged") == Tmpfs(
+        "/staged", size=256 << 20, mode=0o700, uid=spec.uid, gid=spec.gid, noexec=True
+    )
     assert spec.supervisor_user not in (None, spec.user)
     assert spec.trust == "untrusted"
     assert spec.env["ORCHESTRATOR_INSTRUCTIONS"] == "Do it."
@@ -85,12 +90,14 @@ def test_limits_merge_worker_over_project_over_builtin(project):
     project.extra = "defaults:\n  resources: {memory: 1g, pids: 100}\n  network: full\n"
     project.write_project()
     project.worker("w", "trust: session\nresources: {memory: 128m, timeout: 5}")
-    spec = prepare(*load(project), timeout=2).spec
-    assert spec.mem_limit == 128 << 20  # worker
-    assert spec.pids_limit == 100  # project
-    assert spec.nano_cpus == 1_000_000_000  # built in
-    assert spec.timeout_s == 2  # command line
-    assert spec.network_mode.startswith("orchestrator-full-")  # never the default bridge
+    loaded, worker = load(project)
+    spec = prepare(loaded, worker, timeout=2).spec
+    assert spec.limits.memory == 128 << 20  # worker
+    assert spec.limits.pids == 100  # project
+    assert spec.limits.cpus == 1.0  # built in
+    assert spec.limits.timeout_s == 2  # command line
+    # One network per project, never the engine's default one: the plan names the project.
+    assert spec.network == Network("full", project=project_key(loaded.root))
 
 
 def test_never_uid_0(project):
@@ -123,7 +130,13 @@ def test_plan_json_has_the_documented_keys(project, capsys):
         "target": "/data",
         "read_only": True,
     } in data["mounts"]
-    assert isinstance(data["mem_limit"], int)
+    assert data["limits"] == {
+        "memory": 512 << 20, "cpus": 1.0, "pids": 256, "timeout_s": 600.0
+    }  # fmt: skip
+    assert data["network"] == {"mode": "none", "allow": [], "services": [], "project": ""}
+    assert {"target": "/tmp", "size": 64 << 20, "mode": 0o1777, "uid": None, "gid": None,
+            "noexec": False, "mask": False} in data["tmpfs"]  # fmt: skip
+    assert data["seccomp"] == "orchestrator-default" and data["no_new_privileges"] is True
     assert data["labels"]["io.orchestrator.worker"] == "w"
 
 
@@ -153,3 +166,83 @@ def test_usage_errors_exit_125(capsys):
         main(["run"])
     assert exit_info.value.code == 125
     assert "Missing argument" in capsys.readouterr().err
+
+
+def test_outbox_is_capped_by_the_memory_limit_and_plan_says_so(project, capsys):
+    project.extra = "sandbox: {outbox: {size: 999t}}\n"
+    project.write_project()
+    project.worker("w", 'command: ["true"]\nsandbox: {}\nresources: {memory: 64m}')
+    spec = prepare(*load(project)).spec
+    assert spec.tmpfs_at("/staged").size == 64 << 20
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "w", "--project", str(project.root)])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "a fresh 64 MiB tmpfs, staged after the run (sandbox.outbox.size 999 TiB, capped" in out
+    assert "/tmp 64 MiB" in out
+
+
+def test_plan_shows_resolved_zone_folders_and_which_leave_the_project(project, tmp_path, capsys):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (project.root / "link").symlink_to(outside)
+    project.zone("inside")
+    project.zones["ext"] = ("link", "ro", "")
+    project.write_project()
+    project.worker("w", 'command: ["true"]\nsandbox: {zones: [{name: inside}, {name: ext}]}')
+    with pytest.raises(SystemExit):
+        main(["plan", "w", "--project", str(project.root)])
+    lines = capsys.readouterr().out.splitlines()
+    (ext,) = [line for line in lines if line.startswith("  /ext ")]
+    assert ext.split() == [
+        "/ext",
+        "ro",
+        str(outside.resolve()),
+        "[outside",
+        "the",
+        "project",
+        "folder]",
+    ]
+    (inside,) = [line for line in lines if line.startswith("  /inside ")]
+    assert "outside" not in inside
+    assert str((project.root / "inside").resolve()) in inside
+
+
+def test_each_allowlisted_run_gets_a_network_of_its_own(project):
+    project.extra = "network:\n  services:\n    - network: my-test-net\n"
+    project.write_project()
+    project.worker("w", "network: {allow: [web.my-test-net, api.example.org]}")
+    loaded, worker = load(project)
+    first, second = prepare(loaded, worker).spec, prepare(loaded, worker).spec
+    assert first.network == Network(
+        "allowlist",
+        allow=[
+            "api.example.org:80",
+            "api.example.org:443",
+            "web.my-test-net:80",
+            "web.my-test-net:443",
+        ],
+        services=["my-test-net"],
+    )  # the allowlist normalised: sorted, one entry per port
+    assert first.run_id != second.run_id  # each engine names a run's own network after it
+    assert network_name(first) == f"orchestrator-run-{first.run_id}"
+    assert network_name(first) != network_name(second)  # never shared between runs
+    assert first.env["HTTP_PROXY"] == "http://proxy:3128"
+    project.worker("closed", "{}")
+    assert prepare(*load(project, "closed")).spec.network.services == []  # no proxy, no services
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("bridge", "not a user-defined network"),
+        ("orchestrator-egress", "not a user-defined network"),
+        ("bad name", "not a Docker network name"),
+    ],
+)
+def test_local_service_networks_must_be_the_users_own(project, name, message):
+    project.extra = f"network:\n  services:\n    - network: '{name}'\n"
+    project.write_project()
+    with pytest.raises(ConfigError, match=message) as info:
+        load_project(project.root)
+    assert "network.services" in str(info.value)

@@ -47,8 +47,9 @@ def test_trust_can_be_lowered_but_raising_needs_promote():
         ("session", {"/session": "rw", "/workspace": "rw", "/workers": "ro", "/staged": "rw"}),
         ("workspace", {"/session": "rw", "/workspace": "rw", "/workers": "ro", "/staged": "rw",
                        "/repo": "ro", "/repo/.git": "ro"}),
-        ("full", {"/session": "rw", "/workspace": "rw", "/workers": "rw", "/staged": "rw",
-                  "/repo": "rw", "/repo/.git": "ro"}),
+        ("full", {"/session": "rw", "/workspace": "rw", "/workers": "ro", "/staged": "rw",
+                  "/repo": "rw", "/repo/.git": "ro", "/repo/orchestrator.yaml": "ro",
+                  "/repo/workers": "ro"}),
     ],
 )  # fmt: skip
 def test_profiles(project, trust, expected):
@@ -60,6 +61,50 @@ def test_profiles(project, trust, expected):
     assert staged.outbox  # always a fresh, capped tmpfs of the run's own
     if "/repo" in expected:
         assert g.masks == ("/repo/.sandbox",)
+
+
+def test_policy_files_are_read_only_inside_every_writable_zone(project):
+    (project.root / ".git").mkdir()
+    (project.root / "keys").mkdir()
+    (project.root / "keys" / "token").write_text("t")
+    project.extra = (
+        "credentials: {push: {source: file, path: keys/token}}\nsandbox: {root: ../state}\n"
+    )
+    project.zone("src", "rw")
+    project.zones["top"] = (".", "rw", "")
+    project.write_project()
+    project.worker(
+        "w",
+        "trust: full\nsandbox: {zones: [{name: top, mode: rw}, {name: src, mode: rw}]}",
+    )
+    g = grant(project, "w")
+    guards = {z.target: z for z in g.zones if z.guard}
+    for where in ("/repo", "/top"):
+        for rel in ("orchestrator.yaml", "workers", "keys/token"):
+            assert guards[f"{where}/{rel}"].read_only
+    assert guards["/top/.git"].read_only  # /repo/.git is the standard zone's own
+    assert targets(g)["/repo/.git"] == "ro"
+    assert not any(t.startswith("/src/") for t in guards)  # nothing to guard there
+
+
+def test_a_missing_credential_file_in_a_writable_zone_is_refused(project):
+    (project.root / ".git").mkdir()
+    project.extra = "credentials: {push: {source: file, path: token.txt}}\n"
+    project.write_project()
+    project.worker("w", "trust: full\nsandbox: {}")
+    with pytest.raises(PolicyError, match=r"token.txt does not exist, and a worker could create"):
+        grant(project, "w")
+    project.worker("w", "trust: workspace\nsandbox: {}")  # /repo read-only: nothing to guard
+    assert not any(z.guard for z in grant(project, "w").zones)
+
+
+def test_a_writable_zone_inside_the_workers_folder_is_refused(project):
+    (project.root / "workers" / "out").mkdir()
+    project.zones["out"] = ("workers/out", "rw", "")
+    project.write_project()
+    project.worker("w", "trust: session\nsandbox: {zones: [{name: out, mode: rw}]}")
+    with pytest.raises(PolicyError, match="reads its policy from"):
+        grant(project, "w")
 
 
 def test_untrusted_gets_project_zones_read_only_unless_marked_output(project):
@@ -141,13 +186,71 @@ def restrict_kid(project, front):
         ),
         ("sandbox: {zones: [{name: data, restrict: other}]}", "only sees /data/sub"),
         ("resources: {memory: 1g}", "asks memory"),
-        ("resources: {timeout: 600}", "asks timeout 600 but parent 'main' has 60"),
+        ("resources: {timeout: 600}", "asks timeout 600 s but parent 'main' has 60 s"),
         ("trust: session\nnetwork: full", "asks network 'full' but parent 'main' has 'none'"),
     ],
 )
 def test_child_asking_more_than_its_parent_is_refused(family, front, message):
     with pytest.raises(PolicyError, match=message):
         restrict_kid(family, front)
+
+
+def test_child_problems_are_all_reported_at_once_with_human_sizes(family):
+    front = (
+        "trust: session\nresources: {memory: 2g, timeout: 600, cpus: 2, tmp: 4g}\n"
+        "sandbox: {zones: [{name: logs, mode: rw}, {name: nope}, {name: data}]}"
+    )
+    with pytest.raises(PolicyError) as excinfo:
+        restrict_kid(family, front)
+    lines = excinfo.value.problems
+    assert [line for line in lines if "kid.worker" in line] == [
+        f"{family.root / 'workers' / 'kid.worker'}: sandbox.zones[0]: asks rw on zone 'logs' "
+        f"but {family.root / 'orchestrator.yaml'} allows only ro; ask for ro or raise the "
+        "zone's mode",
+        f"{family.root / 'workers' / 'kid.worker'}: sandbox.zones[1]: zone 'nope' is not "
+        f"declared in {family.root / 'orchestrator.yaml'} (zones: data, logs); add it there or "
+        "remove it here",
+        f"{family.root / 'workers' / 'kid.worker'}: resources.tmp: a 4 GiB /tmp is more than "
+        "the run's memory limit (2 GiB), which its pages count against; lower tmp or raise "
+        f"resources.memory in {family.root / 'workers' / 'kid.worker'}",
+    ]
+    joined = "\n".join(lines)
+    assert "asks for /data but parent 'main' only sees /data/sub" in joined
+    assert "asks memory 2 GiB but parent 'main' has 256 MiB" in joined
+    assert "asks timeout 600 s but parent 'main' has 60 s" in joined
+    assert "asks cpus 2 but parent 'main' has 1" in joined
+    assert "e+0" not in joined
+
+
+def test_grant_problems_are_all_reported_at_once(project):
+    project.zone("logs", "ro")
+    project.extra = "defaults: {resources: {memory: 64m, tmp: 128m}}\n"
+    project.write_project()
+    project.worker(
+        "w",
+        "trust: full\nsecrets: [token]\nsandbox: {zones: [{name: logs, mode: rw}, {name: x}]}",
+    )
+    with pytest.raises(PolicyError) as excinfo:
+        grant(project, "w")
+    lines = excinfo.value.problems
+    assert len(lines) == 5, lines
+    joined = "\n".join(lines)
+    assert "has no .git" in joined  # trust full, repo rw without .git
+    assert "asks rw on zone 'logs'" in joined
+    assert "zone 'x' is not declared" in joined
+    assert "secrets: 'token' is not in" in joined
+    assert (
+        f"{project.root / 'orchestrator.yaml'}: defaults.resources.tmp: a 128 MiB /tmp is more "
+        "than the run's memory limit (64 MiB)" in joined
+    )
+
+
+def test_tmp_may_not_outgrow_the_memory_limit_but_may_equal_it(project):
+    project.worker("w", 'command: ["true"]\nresources: {memory: 64m, tmp: 999t}')
+    with pytest.raises(PolicyError, match=r"w\.worker: resources\.tmp: a 999 TiB /tmp is more"):
+        grant(project, "w")
+    project.worker("w", 'command: ["true"]\nresources: {memory: 64m, tmp: 64m}')
+    assert grant(project, "w").limits.tmp == 64 << 20
 
 
 def test_child_not_in_the_list_is_refused(family):

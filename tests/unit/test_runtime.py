@@ -2,76 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+import logging
 
 import pytest
+from mypy import api as mypy_api
 
 from orchestrator import labels
 from orchestrator.config import load_project, load_worker
-from orchestrator.errors import EngineError, ImageMissing
-from orchestrator.runtime import ExitState, Interrupted, ManagedObject, collect, execute, prepare
+from orchestrator.errors import EngineError, ImageMissing, StartFailure
+from orchestrator.runtime import Interrupted, ManagedObject, collect, execute, open_audit, prepare
+from orchestrator.runtime import removal as run_module
+from orchestrator.runtime.engine import Engine, ExecHandle
+from tests.unit import fake_engine
+from tests.unit.fake_engine import FakeEngine, FakeExec
 
 
-class FakeEngine:
-    """An in-memory engine; each behaviour is set per test."""
-
-    def __init__(self, *, exit_code=0, wait_result="exit", start_error=None, oom=False):
-        self.exit_code = exit_code
-        self.wait_result = wait_result
-        self.start_error = start_error
-        self.oom = oom
-        self.calls: list[str] = []
-        self.containers: set[str] = set()
-        self.managed: list[ManagedObject] = []
-
-    def ping(self):
-        pass
-
-    def image_exists(self, image):
-        return True
-
-    def create(self, spec):
-        self.calls.append("create")
-        self.containers.add("c1")
-        return "c1"
-
-    def attach(self, container_id) -> Iterator:
-        self.calls.append("attach")
-        return iter([("stdout", b"out\n"), ("stderr", b"err\n")])
-
-    def start(self, container_id):
-        self.calls.append("start")
-        if self.start_error:
-            raise EngineError(self.start_error)
-
-    def wait(self, container_id, timeout):
-        self.calls.append("wait")
-        if self.wait_result == "timeout":
-            return None
-        if self.wait_result == "interrupt":
-            raise Interrupted(15)
-        if self.wait_result == "engine-error":
-            raise EngineError("connection to the Docker engine lost while waiting")
-        return self.exit_code
-
-    def exit_state(self, container_id):
-        return ExitState(exit_code=self.exit_code, oom_killed=self.oom)
-
-    def kill(self, container_id):
-        self.calls.append("kill")
-
-    def remove(self, container_id):
-        self.calls.append("remove")
-        self.containers.discard(container_id)
-        return True
-
-    def list_managed(self):
-        self.calls.append("list")
-        return list(self.managed)
-
-    def remove_object(self, obj):
-        self.calls.append(f"remove-{obj.kind}-{obj.name}")
-        return True
+def run_audited(engine, prepared, **kwargs):
+    """execute() with the project's own audit log, and no outbox reader."""
+    return execute(engine, prepared, audit=open_audit(prepared.project), staging=None, **kwargs)
 
 
 @pytest.fixture
@@ -84,7 +33,7 @@ def prepared(project):
 def test_success_streams_output_and_removes(prepared):
     engine = FakeEngine(exit_code=0)
     seen = []
-    result = execute(engine, prepared, on_output=lambda s, c: seen.append((s, c)))
+    result = run_audited(engine, prepared, on_output=lambda s, c: seen.append((s, c)))
     assert (result.status, result.exit_code, result.container_removed) == ("exited", 0, True)
     assert result.stdout == "out\n" and result.stderr == "err\n"
     assert seen == [("stdout", b"out\n"), ("stderr", b"err\n")]
@@ -94,7 +43,7 @@ def test_success_streams_output_and_removes(prepared):
 
 def test_worker_failure_keeps_its_exit_code_and_is_not_retried(prepared):
     engine = FakeEngine(exit_code=3)
-    result = execute(engine, prepared)
+    result = run_audited(engine, prepared)
     assert (result.status, result.exit_code) == ("exited", 3)
     assert engine.calls.count("create") == 1 and engine.calls.count("start") == 1
     assert engine.containers == set()
@@ -102,33 +51,60 @@ def test_worker_failure_keeps_its_exit_code_and_is_not_retried(prepared):
 
 def test_timeout_kills_then_removes(prepared):
     engine = FakeEngine(wait_result="timeout")
-    result = execute(engine, prepared)
+    result = run_audited(engine, prepared)
     assert (result.status, result.exit_code) == ("timeout", 124)
     assert engine.calls.index("kill") < engine.calls.index("remove")
     assert engine.containers == set()
 
 
 def test_oom_is_137(prepared):
-    result = execute(FakeEngine(exit_code=137, oom=True), prepared)
+    result = run_audited(FakeEngine(exit_code=137, oom=True), prepared)
     assert (result.status, result.exit_code) == ("oom", 137)
 
 
-@pytest.mark.parametrize(
-    ("message", "code"),
-    [("exec: \"nope\": executable file not found in $PATH", 127),
-     ("exec /x: permission denied", 126)],
-)  # fmt: skip
-def test_command_that_cannot_start_follows_docker_codes(prepared, message, code):
-    engine = FakeEngine(start_error=message)
-    result = execute(engine, prepared)
+@pytest.mark.parametrize("code", [126, 127])
+def test_a_command_that_cannot_start_is_the_worker_s_failure_with_its_code(prepared, code):
+    engine = FakeEngine(start_error=StartFailure("the command cannot run", code=code))
+    result = run_audited(engine, prepared)
     assert (result.status, result.exit_code) == ("error", code)
+    assert result.error == "the command cannot run"
     assert engine.containers == set()
 
 
+@pytest.mark.parametrize("code", [126, 127])
+def test_a_worker_by_exec_that_cannot_start_is_its_failure_with_its_code(project, code):
+    project.worker("w", 'command: ["nope"]\nsandbox: {}')  # an outbox: the worker runs by exec
+    loaded = load_project(project.root)
+    prepared = prepare(loaded, load_worker(loaded, "w"))
+    assert prepared.spec.supervisor_user is not None
+    failure = StartFailure('exec: "nope": executable file not found in $PATH', code=code)
+    engine = FakeEngine(exit_code=code, exec_failure=failure)
+    result = run_audited(engine, prepared)
+    assert (result.status, result.exit_code, result.error) == ("error", code, str(failure))
+    assert engine.containers == set()
+
+
+def test_the_network_the_engine_made_for_the_run_is_removed_after_its_container(project):
+    project.worker("w", 'command: ["true"]\nnetwork: {allow: [example.org]}')
+    loaded = load_project(project.root)
+    prepared = prepare(loaded, load_worker(loaded, "w"))
+    engine = FakeEngine()
+    run_audited(engine, prepared)
+    removed = f"remove-network-net-{prepared.spec.run_id}"
+    assert engine.calls.index("network") < engine.calls.index("create")
+    assert engine.calls.index("remove") < engine.calls.index(removed)
+
+
+def test_no_network_is_made_or_removed_for_a_run_without_one(prepared):
+    engine = FakeEngine()
+    run_audited(engine, prepared)
+    assert not [call for call in engine.calls if "network" in call]
+
+
 def test_other_start_failure_raises_after_removing(prepared):
-    engine = FakeEngine(start_error="Docker refused starting the container: boom")
+    engine = FakeEngine(start_error=EngineError("Docker refused starting the container: boom"))
     with pytest.raises(EngineError, match="boom"):
-        execute(engine, prepared)
+        run_audited(engine, prepared)
     assert engine.containers == set()
 
 
@@ -136,7 +112,7 @@ def test_other_start_failure_raises_after_removing(prepared):
 def test_interrupt_or_engine_error_mid_run_still_removes(prepared, how):
     engine = FakeEngine(wait_result=how)
     with pytest.raises((Interrupted, EngineError)):
-        execute(engine, prepared)
+        run_audited(engine, prepared)
     assert engine.calls[-1] == "remove"
     assert engine.containers == set()
 
@@ -148,7 +124,7 @@ def test_missing_image_creates_nothing(prepared):
 
     engine = NoImage()
     with pytest.raises(ImageMissing, match="orchestrator images build"):
-        execute(engine, prepared)
+        run_audited(engine, prepared)
     assert "remove" not in engine.calls
 
 
@@ -172,3 +148,81 @@ def test_gc_removes_only_objects_of_dead_owners():
     assert [o.name for o in collect(engine, everything=True).removed] == [
         "dead", "reused", "foreign", "net"
     ]  # fmt: skip
+
+
+# -- the fake itself ---------------------------------------------------------------------
+
+
+def _members(protocol: type) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(value)
+        for name, value in vars(protocol).items()
+        if callable(value) and not name.startswith("_")
+    }
+
+
+@pytest.mark.parametrize(("protocol", "fake"), [(Engine, FakeEngine), (ExecHandle, FakeExec)])
+def test_fake_engine_satisfies_the_protocol(protocol, fake):
+    wanted = _members(protocol)
+    assert len(wanted) >= 1
+    for name, signature in wanted.items():
+        assert hasattr(fake, name), f"{fake.__name__} lacks {name}"
+        mine = inspect.signature(getattr(fake, name))
+        assert list(mine.parameters) == list(signature.parameters), name
+        assert str(mine) == str(signature), name
+
+
+def test_fake_engine_type_checks_against_the_protocol(tmp_path):
+    out, err, status = mypy_api.run(
+        ["--strict", "--no-incremental", "--cache-dir", str(tmp_path), "--follow-imports=silent",
+         "-m", fake_engine.__name__]
+    )  # fmt: skip
+    assert status == 0, out + err
+
+
+# -- an engine that restarts while the run ends ------------------------------------------
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setattr(run_module, "ENGINE_POLL_S", 0.01)
+    monkeypatch.setattr(run_module, "ENGINE_RETURN_S", 2.0)
+
+
+def test_removal_waits_for_a_restarting_engine(prepared, quick):
+    engine = FakeEngine(down_for=20)  # the removal and 19 pings go unanswered
+    result = run_audited(engine, prepared)
+    assert result.container_removed is True
+    assert engine.containers == set()
+    assert engine.calls.count("remove") == 2
+    assert engine.calls.count("ping") == 20  # 19 unanswered, then the engine is back
+
+
+def test_removal_waits_after_an_engine_error_mid_run(prepared, quick):
+    engine = FakeEngine(wait_result="engine-error", down_for=5)
+    with pytest.raises(EngineError):
+        run_audited(engine, prepared)
+    assert engine.containers == set()
+
+
+def test_removal_gives_up_in_one_line_when_the_engine_stays_away(prepared, quick, caplog):
+    engine = FakeEngine(down_for=10**9)
+    with caplog.at_level(logging.ERROR, logger=run_module.__name__):
+        result = run_audited(engine, prepared)
+    assert result.container_removed is False
+    assert engine.containers == {"c1"}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert "did not answer for 2 s" in errors[0] and "orchestrator gc" in errors[0]
+
+
+def test_removal_refused_by_an_answering_engine_is_tried_three_times(prepared, quick):
+    class Refusing(FakeEngine):
+        def remove(self, container_id: str) -> bool:
+            self.calls.append("remove")
+            raise EngineError("Docker refused removing the container: busy")
+
+    engine = Refusing()
+    result = run_audited(engine, prepared)
+    assert result.container_removed is False
+    assert engine.calls.count("remove") == 3

@@ -135,3 +135,56 @@ def every_byte_under(root: Path) -> bytes:
                 chunks.append(path.read_bytes())
             chunks.append(name.encode("utf-8", "surrogateescape"))
     return b"\n".join(chunks)
+
+
+#: A sparse file of 10 GiB apparent size with one byte written at its end.
+SPARSE_APPARENT = (10 << 30) + 1
+
+
+def number(value: int) -> bytes:
+    """A 12-byte numeric header field: octal, or base-256 when too large (as GNU tar)."""
+    return b"%011o\0" % value if value < 8**11 else b"\x80" + value.to_bytes(11, "big")
+
+
+def gnu_sparse(name: bytes, data: bytes = b"x", *, apparent: int = SPARSE_APPARENT,
+               chain: int = 0) -> bytes:  # fmt: skip
+    """An old GNU sparse member as GNU tar's ``--sparse`` writes it: ``data`` at the end.
+
+    ``chain`` extension blocks of (empty) map entries follow the header, as for a file
+    with many holes.
+    """
+    buf = bytearray(header(name, size=len(data), kind=b"S"))
+    buf[257:265] = b"ustar  \0"
+    buf[386:398] = number(apparent - len(data))  # the map: (offset, numbytes) pairs
+    buf[398:410] = number(len(data))
+    buf[410:422] = number(apparent)
+    buf[422:434] = number(0)
+    buf[482] = 1 if chain else 0
+    buf[483:495] = number(apparent)
+    buf[148:156] = b" " * 8
+    buf[148:156] = b"%06o\0 " % sum(buf)
+    more = b"\0" * 504 + b"\1" + b"\0" * 7
+    last = b"\0" * BLOCK
+    blocks = more * (chain - 1) + last if chain else b""
+    return bytes(buf) + blocks + pad(data)
+
+
+def pax_sparse(name: bytes, data: bytes = b"x", *, version: str = "1.0") -> bytes:
+    """A GNU pax sparse member (format 0.1 or 1.0) of apparent size SPARSE_APPARENT."""
+    where = b"%d" % (SPARSE_APPARENT - len(data))
+    if version == "0.1":
+        records = {
+            b"GNU.sparse.size": b"%d" % SPARSE_APPARENT,
+            b"GNU.sparse.numblocks": b"1",
+            b"GNU.sparse.map": where + b",%d" % len(data),
+            b"GNU.sparse.name": name,
+        }
+        return pax(records) + member(b"./GNUSparseFile.0/" + name, data)
+    records = {
+        b"GNU.sparse.major": b"1",
+        b"GNU.sparse.minor": b"0",
+        b"GNU.sparse.name": name,
+        b"GNU.sparse.realsize": b"%d" % SPARSE_APPARENT,
+    }
+    stored = pad(b"1\n" + where + b"\n%d\n" % len(data)) + data
+    return pax(records) + member(b"./GNUSparseFile.0/" + name, stored)

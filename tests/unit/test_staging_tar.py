@@ -17,12 +17,15 @@ from orchestrator.staging.tarstream import META_MAX, stream_budget
 from tests.unit.test_staging_support import (
     END,
     LIMITS,
+    SPARSE_APPARENT,
     blob_names,
     gnu_longname,
+    gnu_sparse,
     header,
     member,
     pad,
     pax,
+    pax_sparse,
     sha,
     snapshot,
     tar_of,
@@ -393,14 +396,95 @@ def test_collect_cleans_its_blob_folder_when_the_host_side_fails(
     assert list(scratch.iterdir()) == []
 
 
-def test_a_sparse_map_chain_is_refused_before_it_is_read(scratch: Path) -> None:
-    info = tarfile.TarInfo("holes")
-    info.type = tarfile.GNUTYPE_SPARSE
-    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
-    header[482] = 1  # isextended: a chain of map blocks follows
-    header[148:156] = b"        "
-    header[148:155] = f"{sum(header[:512]):06o}\0".encode()
-    chain = (b"\0" * 504 + b"\1" + b"\0" * 7) * 2000  # 2,000 blocks that each say "more"
-    collected = collect(bytes(header[:512]) + chain + END, scratch)
-    assert collected.files == []
-    assert any("extended map" in r.reason for r in collected.rejected)
+def hostile_tail() -> bytes:
+    """What a worker may leave after a sparse file: a report, then entries to refuse."""
+    return (
+        member(b"./report.md", b"the report")
+        + header(b"./link", kind=b"2", linkname=b"/etc/passwd")
+        + header(b"./fifo", kind=b"6")
+        + header(b"./.git", kind=b"5")
+        + member(b"./.git/config", b"[core]")
+        + END
+    )
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "sparse",
+    [gnu_sparse(b"./big"), pax_sparse(b"./big", version="0.1"), pax_sparse(b"./big")],
+    ids=["gnu", "pax-0.1", "pax-1.0"],
+)
+def test_a_huge_sparse_file_is_refused_and_every_later_entry_still_read(
+    scratch: Path, sparse: bytes
+) -> None:
+    tracemalloc.start()
+    try:
+        collected = collect(sparse + hostile_tail(), scratch)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+    assert [f.path for f in collected.files] == ["report.md"]
+    found = reasons(collected)
+    assert f"sparse file ({SPARSE_APPARENT} bytes apparent, " in found["big"]
+    assert "symbolic link to '/etc/passwd'" in found["link"]
+    assert "FIFO" in found["fifo"]
+    assert ".git" in found[".git/config"]
+    assert not collected.truncated
+
+
+def test_a_long_sparse_map_chain_is_skipped_without_being_kept(scratch: Path) -> None:
+    raw = gnu_sparse(b"holes", b"h" * 700, chain=2000) + member(b"ok.md", b"ok") + END
+    tracemalloc.start()
+    try:
+        collected = collect(raw, scratch)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20  # tarfile would keep 42,000 map entries
+    assert "sparse file" in reasons(collected)["holes"]
+    assert [f.path for f in collected.files] == ["ok.md"]
+    assert not collected.truncated
+
+
+def test_a_sparse_map_chain_cut_by_the_end_of_the_stream_names_the_last_entry(
+    scratch: Path,
+) -> None:
+    cut = gnu_sparse(b"holes", chain=3)[: 512 * 3]
+    collected = collect(member(b"a.md", b"a") + cut, scratch)
+    assert [f.path for f in collected.files] == ["a.md"]
+    assert collected.truncated
+    assert "entries after 'a.md' were not read" in reasons(collected)[STREAM]
+
+
+def test_a_sparse_file_storing_more_than_the_stream_may_hold_stops_reading(
+    scratch: Path,
+) -> None:
+    limits = OutboxLimits(size=1024, max_files=10, max_file_size=1024)
+    raw = member(b"a.md", b"a") + gnu_sparse(b"big", b"z" * 200_000) + member(b"b.md", b"b")
+    collected = collect(raw + END, scratch, limits)
+    assert [f.path for f in collected.files] == ["a.md"]
+    assert collected.truncated
+    assert (
+        "more than the stream may hold; entries after it were not read"
+        in (reasons(collected)["big"])
+    )
+
+
+def test_a_broken_stream_says_after_which_entry_nothing_was_read(scratch: Path) -> None:
+    raw = member(b"a.md", b"a") + member(b"b.md", b"b") + b"\x01" * 512
+    collected = collect(raw, scratch)
+    assert [f.path for f in collected.files] == ["a.md", "b.md"]
+    assert "entries after 'b.md' were not read" in reasons(collected)[STREAM]
+
+
+def test_a_size_that_disagrees_with_the_stored_data_is_refused_and_skipped(
+    scratch: Path,
+) -> None:
+    # A global pax header replaces the size of later members after tarfile has used the
+    # header's own size to find the next one: the member is refused, reading goes on.
+    body = b"11 size=5\n"
+    overriding = header(b"./PaxHeaders/g", size=len(body), kind=b"g") + pad(body)
+    raw = overriding + member(b"liar.md", b"l" * 600) + member(b"ok.md", b"ok12") + END
+    collected = collect(raw, scratch)
+    assert "headers disagree" in reasons(collected)["liar.md"]

@@ -1,0 +1,256 @@
+"""``Orchestrator.batch``: expand, open the batch folder, run, stage, summarise."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import signal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.batch.engine import DONE, Batch, BatchResult, Event, RunOne
+from orchestrator.batch.folder import BatchFolder
+from orchestrator.batch.inputs import BatchInput, expand, file_sha256
+from orchestrator.batch.staging import BatchStaging, make_change_set
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.runtime.removal import Interrupted, remove_run
+from orchestrator.runtime.run import RunResult, execute
+
+if TYPE_CHECKING:
+    from orchestrator.config import Worker
+    from orchestrator.runner import Orchestrator
+    from orchestrator.runtime.pool import WarmPool
+    from orchestrator.runtime.preparation import Prepared
+
+__all__ = ["run_batch", "worker_hash"]
+
+
+def worker_hash(worker: Worker) -> str:
+    """The worker definition's hash: its file's bytes (a changed file means re-run)."""
+    return hashlib.sha256(worker.file.read_bytes()).hexdigest()
+
+
+def run_batch(
+    orch: Orchestrator,
+    worker: str | Worker,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    *,
+    concurrency: int = 4,
+    resume: str | None = None,
+    fail_fast: bool = False,
+    on_event: Callable[[Event], None] | None = None,
+    use_pool: bool | None = None,
+    run_one: RunOne | None = None,
+    cancel: Callable[[str], None] | None = None,
+    **options: Any,
+) -> BatchResult:
+    """See :meth:`orchestrator.Orchestrator.batch`. ``run_one`` runs one input (default:
+    a Docker container, pooled or cold) and ``cancel(run_id)`` removes a running one
+    (default: its Docker container): another engine gives both (``--engine swarm``)."""
+    if concurrency < 1:
+        raise ConfigError([f"--concurrency {concurrency}: use 1 or more"])
+    first = orch.prepare(worker, **options)  # refused here, before anything is made
+    name, digest = first.worker.name, worker_hash(first.worker)
+    sandbox = orch.project.sandbox_root
+    if resume is None:
+        items = expand(inputs, sandbox_root=sandbox)
+        folder = BatchFolder.create(
+            sandbox,
+            {
+                "worker": name,
+                "worker_hash": digest,
+                "trust": first.spec.trust,
+                "inputs": [i.to_dict() for i in items],
+                "staged": [],
+                "change_ids": [],
+            },
+        )
+    else:
+        if inputs:
+            raise ConfigError(["--resume runs the batch's own inputs; drop --inputs"])
+        folder = BatchFolder.open(sandbox, resume)
+        if folder.meta.get("worker") != name:
+            raise ConfigError(
+                [
+                    f"batch {resume} ran worker '{folder.meta.get('worker')}', not '{name}'; "
+                    "resume it with that worker"
+                ]
+            )
+        items = folder.inputs
+    emit = _emitter(on_event)
+    try:
+        todo, skipped = _todo(folder, items, digest)
+        result = BatchResult(folder.batch_id, str(folder.folder), skipped=skipped)
+        emit(
+            {
+                "event": "batch",
+                "batch_id": folder.batch_id,
+                "folder": str(folder.folder),
+                "worker": name,
+                "total": len(items),
+                "todo": len(todo),
+                "skipped": skipped,
+            }
+        )
+        staging = BatchStaging(orch.staging, folder.blobs)
+        pool = _pool(orch, worker, todo, concurrency, use_pool, run_one, options)
+        try:
+            one = run_one or (_pooled(pool) if pool else _cold(orch, worker, options))
+            batch = Batch(
+                folder,
+                todo,
+                one,
+                cancel or (lambda run_id: remove_run(orch.engine, run_id)),
+                worker_hash=digest,
+                staging=staging,
+                concurrency=concurrency,
+                fail_fast=fail_fast,
+                emit=emit,
+            )
+            batch.start()
+            try:
+                batch.join()
+            except (Interrupted, KeyboardInterrupt) as exc:
+                result.interrupted = getattr(exc, "signum", signal.SIGINT)
+                emit({"event": "interrupted", "signal": result.interrupted})
+                with _ignoring_signals():
+                    batch.halt()
+                    batch.join()
+        finally:
+            if pool is not None:
+                with _ignoring_signals():
+                    pool.close()
+        result.records = batch.records
+        with _ignoring_signals():
+            _stage(orch, folder, first, result)
+        emit({"event": "summary", **result.summary()})
+        return result
+    finally:
+        folder.close()
+
+
+def _todo(
+    folder: BatchFolder, items: list[BatchInput], digest: str
+) -> tuple[list[BatchInput], int]:
+    """The inputs still to run: no final result for this content and worker definition."""
+    done = folder.results()
+    todo, skipped = [], 0
+    for item in items:
+        try:
+            current = BatchInput(item.path, file_sha256(item.path), item.key)
+        except (OSError, OrchestratorError):
+            current = item  # gone or changed kind: its run reports the problem
+        record = done.get(item.key)
+        if (
+            record
+            and record.get("status") in DONE
+            and record.get("sha256") == current.sha256
+            and record.get("worker_hash") == digest
+        ):
+            skipped += 1
+        else:
+            todo.append(current)
+    return todo, skipped
+
+
+def _stage(orch: Orchestrator, folder: BatchFolder, first: Prepared, result: BatchResult) -> None:
+    """One change set of every final result not staged yet; then the blobs can go."""
+    staged = set(folder.meta.get("staged", []))
+    records = [r for k, r in folder.results().items() if r["status"] in DONE and k not in staged]
+    change_id, files = make_change_set(
+        orch.staging,
+        orch.audit,
+        folder.blobs,
+        batch_id=folder.batch_id,
+        worker=first.spec.worker,
+        trust=first.spec.trust,
+        records=records,
+    )
+    folder.meta["staged"] = sorted(staged | {r["key"] for r in records})
+    if change_id is not None:
+        folder.meta["change_ids"] = [*folder.meta.get("change_ids", []), change_id]
+    folder.set_change(change_id or folder.meta.get("change_id"))
+    result.change_id, result.change_files = change_id, files
+    if all(r.get("status") in DONE for r in folder.results().values()):
+        folder.drop_blobs()
+
+
+def _cold(orch: Orchestrator, worker: str | Worker, options: dict[str, Any]) -> RunOne:
+    def one(item: BatchInput, staging: BatchStaging, started: Callable[[str], None]) -> RunResult:
+        prepared = orch.prepare(worker, inputs=[item.path], **options)
+        started(prepared.spec.run_id)
+        return execute(
+            orch.engine,
+            prepared,
+            audit=orch.audit,
+            staging=staging,
+            secrets=orch.secrets_for(prepared),
+        )
+
+    return one
+
+
+def _pool(
+    orch: Orchestrator,
+    worker: str | Worker,
+    todo: list[BatchInput],
+    concurrency: int,
+    use_pool: bool | None,
+    run_one: RunOne | None,
+    options: dict[str, Any],
+) -> WarmPool | None:
+    if run_one is not None or use_pool is False or not todo or options.get("session_id"):
+        return None
+    if importlib.util.find_spec("orchestrator.runtime.inputs") is None:
+        return None  # inputs cannot be placed into a pooled run: cold starts
+    return orch.pool(worker, size=max(1, min(concurrency, len(todo))), input_slot=True, **options)
+
+
+def _pooled(pool: WarmPool) -> RunOne:
+    place_inputs = importlib.import_module("orchestrator.runtime.inputs").place_inputs
+
+    def one(item: BatchInput, staging: BatchStaging, started: Callable[[str], None]) -> RunResult:
+        run = pool.take()
+        run.staging = staging
+        started(run.spec.run_id)
+        try:
+            place_inputs(run.prepared, [item.path])
+            run.run_worker()
+            run.collect()
+        except BaseException:
+            run.close(failed=True)
+            raise
+        return run.close()
+
+    return one
+
+
+def _emitter(on_event: Callable[[Event], None] | None) -> Callable[[Event], None]:
+    import threading
+
+    lock = threading.Lock()
+
+    def emit(event: Event) -> None:
+        if on_event is not None:
+            with lock:
+                on_event(event)
+
+    return emit
+
+
+class _ignoring_signals:
+    """SIGINT/SIGTERM ignored while cleaning up (a second Ctrl-C must not cut it short)."""
+
+    def __enter__(self) -> None:
+        self.previous = {}
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,461 @@
+"""``orchestrator serve``: a fork server that runs commands at in-process speed.
+
+The server imports what a command needs once (click, the config models and pydantic, the
+Docker SDK, the runtime), then waits on a unix socket in a private per-user folder
+(:func:`orchestrator.wire.socket_folder`). It opens no engine connection and starts no
+thread: each command runs in a fresh ``fork()`` of that pristine process, which takes the
+client's argv, working folder, environment and stdin/stdout/stderr, and runs the same
+:func:`~orchestrator.cli.main.main` a local command runs. The child's pid owns the run (its
+labels), so ``gc`` judges liveness as usual. The server itself only relays: signals from the
+client to its child, and the child's exit code back. A client that goes away (even killed)
+gets its child terminated: SIGTERM, so the command cleans up, then SIGKILL after a grace.
+
+Security model: same uid only (the folder is 0700, the socket 0600, both checked with
+lstat by both sides, and each side checks the other's SO_PEERCRED uid); nothing of one
+command (engine connection, caches, state) reaches another, since each is a new fork of a
+process that never ran one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import io
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from orchestrator.cli import wire
+from orchestrator.errors import OrchestratorError
+
+#: What a command imports before its first engine call, loaded once by the server.
+PRELOAD = (
+    "ctypes",
+    "docker",
+    "yaml",
+    "orchestrator.cli.main",
+    "orchestrator.config.loader",
+    "orchestrator.config.models",
+    "orchestrator.docker.client",
+    "orchestrator.docker.engine",
+    "orchestrator.plan",
+    "orchestrator.policy",
+    "orchestrator.runner",
+    "orchestrator.runtime",
+    "orchestrator.runtime.gc",
+    "orchestrator.runtime.run",
+    "orchestrator.runtime.session",
+    "orchestrator.staging",
+)
+#: From a client's disconnection to SIGKILL of its command, if SIGTERM was not enough.
+KILL_GRACE_S = 10.0
+#: How long a connected client has to send its request.
+REQUEST_WAIT_S = 5.0
+#: How long ``--stop`` waits for the server to finish its commands and go.
+STOP_WAIT_S = KILL_GRACE_S + 5.0
+_WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+
+
+#: The command line's entry point, run in each forked child with the client's arguments.
+Entry = Callable[[list[str]], object]
+
+
+def serve_command(entry: Entry) -> click.Command:
+    """``orchestrator serve``, whose children run ``entry`` (the CLI's ``main``)."""
+
+    @click.command("serve")
+    @click.option("--stop", is_flag=True, help="Stop this user's server, then exit.")
+    def serve(stop: bool) -> None:
+        """Serve this user's commands from one warm process (foreground; see docs/server.md).
+
+        Each `orchestrator` command finds the server's socket and runs in a fork of it, with
+        the same output, prompts and exit code as when run alone, minus the start-up time.
+        Commands run by themselves again when the server is gone or outdated.
+        """
+        _serve(entry, stop)
+
+    return serve
+
+
+def _serve(entry: Entry, stop: bool) -> None:
+    from orchestrator.cli.terminal import say
+
+    if stop:
+        say(stop_server())
+        return
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:  # a fork copies only the calling thread
+        raise OrchestratorError("cannot serve: a thread was started while preloading")
+    for fd in (0, 1, 2):  # commands' descriptors must never land on 0-2 here
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+    path = _prepare_folder() / wire.SOCKET_NAME
+    listener = _bind(path)
+    say(f"serving on {path} (pid {os.getpid()}); stop with `orchestrator serve --stop`")
+    ForkServer(listener, path, entry).run()
+    say("server stopped")
+
+
+def stop_server() -> str:
+    """Ask this user's server to stop (SIGTERM) and wait until it has; what happened."""
+    try:
+        path = wire.socket_path()
+    except wire.Unusable as exc:
+        return f"no server to stop: {exc}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            return f"no server to stop: {path}: {exc.strerror or exc}"
+        uid, pid = wire.peer_uid_pid(sock)
+    if uid != os.getuid():
+        raise OrchestratorError(f"the process behind {path} runs as uid {uid}; not stopping it")
+    _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _running(pid):
+        raise OrchestratorError(f"the server (pid {pid}) is still there after {STOP_WAIT_S:g} s")
+    return f"stopped the server (pid {pid})"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (its commands finished, it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _prepare_folder() -> Path:
+    folder = Path(wire.socket_folder())
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise OrchestratorError(f"cannot serve: cannot create {folder}: {exc.strerror}") from None
+    try:
+        wire.check_private(str(folder), "folder")
+    except wire.Unusable as exc:
+        raise OrchestratorError(
+            f"cannot serve: {exc}; remove it, or set XDG_RUNTIME_DIR to a private folder"
+        ) from None
+    return folder
+
+
+def _bind(path: Path) -> socket.socket:
+    if os.path.lexists(path):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # stale: nothing listens
+            else:
+                _uid, pid = wire.peer_uid_pid(probe)
+                raise OrchestratorError(
+                    f"a server already listens on {path} (pid {pid}); stop it with "
+                    "`orchestrator serve --stop`"
+                )
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(mask)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    listener.setblocking(False)
+    return listener
+
+
+@dataclass
+class Command:
+    """One client's command: its connection and the child running it."""
+
+    conn: socket.socket
+    pid: int
+    kill_at: float | None = None
+    connected: bool = True
+
+
+class ForkServer:
+    """The accept/fork/relay loop: one thread, a selector, a self-pipe for signals."""
+
+    def __init__(self, listener: socket.socket, path: Path, entry: Entry) -> None:
+        self.entry = entry
+        self.listener: socket.socket | None = listener
+        self.path = path
+        self.inode = os.lstat(path).st_ino
+        self.fingerprint = wire.fingerprint()
+        self.commands: dict[int, Command] = {}
+        self.stopping = False
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def run(self) -> None:
+        assert self.listener is not None
+        signal.set_wakeup_fd(self.wake_w)
+        for sig in _WATCHED:
+            signal.signal(sig, self._on_signal)
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self.stopping or self.commands:
+                if self.stopping and self.listener is not None:
+                    self._close_listener()
+                    for command in self.commands.values():
+                        self._terminate(command)
+                for key, _ in self.selector.select(self._timeout()):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        os.read(self.wake_r, 512)
+                    else:
+                        self._from_client(key.data)
+                self._reap()
+                self._kill_overdue()
+        finally:
+            self._close_listener()
+            signal.set_wakeup_fd(-1)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum != signal.SIGCHLD:
+            self.stopping = True
+
+    def _timeout(self) -> float | None:
+        deadlines = [c.kill_at for c in self.commands.values() if c.kill_at is not None]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _close_listener(self) -> None:
+        if self.listener is None:
+            return
+        self.selector.unregister(self.listener)
+        self.listener.close()
+        self.listener = None
+        try:
+            if os.lstat(self.path).st_ino == self.inode:
+                self.path.unlink()
+        except OSError:
+            pass
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        fds: list[int] = []
+        try:
+            conn.settimeout(REQUEST_WAIT_S)
+            if wire.peer_uid_pid(conn)[0] != os.getuid():
+                raise ValueError("another uid")
+            conn.sendall(f"{wire.GREETING} {self.fingerprint}\n".encode())
+            header, fds, _flags, _addr = socket.recv_fds(conn, wire.HEADER.size, 3)
+            while header and len(header) < wire.HEADER.size:
+                header += conn.recv(wire.HEADER.size - len(header))
+            if len(fds) != 3 or len(header) != wire.HEADER.size:
+                raise ValueError("no request")
+            (size,) = wire.HEADER.unpack(header)
+            payload = bytearray()
+            while len(payload) < size:
+                chunk = conn.recv(min(size - len(payload), 1 << 20))
+                if not chunk:
+                    raise ValueError("short request")
+                payload += chunk
+            argv, cwd, env = wire.decode_request(bytes(payload))
+            pid = self._fork(conn, fds, argv, cwd, env)
+        except (OSError, ValueError):  # a client gone or confused
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.setblocking(False)
+        self.commands[pid] = Command(conn, pid)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _fork(self, conn: socket.socket, fds: list[int], argv: list[str], cwd: str,
+              env: dict[str, str]) -> int:  # fmt: skip
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _end_with(server)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                for sig in _WATCHED[1:]:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                same_uid = wire.peer_uid_pid(conn)[0] == os.getuid()
+                self._close_inherited()
+                conn.close()
+                os.setsid()  # out of the server's terminal and process group
+                code = _run_command(self.entry, argv, cwd, env, fds) if same_uid else 125
+            except BaseException:  # noqa: BLE001 - nothing may unwind into the server's loop
+                code = 125
+            os._exit(code)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        return pid
+
+    def _close_inherited(self) -> None:
+        """In a child: drop the server's own descriptors."""
+        if self.listener is not None:
+            self.listener.close()
+        for command in self.commands.values():
+            command.conn.close()
+        self.selector.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    def _from_client(self, pid: int) -> None:
+        command = self.commands[pid]
+        try:
+            data = command.conn.recv(64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client is gone: its command must not outlive it
+            self._disconnect(command)
+            self._terminate(command)
+            return
+        for signum in data:
+            if signum in wire.FORWARDED:
+                _kill(pid, signum)
+
+    def _terminate(self, command: Command) -> None:
+        if command.kill_at is None:
+            _kill(command.pid, signal.SIGTERM)
+            command.kill_at = time.monotonic() + KILL_GRACE_S
+
+    def _kill_overdue(self) -> None:
+        now = time.monotonic()
+        for command in self.commands.values():
+            if command.kill_at is not None and command.kill_at <= now:
+                _kill(command.pid, signal.SIGKILL)
+                command.kill_at = now + KILL_GRACE_S
+
+    def _disconnect(self, command: Command) -> None:
+        if command.connected:
+            command.connected = False
+            self.selector.unregister(command.conn)
+            command.conn.close()
+
+    def _reap(self) -> None:
+        while self.commands:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            command = self.commands.pop(pid, None)
+            if command is None:
+                continue
+            if command.connected:
+                try:
+                    command.conn.setblocking(True)
+                    command.conn.sendall(f"exit {128 - code if code < 0 else code}\n".encode())
+                except OSError:
+                    pass
+                self._disconnect(command)
+
+
+def _end_with(server: int) -> None:
+    """In a child: get SIGTERM when the server dies (Linux PR_SET_PDEATHSIG), so that a
+    command never outlives the server that relays for its client."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != server:  # it died before the request took effect
+        os._exit(125)
+
+
+def _kill(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _run_command(
+    entry: Entry, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]
+) -> int:
+    """In a fresh child: become the client's command, run it, return its exit code."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["orchestrator", *argv]
+    _replace_stdio()
+    code = 1
+    try:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            print(f"orchestrator: error: cannot enter {cwd}: {exc.strerror}", file=sys.stderr)
+            return 125
+        from orchestrator import labels
+
+        labels.current_owner.cache_clear()  # this child owns its runs
+        entry(argv)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # noqa: BLE001 - what an uncaught error does in a local command
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    return code
+
+
+def _exit_code(code: Any) -> int:
+    """What Python makes of ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _replace_stdio() -> None:
+    """New ``sys.std*`` objects over the passed descriptors, buffered as Python would."""
+    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        tty = os.isatty(fd)
+        raw: Any = open(fd, "rb" if fd == 0 else "wb", closefd=False)  # noqa: SIM115
+        stream = io.TextIOWrapper(
+            raw,
+            encoding=old.encoding,
+            errors=old.errors,
+            line_buffering=fd == 2 or (fd == 1 and tty),
+            write_through=fd == 2,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)

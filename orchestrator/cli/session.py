@@ -1,0 +1,448 @@
+"""``orchestrator session``: live sandboxes that outlive one command.
+
+``start`` spawns a detached owner process (the hidden ``session serve``) that opens the
+session and answers on a private control socket (see
+:mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list`` and ``stop`` talk
+to it. Exit codes follow ``run``: the command's own code for ``exec`` (124 on timeout),
+125 for the orchestrator's errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from orchestrator.cli.options import (
+    json_option,
+    parse_duration_option,
+    project_option,
+    signals_interrupt,
+)
+from orchestrator.cli.terminal import WorkerOutput, raw_option, shown
+from orchestrator.errors import OrchestratorError
+
+#: How long ``start`` waits for the owner to open the session (image start, zone checks).
+START_WAIT_S = 300.0
+REMOTE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):(/.*)$")
+
+
+class SessionCliError(OrchestratorError):
+    """A session command failed before or outside the session's own operations."""
+
+
+def _sandbox_root(project_dir: Path) -> Path:
+    from orchestrator.config import load_project
+
+    return load_project(project_dir).sandbox_root
+
+
+@contextlib.contextmanager
+def _owner(project_dir: Path, session_id: str) -> Iterator[Any]:
+    """A connection to the live owner of ``session_id``; one clear error otherwise."""
+    from orchestrator.runtime.session_server import connect, control_dir
+
+    with control_dir(_sandbox_root(project_dir)) as fd:
+        sock = connect(fd, session_id) if fd is not None and "/" not in session_id else None
+    if sock is None:
+        raise SessionCliError(
+            f"no live session '{session_id}' in {project_dir}; see `orchestrator session list`"
+        )
+    with sock:
+        yield sock
+
+
+def _ask(project_dir: Path, session_id: str, message: dict[str, Any], **kw: Any) -> Any:
+    from orchestrator.runtime.session_server import request
+
+    with _owner(project_dir, session_id) as sock:
+        return request(sock, message, **kw)
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, sort_keys=True, default=str))
+
+
+def _say(message: str) -> None:
+    click.echo(f"orchestrator: {shown(message)}", err=True)
+
+
+@click.group()
+def session() -> None:
+    """Live sandboxes: start one, run commands and copy files in it, stop it."""
+
+
+def _open_options(func: Any) -> Any:
+    options = [
+        project_option,
+        click.option(
+            "--trust",
+            type=click.Choice(["untrusted", "session", "workspace", "full"]),
+            help="Open the session at this trust level (only lower than declared, unless "
+            "--promote).",
+        ),
+        click.option("--promote", is_flag=True, help="Allow --trust above the declared level."),
+        click.option("--workspace", default="default", show_default=True, help="Workspace name."),
+        click.option("--session", "session_id", help="Reuse this session folder (default: new)."),
+        click.option(
+            "--idle-timeout",
+            default="15m",
+            show_default=True,
+            callback=parse_duration_option,
+            help="Close after this long without an operation (e.g. 90s, 15m; 'never').",
+        ),
+        click.option(
+            "--max-lifetime",
+            default="8h",
+            show_default=True,
+            callback=parse_duration_option,
+            help="Close after this long in any case (e.g. 8h; 'never').",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@session.command()
+@click.argument("worker")
+@_open_options
+@json_option("Print the session (id, run id, worker, trust, zones) as one JSON object.")
+def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None:
+    """Open a live sandbox for WORKER, owned by a background process; print its id."""
+    from orchestrator.runtime.session_server import control_dir
+
+    root = _sandbox_root(project_dir)
+    args = [sys.executable, "-m", "orchestrator", "session", "serve", worker,
+            "--project", str(project_dir.resolve())]  # fmt: skip
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "session_id":
+            flag = "--session"
+        if isinstance(value, bool):
+            args += [flag] if value else []
+        elif value is not None:
+            args += [flag, f"{value}s" if isinstance(value, float) else str(value)]
+        elif name in {"idle_timeout", "max_lifetime"}:
+            args += [flag, "never"]
+    with control_dir(root, create=True):
+        pass
+    log_path = root / "control" / f"owner-{os.getpid()}-{time.monotonic_ns()}.log"
+    read_end, write_end = os.pipe()
+    try:
+        with open(log_path, "ab") as log_file:
+            os.chmod(log_path, 0o600)
+            owner = subprocess.Popen(
+                [*args, "--ready-fd", str(write_end), "--log", str(log_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                pass_fds=(write_end,),
+                start_new_session=True,
+                close_fds=True,
+            )
+    finally:
+        os.close(write_end)
+    try:
+        answer = _wait_ready(read_end, owner)
+    finally:
+        os.close(read_end)
+    if "error" in answer:
+        with contextlib.suppress(FileNotFoundError):
+            log_path.unlink()
+        raise SessionCliError(str(answer["error"]))
+    if as_json:
+        _emit(answer["ready"])
+    else:
+        info = answer["ready"]
+        zones = ", ".join(f"{z['path']} {z['mode']}" for z in info["zones"]) or "none"
+        _say(f"session {info['id']} (run {info['run_id']}): worker {info['worker']}, trust "
+             f"{info['trust']}, zones: {zones}; owner pid {info['pid']}")  # fmt: skip
+        click.echo(info["id"])
+
+
+def _wait_ready(fd: int, owner: subprocess.Popen[bytes]) -> dict[str, Any]:
+    deadline = time.monotonic() + START_WAIT_S
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            owner.terminate()  # its handler closes the session and removes the container
+            return {"error": f"the session did not open within {START_WAIT_S:g} s; stopped"}
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    if b"\n" not in data:
+        code = owner.wait()
+        return {"error": f"the session's owner exited with code {code} before it was ready"}
+    answer: dict[str, Any] = json.loads(data.split(b"\n", 1)[0])
+    if "error" in answer:
+        owner.wait()
+    return answer
+
+
+@session.command(hidden=True)
+@click.argument("worker")
+@_open_options
+@click.option("--ready-fd", type=int, required=True)
+@click.option("--log", "log_path", type=click.Path(path_type=Path), required=True)
+def serve(worker: str, project_dir: Path, ready_fd: int, log_path: Path, **options: Any) -> None:
+    """The owner process of one session (started by ``session start``)."""
+    import logging
+    import threading
+
+    from orchestrator.runner import Orchestrator
+    from orchestrator.runtime.session_server import SessionServer, control_dir, describe
+
+    logging.basicConfig(level=logging.WARNING, format="orchestrator: %(name)s: %(message)s")
+
+    def tell(answer: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, json.dumps(answer).encode() + b"\n")
+            os.close(ready_fd)
+
+    try:
+        orch = Orchestrator(project_dir)
+        with signals_interrupt():  # a signal while the container starts still removes it
+            opened = orch.open_session(worker, **options)
+    except BaseException as exc:  # noqa: BLE001 - whatever it was, start must hear it
+        tell({"error": _one_line(exc)})
+        raise SystemExit(125) from None
+    with opened as live, control_dir(orch.project.sandbox_root, create=True) as fd:
+        assert fd is not None
+        try:
+            server = SessionServer(live, fd)
+        except OrchestratorError as exc:
+            tell({"error": _one_line(exc)})
+            raise SystemExit(125) from None
+        with contextlib.suppress(OSError):
+            os.rename(log_path, log_path.with_name(f"{live.id}.log"))
+
+        def stop(signum: int, _frame: FrameType | None) -> None:
+            server.stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, stop)
+        tell({"ready": describe(live)})
+        threading.current_thread().name = f"owner-{live.id}"
+        server.serve()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # finish closing regardless
+    result = live.close()
+    server.finish(10.0)
+    if not result.container_removed:
+        _say(f"session {live.id} closed; CONTAINER NOT REMOVED")
+        raise SystemExit(125)
+    _say(f"session {live.id} closed; container removed")
+    with contextlib.suppress(OSError):  # a clean end leaves no log behind
+        os.unlink(log_path.with_name(f"{live.id}.log"))
+
+
+def _one_line(exc: BaseException) -> str:
+    from orchestrator.errors import ConfigError
+    from orchestrator.runtime import Interrupted
+
+    if isinstance(exc, ConfigError):
+        return "; ".join(exc.problems)
+    if isinstance(exc, Interrupted):
+        return f"interrupted by signal {exc.signum} while opening; container removed"
+    if isinstance(exc, OrchestratorError | OSError):
+        return str(exc).replace("\n", "; ")
+    return f"{type(exc).__name__}: {exc}".replace("\n", "; ")
+
+
+@session.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("session_id", metavar="ID")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@project_option
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
+@click.option("--cwd", help="Working folder inside the sandbox.")
+@click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable.")
+@json_option("Print the command's result (exit code, output, flags) as one JSON object.")
+@raw_option
+def exec_(
+    session_id: str,
+    command: tuple[str, ...],
+    project_dir: Path,
+    timeout: float | None,
+    cwd: str | None,
+    env_pairs: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Run COMMAND in session ID (write it after --); exit with its own exit code.
+
+    On a terminal, escape sequences and invisible or bidirectional control characters in
+    its output are shown escaped (\\x1b, \\u202e), never obeyed; --raw passes them through.
+    Pipes and files get its bytes unchanged.
+    """
+    env = {}
+    for pair in env_pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"'{pair}' is not K=V", param_hint="--env")
+        env[name] = value
+    message: dict[str, Any] = {"op": "exec", "argv": list(command), "cwd": cwd,
+                               "env": env or None, "timeout": timeout}  # fmt: skip
+    if not sys.stdin.isatty():
+        data = sys.stdin.buffer.read()
+        message["stdin"] = base64.b64encode(data).decode() if data else None
+    stdout = sys.stderr.buffer if as_json else sys.stdout.buffer
+    output = WorkerOutput(stdout, sys.stderr.buffer)
+
+    def echo(event: dict[str, Any]) -> None:
+        stream = "stdout" if event.get("stream") == "stdout" else "stderr"
+        output.write(stream, base64.b64decode(event["data"]))
+
+    try:
+        result = _ask(project_dir, session_id, message, on_event=echo)
+    finally:
+        output.close()
+    if as_json:
+        _emit(result)
+    raise SystemExit(int(result["exit_code"]))
+
+
+@session.command()
+@click.argument("source")
+@click.argument("destination")
+@project_option
+def cp(source: str, destination: str, project_dir: Path) -> None:
+    """Copy a file between the host and a session: one side is ID:/path (the path the
+    worker sees, e.g. abc123:/session/notes.md), the other a host file."""
+    from orchestrator.runtime.session_server import MAX_COPY
+
+    src, dst = REMOTE.match(source), REMOTE.match(destination)
+    if bool(src) == bool(dst):
+        raise SessionCliError(
+            "session cp copies between the host and a session: write exactly one side as "
+            "ID:/path, e.g. `orchestrator session cp notes.md abc123:/session/notes.md`"
+        )
+    if dst:
+        data = _read_host(Path(source), MAX_COPY)
+        message = {"op": "write", "path": dst.group(2), "data": base64.b64encode(data).decode()}
+        result = _ask(project_dir, dst.group(1), message)
+        review = " (kept for review)" if result.get("review") else ""
+        _say(f"copied {len(data)} bytes to {dst.group(2)}{review}")
+        return
+    assert src is not None
+    encoded = _ask(project_dir, src.group(1), {"op": "read", "path": src.group(2),
+                                               "limit": MAX_COPY})  # fmt: skip
+    data = base64.b64decode(encoded)
+    target = _write_host(Path(destination), src.group(2).rstrip("/").rsplit("/", 1)[-1], data)
+    _say(f"copied {len(data)} bytes to {target}")
+
+
+def _read_host(path: Path, limit: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SessionCliError(f"cannot read {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SessionCliError(f"cannot copy {path}: not a regular file")
+        if info.st_size > limit:
+            raise SessionCliError(
+                f"cannot copy {path}: {info.st_size} bytes is more than the {limit} one copy "
+                "may carry"
+            )
+        return handle.read(limit + 1)[:limit]
+
+
+def _write_host(path: Path, name: str, data: bytes) -> Path:
+    """Write ``data`` to the host file ``path`` (or ``path/name`` for a folder), never
+    through a link."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        path = path / name
+        with contextlib.suppress(FileNotFoundError):
+            info = None
+            info = os.lstat(path)
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise SessionCliError(f"cannot write {path}: it is a symbolic link; name another file")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise SessionCliError(f"cannot write {path}: it is not a regular file")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise SessionCliError(f"cannot write {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    return path
+
+
+@session.command("list")
+@project_option
+@json_option("Print the live sessions as a JSON list.")
+def list_(project_dir: Path, as_json: bool) -> None:
+    """The project's live sessions (id, worker, trust, age, idle); stale sockets of dead
+    owners are removed."""
+    from orchestrator.runtime.session_folders import human_age
+    from orchestrator.runtime.session_server import SUFFIX, connect, control_dir, request
+
+    found = []
+    with control_dir(_sandbox_root(project_dir)) as fd:
+        names = sorted(n for n in os.listdir(fd) if n.endswith(SUFFIX)) if fd is not None else []
+        for name in names:
+            assert fd is not None
+            sock = connect(fd, name.removesuffix(SUFFIX))
+            if sock is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=fd)
+                continue
+            with sock:
+                try:
+                    found.append(request(sock, {"op": "info"}))
+                except (OrchestratorError, OSError, ValueError):
+                    continue
+    if as_json:
+        _emit(found)
+        return
+    if not found:
+        _say("no live sessions")
+    for info in found:
+        click.echo(f"{info['id']}  {info['worker']}  trust {info['trust']}  age "
+                   f"{human_age(info['age_s'])}  idle {human_age(info['idle_s'])}")  # fmt: skip
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@project_option
+@json_option("Print the closed session's result as one JSON object.")
+def stop(session_id: str, project_dir: Path, as_json: bool) -> None:
+    """Close session ID: stage its outbox and ask zones, remove its container."""
+    result = _ask(project_dir, session_id, {"op": "stop"})
+    if as_json:
+        _emit(result)
+        return
+    outbox = result.get("outbox") or {}
+    if outbox.get("change_id"):
+        _say(f"staged change set {outbox['change_id']} ({outbox.get('files', 0)} files): "
+             f"review with `orchestrator staged show {outbox['change_id']}`")  # fmt: skip
+    for asked in result.get("asked") or []:
+        if asked.get("change_id"):
+            _say(f"change set {asked['change_id']} for zone '{asked.get('zone')}' waits for "
+                 f"approval: `orchestrator staged apply {asked['change_id']}`")  # fmt: skip
+    removed = "container removed" if result.get("container_removed") else "CONTAINER NOT REMOVED"
+    _say(f"session {session_id} closed; {removed}")

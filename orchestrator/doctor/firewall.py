@@ -1,0 +1,157 @@
+"""The host firewall rule that keeps allowlisted workers away from the host's own services.
+
+On Docker 20.10 an internal bridge still has the host's address as its gateway, so a worker
+on a run's own network (and the proxy on the outside network) can open connections to
+anything listening on the host. One rule in the INPUT chain closes that for every egress
+bridge (their host interfaces are all named ``oeg-...``)::
+
+    iptables -I INPUT -i oeg-+ -m conntrack ! --ctstate ESTABLISHED,RELATED -j DROP
+
+It drops what the bridges *start* towards the host; replies to connections the host opens
+to its containers still pass (the plain ``-i oeg-+ -j DROP`` drops those too, which breaks,
+for example, a host-side health probe of a worker; it is accepted as present, being
+stricter). Traffic between a worker and its proxy is bridged and never sees INPUT. When the
+host itself runs the resolver Docker forwards names to, the proxy's queries to it need an
+exception first (:data:`DNS_RULES`).
+
+Checking needs root (``iptables -C``), so does :func:`apply_fix`. Nothing here runs when
+the caller is not root: the answer is then "cannot check". The rule is not persistent
+across reboots; see docs/network.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from functools import cache
+
+from orchestrator.doctor.host import docker_nameservers, host_resolvers, is_root
+
+#: Matches the host side of every egress bridge (orchestrator.docker.egress.BRIDGE_PREFIX).
+BRIDGES = "oeg-+"
+#: The outside bridge, where the proxies' own DNS queries come from (OUTSIDE_BRIDGE).
+OUTSIDE_BRIDGE = "oeg-outside"
+
+RULE: tuple[str, ...] = (
+    "INPUT", "-i", BRIDGES, "-m", "conntrack", "!", "--ctstate", "ESTABLISHED,RELATED",
+    "-j", "DROP",
+)  # fmt: skip
+#: The stricter form docs/network.md gave first: it protects the host just as well.
+PLAIN_RULE: tuple[str, ...] = ("INPUT", "-i", BRIDGES, "-j", "DROP")
+DNS_RULES: tuple[tuple[str, ...], ...] = tuple(
+    ("INPUT", "-i", OUTSIDE_BRIDGE, "-p", proto, "--dport", "53", "-j", "ACCEPT")
+    for proto in ("udp", "tcp")
+)
+_TIMEOUT = 20.0
+
+
+class FirewallError(Exception):
+    """iptables could not be run or refused a rule (the message names the command)."""
+
+
+@dataclass(frozen=True)
+class FirewallState:
+    """What :func:`firewall_state` found; ``checked`` False means nothing was looked at."""
+
+    checked: bool
+    reason: str = ""
+    """Why it could not be checked (not root, no iptables, iptables failed)."""
+    rule: bool = False
+    plain_rule: bool = False
+    resolvers: list[str] = field(default_factory=list)
+    """The host's own addresses that Docker forwards names to: they need DNS_RULES."""
+    dns_rules: bool = True
+    """Every DNS exception is present (True when none is needed)."""
+
+    @property
+    def protected(self) -> bool:
+        return self.rule or self.plain_rule
+
+
+def command(action: str, rule: tuple[str, ...]) -> str:
+    """The shell command for ``action`` (``-I``, ``-C``, ``-D``) on ``rule``."""
+    return " ".join(["iptables", action, *(f"'{w}'" if w == "!" else w for w in rule)])
+
+
+def firewall_state() -> FirewallState:
+    """Look the rules up (``iptables -C``); never raises."""
+    if not is_root():
+        return FirewallState(checked=False, reason="not root")
+    try:
+        rule = _present(RULE)
+        plain = not rule and _present(PLAIN_RULE)
+        resolvers = host_resolvers(docker_nameservers())
+        dns = all(_present(r) for r in DNS_RULES) if resolvers else True
+    except FirewallError as exc:
+        return FirewallState(checked=False, reason=str(exc))
+    return FirewallState(
+        checked=True, rule=rule, plain_rule=plain, resolvers=resolvers, dns_rules=dns
+    )
+
+
+def apply_fix() -> list[str]:
+    """Add what is missing, DNS exceptions ahead of the drop rule; return the commands run.
+
+    Idempotent: a rule already there (either form) is left alone. Raises FirewallError when
+    not root or when iptables refuses.
+    """
+    if not is_root():
+        raise FirewallError(f"not root: run it as root, or yourself: {command('-I', RULE)}")
+    done: list[str] = []
+    if not (_present(RULE) or _present(PLAIN_RULE)):
+        _iptables("-I", RULE)
+        done.append(command("-I", RULE))
+    if host_resolvers(docker_nameservers()):
+        for rule in DNS_RULES:
+            if not _present(rule):
+                _iptables("-I", rule)  # -I puts it first: ahead of the drop rule
+                done.append(command("-I", rule))
+    missing_rule_warning.cache_clear()
+    return done
+
+
+@cache
+def missing_rule_warning() -> str | None:
+    """One line for ``run`` while the rule is missing; None when present or not checkable
+    (not root). Costs one or two ``iptables -C`` once per process."""
+    state = firewall_state()
+    if not state.checked or state.protected:
+        return None
+    return (
+        "warning: allowlisted workers can reach services on this host: the firewall rule "
+        "is missing; apply it with `orchestrator doctor --fix` (docs/network.md, Limits)"
+    )
+
+
+def _present(rule: tuple[str, ...]) -> bool:
+    done = _iptables("-C", rule, check=False)
+    if done.returncode == 0:
+        return True
+    if done.returncode == 1:  # "Bad rule (does a matching rule exist in that chain?)"
+        return False
+    raise FirewallError(_failure("-C", rule, done))
+
+
+def _iptables(
+    action: str, rule: tuple[str, ...], *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(
+            ["iptables", "-w", "10", action, *rule],
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise FirewallError("iptables is not installed (apt-get install iptables)") from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FirewallError(f"{command(action, rule)}: {exc}") from None
+    if check and done.returncode != 0:
+        raise FirewallError(_failure(action, rule, done))
+    return done
+
+
+def _failure(action: str, rule: tuple[str, ...], done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in done.stderr.splitlines() if line and not line.startswith("# Warning")]
+    return f"{command(action, rule)} failed ({done.returncode}): {' '.join(lines) or 'no output'}"

@@ -1,0 +1,453 @@
+"""A live sandbox: one idling container for one worker declaration, driven step by step.
+
+A :class:`Session` is opened by :meth:`orchestrator.Orchestrator.open_session`. Its
+container has exactly the plan, hardening, zones, trust, network and limits a run of the
+same worker would get, but the worker's command is not run: :meth:`Session.exec` runs
+commands in it as the worker's uid, and the file operations (:meth:`~Session.read`,
+:meth:`~Session.write`, :meth:`~Session.list`, ...) act on the same zones from the host,
+through :class:`orchestrator.sandbox.SandboxFiles` (no link is ever followed). Every
+operation, allowed or refused, is an audit entry carrying the session id.
+
+What the session writes to ``/staged`` becomes a pending change set when it closes, like a
+run's outbox; :meth:`Session.stage` makes one at once from chosen files. The session is
+closed by :meth:`Session.close` (or leaving its ``with`` block), after its idle timeout, and
+after its maximum lifetime; the container is removed on every one of these paths, and by
+``orchestrator gc`` if the owning process is killed.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import posixpath
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Self
+
+from orchestrator.errors import OrchestratorError, PolicyError
+from orchestrator.runtime.engine import Stream
+from orchestrator.runtime.execs import ExecResult, run_exec
+from orchestrator.runtime.run import Run, RunResult
+from orchestrator.runtime.secrets import RedactingSink
+from orchestrator.runtime.supervised import TOOL_ENV, FrameReader
+from orchestrator.sandbox import (
+    DeleteResult,
+    FileStat,
+    Listing,
+    ReadResult,
+    Resolved,
+    SandboxError,
+    SandboxFiles,
+    WriteResult,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Session", "SessionClosed"]
+
+#: Largest file a host-side write to ``/staged`` may put into the outbox in one call.
+MAX_STAGED_WRITE = 64 << 20
+
+
+class SessionClosed(OrchestratorError):
+    """The session is closed (by its owner, its idle timeout or its maximum lifetime)."""
+
+
+class Session:
+    """One live sandbox. Use it as a context manager, or call :meth:`close`."""
+
+    def __init__(self, run: Run, *, idle_timeout: float | None, max_lifetime: float | None) -> None:
+        prepared = run.prepared
+        self._run = run
+        self.id = prepared.session_id
+        self.run_id = prepared.spec.run_id
+        self.worker = prepared.spec.worker
+        self.trust = prepared.spec.trust
+        self.idle_timeout = idle_timeout
+        self.max_lifetime = max_lifetime
+        self.files = SandboxFiles(
+            prepared.grant,
+            owner=(prepared.uid, prepared.gid),
+            audit=run.audit,
+            session_id=self.id,
+            worker=self.worker,
+            outbox=_Outbox(self),
+        )
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._last_used = self._opened = time.monotonic()
+        self._closed_because: str | None = None
+        self._result: RunResult | None = None
+        self._stop = threading.Event()
+        self._closing = False
+        self._done = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        if idle_timeout is not None or max_lifetime is not None:
+            self._watchdog = threading.Thread(
+                target=self._watch, name=f"session-{self.id}", daemon=True
+            )
+            self._watchdog.start()
+
+    # -- files (host side) ----------------------------------------------------------------
+
+    def read(self, path: str, offset: int | None = None, limit: int | None = None) -> ReadResult:
+        with self._active():
+            return self.files.read(path, offset, limit)
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """A regular file's raw bytes, refused when larger than ``limit`` (for copies)."""
+        with self._active():
+            return self.files.read_bytes(path, limit)
+
+    def write(self, path: str, content: str | bytes, append: bool = False) -> WriteResult:
+        with self._active():
+            return self.files.write(path, content, append=append)
+
+    def delete(self, path: str) -> DeleteResult:
+        with self._active():
+            return self.files.delete(path)
+
+    def list(self, path: str = "/") -> Listing:
+        with self._active():
+            return self.files.list(path)
+
+    def stat(self, path: str) -> FileStat:
+        with self._active():
+            return self.files.stat(path)
+
+    def exists(self, path: str) -> bool:
+        with self._active():
+            return self.files.exists(path)
+
+    def can_read(self, path: str) -> bool:
+        with self._active():
+            return self.files.can_read(path)
+
+    def can_write(self, path: str, size: int | None = None) -> bool:
+        with self._active():
+            return self.files.can_write(path, size)
+
+    def resolve(self, path: str) -> Resolved:
+        with self._active():
+            return self.files.resolve(path)
+
+    def security_context(self) -> dict[str, Any]:
+        with self._active():
+            context = self.files.security_context()
+            context["session"] = {
+                "id": self.id,
+                "run_id": self.run_id,
+                "idle_timeout_s": self.idle_timeout,
+                "max_lifetime_s": self.max_lifetime,
+            }
+            return context
+
+    # -- commands (inside the container) --------------------------------------------------
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        on_output: Callable[[Stream, bytes], None] | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in the sandbox as the worker's uid; a string runs under
+        ``/bin/sh -c``. ``timeout`` (default: the worker's own timeout) kills the command's
+        whole process tree; output is captured (capped) and may also be streamed."""
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        run = self._run
+        spec = run.spec
+        sink = RedactingSink(on_output, run.values) if on_output and run.redactor else on_output
+        with self._active():
+            assert run.container_id is not None
+            try:
+                result = run_exec(
+                    run.engine,
+                    run.container_id,
+                    argv,
+                    user=spec.user,
+                    base_env=spec.env,
+                    env=env,
+                    cwd=cwd or spec.workdir,
+                    timeout=spec.limits.timeout_s if timeout is None else timeout,
+                    stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+                    on_output=sink,
+                )
+            except OrchestratorError as exc:
+                self._record("session.exec", False, argv=argv, reason=str(exc))
+                raise
+            finally:
+                if isinstance(sink, RedactingSink):
+                    sink.flush()
+            result = _redacted(result, run)
+            self._record(
+                "session.exec",
+                True,
+                argv=argv,
+                exit_code=result.exit_code,
+                timed_out=result.timed_out,
+                duration_s=result.duration_s,
+            )
+            return result
+
+    # -- review ---------------------------------------------------------------------------
+
+    def stage(self, files: Sequence[str], message: str) -> str:
+        """Put these sandbox files (or folders) into a pending change set now; its id.
+
+        Each is staged under its own name (``/session/out/report.md`` → ``report.md``), so
+        two with the same name are refused. The files are read inside the container and
+        checked on the host like any outbox (links, devices, sizes and names refused).
+        """
+        if not files:
+            raise SandboxError("Nothing to stage: name one or more files, e.g. /session/report.md")
+        if not message.strip():
+            raise SandboxError("A change set needs a message saying what it holds")
+        run = self._run
+        with self._active():
+            pairs: list[str] = []
+            names: dict[str, str] = {}
+            for path in files:
+                clean = posixpath.normpath(path)
+                if not self.files.can_read(path):
+                    self.files.resolve(path)  # raises the guiding refusal
+                if not self.files.exists(path):
+                    raise SandboxError(f"Cannot stage '{path}': it does not exist")
+                folder, name = posixpath.split(clean)
+                if name in names:
+                    raise SandboxError(
+                        f"Cannot stage '{path}' and '{names[name]}' together: both are "
+                        f"named '{name}'; stage them in two change sets"
+                    )
+                names[name] = path
+                pairs += ["-C", folder, name]
+            assert run.container_id is not None
+            if run.staging is None:
+                raise SandboxError("This session has no change store to stage into")
+            tar = ["/bin/sh", "-c", 'exec tar --sparse -cf - "$@"', "tar", *pairs]
+            handle = run.engine.exec(run.container_id, tar, user=run.spec.user, env=TOOL_ENV)
+            stream = FrameReader(handle.frames)
+            try:
+                staged = run.staging.outbox(
+                    run.spec, io.BufferedReader(stream, buffer_size=1 << 20), message=message
+                )
+            finally:
+                close = getattr(handle.frames, "close", None)
+                if close is not None:
+                    close()
+            change_id = getattr(staged, "change_id", None)
+            rejected = getattr(staged, "rejected", [])
+            self._record(
+                "session.stage", change_id is not None, files=list(files), change_id=change_id
+            )
+            if change_id is None or getattr(staged, "files", 0) == 0:
+                reasons = "; ".join(f"{r['path']}: {r['reason']}" for r in rejected)
+                raise SandboxError(f"Nothing was staged: {reasons or 'the files were empty'}")
+            return str(change_id)
+
+    # -- closing --------------------------------------------------------------------------
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the last operation ended (0 while one is running)."""
+        with self._lock:
+            return 0.0 if self._in_flight else time.monotonic() - self._last_used
+
+    @property
+    def age_s(self) -> float:
+        return time.monotonic() - self._opened
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_because is not None
+
+    def close(self) -> RunResult:
+        """Stage ``/staged`` and ``ask`` zones, remove the container; the run's result."""
+        return self._close("closed by its owner")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._close("closed by its owner" if kind is None else f"closed on {kind.__name__}")
+
+    def _close(self, because: str) -> RunResult:
+        with self._lock:
+            if self._result is not None:
+                return self._result
+            closing = self._closing
+            self._closing = True
+            if self._closed_because is None:
+                self._closed_because = because
+        if closing:  # another thread (the watchdog, a signal's handler) is closing it
+            self._done.wait()
+            if self._result is None:
+                raise SessionClosed(f"session {self.id} failed to close ({self._closed_because})")
+            return self._result
+        self._stop.set()
+        run = self._run
+        failed = False
+        try:
+            run.outcome.status, run.outcome.exit_code = "closed", 0
+            run.collect()
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            try:
+                self.files.close()
+                result = run.close(failed=failed)
+                with self._lock:
+                    self._result = result
+            finally:
+                self._done.set()
+            self._record("session.closed", True, reason=because)
+        return result
+
+    # -- internals ------------------------------------------------------------------------
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed_because is not None:
+                raise SessionClosed(
+                    f"session {self.id} is closed ({self._closed_because}); open a new one"
+                )
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._last_used = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(timeout=self._poll_interval()):
+            now = time.monotonic()
+            with self._lock:
+                idle = self._in_flight == 0 and now - self._last_used
+            if self.max_lifetime is not None and now - self._opened >= self.max_lifetime:
+                because = f"it reached its maximum lifetime of {self.max_lifetime:g} s"
+            elif self.idle_timeout is not None and idle and idle >= self.idle_timeout:
+                because = f"idle for {self.idle_timeout:g} s"
+            else:
+                continue
+            try:
+                self._close(because)
+            except (OrchestratorError, OSError) as exc:  # said, never silent
+                log.error("closing session %s (%s) failed: %s", self.id, because, exc)
+            return
+
+    def _poll_interval(self) -> float:
+        limits = [t for t in (self.idle_timeout, self.max_lifetime) if t is not None]
+        return max(0.05, min([5.0, *(t / 4 for t in limits)]))
+
+    def _record(self, operation: str, allowed: bool, **metadata: Any) -> None:
+        spec = self._run.spec
+        reason = metadata.pop("reason", None)
+        self._run.audit.record(
+            operation,
+            allowed=allowed,
+            reason=reason,
+            worker=spec.worker,
+            run_id=spec.run_id,
+            session_id=self.id,
+            trust_level=spec.trust,
+            metadata=metadata,
+        )
+
+
+class _Outbox:
+    """Host-side writes to ``/staged``: the outbox is a tmpfs inside the container, so the
+    bytes go in by exec, as the worker's uid. At ``untrusted``, only new files: staged work
+    is never overwritten or appended to (as the worker itself cannot)."""
+
+    SCRIPT = (
+        'mkdir -p -- "$(dirname -- "$1")" || exit 1; '
+        'if [ "$2" = append ]; then cat >> "$1" || exit 1; '
+        'elif [ "$2" = new ]; then set -C; cat > "$1" || exit 1; '
+        'else cat > "$1" || exit 1; fi; '
+        'wc -c < "$1"'
+    )
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def stage_write(self, relative: str, data: bytes, *, append: bool) -> WriteResult:
+        run = self.session._run
+        spec = run.spec
+        path = f"{spec.outbox}/{relative}"
+        if len(data) > MAX_STAGED_WRITE:
+            raise SandboxError(
+                f"Cannot write '{path}': {len(data)} bytes is more than the "
+                f"{MAX_STAGED_WRITE >> 20} MiB one write may stage"
+            )
+        untrusted = spec.trust == "untrusted"
+        if untrusted and append:
+            raise PolicyError(
+                [f"Cannot append to '{path}': at trust untrusted, staged files are never "
+                 "changed once written; write a new file"]
+            )  # fmt: skip
+        mode = "new" if untrusted else ("append" if append else "replace")
+        assert run.container_id is not None
+        assert spec.outbox is not None
+        created = not _exists_in_container(run, path)
+        result = run_exec(
+            run.engine,
+            run.container_id,
+            ["/bin/sh", "-c", self.SCRIPT, "stage", path, mode],
+            user=spec.user,
+            base_env=TOOL_ENV,
+            cwd="/",
+            timeout=60.0,
+            stdin=data,
+        )
+        if result.exit_code != 0:
+            reason = result.stderr.strip().splitlines()[-1:] or ["the write failed"]
+            if untrusted and not created:
+                raise PolicyError(
+                    [f"Cannot write '{path}': it is already staged, and at trust untrusted "
+                     "staged files are never overwritten; write a new file"]
+                )  # fmt: skip
+            raise SandboxError(f"Cannot write '{path}': {reason[0]}")
+        size = int(result.stdout.strip() or 0)
+        return WriteResult(
+            path=path,
+            size=size,
+            written=len(data),
+            created=created,
+            appended=append,
+            zone="staged",
+            review=True,
+        )
+
+
+def _exists_in_container(run: Run, path: str) -> bool:
+    assert run.container_id is not None
+    probe = run_exec(
+        run.engine,
+        run.container_id,
+        ["/bin/sh", "-c", 'test -e "$1" || test -L "$1"', "probe", path],
+        user=run.spec.user,
+        base_env=TOOL_ENV,
+        cwd="/",
+        timeout=30.0,
+    )
+    return probe.exit_code == 0
+
+
+def _redacted(result: ExecResult, run: Run) -> ExecResult:
+    if not run.redactor:
+        return result
+    return replace(
+        result, stdout=run.redactor.text(result.stdout), stderr=run.redactor.text(result.stderr)
+    )

@@ -1,0 +1,267 @@
+"""A session that outlives one command: its owner process and the private control socket.
+
+``orchestrator session start`` spawns an owner process that opens the session (the
+container carries the owner's labels, so ``gc`` removes it if the owner is SIGKILLed) and
+serves ``<sandbox root>/control/<session id>.sock``: a unix socket, mode 0600, in a folder
+of mode 0700, answering only peers of the same uid (checked with ``SO_PEERCRED``).
+
+The protocol is JSON lines. A client sends one request (at most :data:`MAX_REQUEST`
+bytes) and reads answers until the final one:
+
+- ``{"op": "info"}`` → the session's id, run id, worker, trust, zones, age and idle time;
+- ``{"op": "exec", "argv", "cwd", "env", "timeout", "stdin"}`` → ``{"event": "output",
+  "stream", "data"}`` lines while the command prints, then its :class:`ExecResult`;
+- ``{"op": "read", "path", "limit"}`` → the file's bytes; ``{"op": "write", "path",
+  "data"}`` → the :class:`WriteResult` (bytes travel as base64);
+- ``{"op": "stop"}`` → the closed session's :class:`RunResult`; the owner then exits.
+
+The final answer is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "<one
+line>", "kind": "<exception class>", "exit_code": 125}``. Every operation goes through the
+:class:`~orchestrator.runtime.session.Session` API, so policy and audit are the Python API's.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.runtime.session import Session
+from orchestrator.sandbox import as_dict
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_COPY", "MAX_REQUEST", "SessionServer", "connect", "control_dir", "request"]
+
+#: Largest file ``session cp`` carries either way.
+MAX_COPY = 32 << 20
+#: Largest request line (a copied file travels as base64 inside it).
+MAX_REQUEST = MAX_COPY * 4 // 3 + (64 << 10)
+CONTROL = "control"
+SUFFIX = ".sock"
+
+
+class ControlError(OrchestratorError):
+    """The control folder or socket cannot be used, or the owner answered wrongly."""
+
+
+@contextlib.contextmanager
+def control_dir(sandbox_root: Path, *, create: bool = False) -> Iterator[int | None]:
+    """A descriptor of ``<sandbox root>/control`` (None when missing and not ``create``).
+
+    The folder must be a real folder (no link), owned by this uid, mode 0700. Socket paths
+    are used through ``/proc/self/fd/<fd>/<name>``: short, and never via a swapped link.
+    """
+    path = sandbox_root / CONTROL
+    if create:
+        sandbox_root.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if create:
+            raise
+        yield None
+        return
+    except OSError as exc:
+        raise ControlError(f"{path} is not a usable folder ({exc.strerror}); remove it") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            raise ControlError(
+                f"{path} must belong to uid {os.geteuid()} with mode 0700; remove it or "
+                "chmod 700 it"
+            )
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _at(fd: int, name: str) -> str:
+    return f"/proc/self/fd/{fd}/{name}"
+
+
+def socket_name(session_id: str) -> str:
+    return session_id + SUFFIX
+
+
+def connect(fd: int, session_id: str) -> socket.socket | None:
+    """A connection to a live owner, or None (no socket, or nobody listening)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(_at(fd, socket_name(session_id)))
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        sock.close()
+        return None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def request(
+    sock: socket.socket,
+    message: dict[str, Any],
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
+    """Send one request, pass events to ``on_event``, return the final result (or raise
+    :class:`ControlError` with the owner's one-line error and its exit code)."""
+    sock.sendall(json.dumps(message).encode() + b"\n")
+    with sock.makefile("rb") as answers:
+        for line in answers:
+            answer = json.loads(line)
+            if "event" in answer:
+                if on_event is not None:
+                    on_event(answer)
+                continue
+            if answer.get("ok"):
+                return answer.get("result")
+            error = ControlError(str(answer.get("error", "the session's owner failed")))
+            error.exit_code = int(answer.get("exit_code", 125))
+            raise error
+    raise ControlError("the session's owner closed the connection without an answer")
+
+
+def describe(session: Session) -> dict[str, Any]:
+    zones = sorted(session.files.grant.zones, key=lambda z: z.target)
+    return {
+        "id": session.id,
+        "run_id": session.run_id,
+        "worker": session.worker,
+        "trust": session.trust,
+        "zones": [{"path": z.target, "mode": z.mode} for z in zones],
+        "pid": os.getpid(),
+    }
+
+
+class SessionServer:
+    """Serves one session on its control socket until stopped, closed or timed out."""
+
+    def __init__(self, session: Session, control_fd: int) -> None:
+        self.session = session
+        self.stop = threading.Event()
+        self._fd = control_fd
+        self._name = socket_name(session.id)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        existing = connect(control_fd, session.id)
+        if existing is not None:
+            existing.close()
+            self._sock.close()
+            raise ControlError(f"session {session.id} already has a live owner")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._name, dir_fd=control_fd)  # a dead owner's socket
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(_at(control_fd, self._name))
+        finally:
+            os.umask(old)
+        os.chmod(self._name, 0o600, dir_fd=control_fd, follow_symlinks=False)
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)
+        self._handlers: list[threading.Thread] = []
+
+    def serve(self) -> None:
+        """Answer connections until :attr:`stop` is set or the session closes by itself."""
+        try:
+            while not self.stop.is_set() and not self.session.closed:
+                try:
+                    conn, _ = self._sock.accept()
+                except TimeoutError:
+                    continue
+                handler = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+                handler.start()
+                self._handlers = [t for t in self._handlers if t.is_alive()] + [handler]
+        finally:
+            self.finish(2.0)
+            self._sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._name, dir_fd=self._fd)
+
+    def finish(self, wait_s: float) -> None:
+        """Give answers in flight (a ``stop``'s) up to ``wait_s`` seconds to reach clients."""
+        deadline = time.monotonic() + wait_s
+        for handler in self._handlers:
+            handler.join(max(0.0, deadline - time.monotonic()))
+
+    # -- one connection -------------------------------------------------------------------
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            if uid != os.geteuid():
+                log.warning("refused a control connection from uid %s", uid)
+                return
+            send_lock = threading.Lock()
+
+            def send(answer: dict[str, Any]) -> None:
+                with send_lock:
+                    conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
+
+            try:
+                with conn.makefile("rb") as lines:
+                    line = lines.readline(MAX_REQUEST + 1)
+                if len(line) > MAX_REQUEST or not line.endswith(b"\n"):
+                    raise ControlError(f"a request must be one line of at most {MAX_REQUEST} bytes")
+                message = json.loads(line)
+                if not isinstance(message, dict):
+                    raise ControlError("a request must be a JSON object")
+                result = self._dispatch(message, send)
+                send({"ok": True, "result": result})
+                if message.get("op") == "stop":
+                    self.stop.set()
+            except OrchestratorError as exc:
+                send({"ok": False, "error": str(exc).replace("\n", "; "),
+                      "kind": type(exc).__name__, "exit_code": exc.exit_code})  # fmt: skip
+            except (ValueError, TypeError, KeyError) as exc:
+                send({"ok": False, "error": f"bad request: {exc}", "kind": "ControlError",
+                      "exit_code": 125})  # fmt: skip
+            except OSError:
+                return  # the client went away
+
+    def _dispatch(self, message: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> Any:
+        session = self.session
+        op = message.get("op")
+        if op == "info":
+            return {**describe(session), "age_s": session.age_s, "idle_s": session.idle_s,
+                    "closed": session.closed}  # fmt: skip
+        if op == "exec":
+            argv = message["argv"]
+            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+                raise ValueError("argv must be a non-empty list of strings")
+            stdin = message.get("stdin")
+
+            def output(stream: str, chunk: bytes) -> None:
+                data = base64.b64encode(chunk).decode()
+                with contextlib.suppress(OSError):
+                    send({"event": "output", "stream": stream, "data": data})
+
+            done = session.exec(
+                argv,
+                cwd=message.get("cwd"),
+                env=message.get("env"),
+                timeout=message.get("timeout"),
+                stdin=base64.b64decode(stdin) if stdin is not None else None,
+                on_output=output,
+            )
+            return done.to_dict()
+        if op == "read":
+            limit = min(int(message.get("limit", MAX_COPY)), MAX_COPY)
+            return base64.b64encode(session.read_bytes(str(message["path"]), limit)).decode()
+        if op == "write":
+            data = base64.b64decode(message["data"], validate=True)
+            return as_dict(session.write(str(message["path"]), data))
+        if op == "stop":
+            return session.close().to_dict()
+        raise ValueError(f"unknown op {op!r}; use info, exec, read, write or stop")

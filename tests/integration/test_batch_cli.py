@@ -1,0 +1,209 @@
+"""`orchestrator batch` through the real command line, against the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator import labels
+from tests.integration.conftest import cli
+
+SCRIPT = r"""
+import os, sys, time
+name = sorted(os.listdir("/inputs"))[0]
+text = open(os.path.join("/inputs", name), encoding="utf-8").read().strip()
+if text == "fail":
+    sys.exit(3)
+if text == "sleep":
+    time.sleep(60)
+if text == "oom":
+    hog = []
+    while True:
+        hog.append(bytearray(8 << 20))
+if text == "slow":
+    time.sleep(1)
+open("/staged/result.txt", "w").write("seen " + text)
+"""
+
+
+@pytest.fixture
+def batch_project(engine, project):
+    command = json.dumps(["python3", "-c", SCRIPT])
+    project.worker("w", f"command: {command}\nsandbox: {{}}\nresources: {{memory: 64m}}")
+    return project
+
+
+def _results(project, batch_id):
+    path = project.root / ".sandbox" / "batches" / batch_id / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _summary(stdout: str) -> dict:
+    return [json.loads(line) for line in stdout.splitlines() if '"summary"' in line][-1]
+
+
+def test_fifty_inputs_with_failures_a_timeout_and_an_oom(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(50):
+        text = {3: "fail", 7: "fail", 11: "sleep", 13: "oom"}.get(n, f"doc {n}")
+        (folder / f"d{n:02d}.txt").write_text(text)
+    done = cli(
+        "batch",
+        "w",
+        "--inputs",
+        str(folder),
+        "--concurrency",
+        "6",
+        "--timeout",
+        "3",
+        "--json",
+        "--project",
+        str(batch_project.root),
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    summary = _summary(done.stdout)
+    assert (summary["succeeded"], summary["failed"], summary["timeout"], summary["oom"]) == (
+        46,
+        2,
+        1,
+        1,
+    )
+    by_key = {r["key"]: r for r in _results(batch_project, summary["batch_id"])}
+    assert by_key["0004-d03.txt"]["exit_code"] == 3
+    assert by_key["0012-d11.txt"]["status"] == "timeout"
+    assert by_key["0014-d13.txt"]["status"] == "oom"
+    assert by_key["0001-d00.txt"]["files"][0]["path"] == "result.txt"
+    shown = cli("staged", "show", summary["change_id"], "--project", str(batch_project.root))
+    assert "0001-d00.txt/result.txt" in shown.stdout + shown.stderr
+    sessions = batch_project.root / ".sandbox" / "sessions"
+    assert not sessions.exists() or not any(sessions.iterdir())
+
+
+def test_every_oom_under_load_is_reported_as_oom(batch_project, tmp_path):
+    # Six gVisor sandboxes at their memory limit at once: the engine often records their
+    # exit before their OOM, which must still be read as an OOM, not a lost container.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(12):
+        (folder / f"d{n:02d}.txt").write_text("oom" if n % 2 == 0 else f"doc {n}")
+    done = cli(
+        "batch", "w", "--inputs", str(folder), "--concurrency", "6", "--timeout", "30",
+        "--json", "--project", str(batch_project.root), timeout=300,
+    )  # fmt: skip
+    summary = _summary(done.stdout)
+    statuses = {r["key"]: r["status"] for r in _results(batch_project, summary["batch_id"])}
+    assert sorted(statuses.values()) == ["oom"] * 6 + ["succeeded"] * 6, statuses
+
+
+def test_exit_codes_and_odd_names(batch_project, tmp_path):
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("new\nline.txt", "-rf", "..dots", "\u202etxt.exe"):
+        (odd / name).write_text("fine")
+    done = cli(
+        "batch",
+        "w",
+        "--inputs",
+        str(odd),
+        "--json",
+        "--project",
+        str(batch_project.root),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = _summary(done.stdout)
+    assert summary["succeeded"] == 4
+    records = _results(batch_project, summary["batch_id"])
+    assert {r["input"] for r in records} == {str(odd / n) for n in os.listdir(odd)}
+    bad = cli(
+        "batch", "w", "--inputs", str(tmp_path / "nothing*"), "--project", str(batch_project.root)
+    )
+    assert bad.returncode == 125 and "matches nothing" in bad.stderr
+
+
+def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_path, engine):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(12):
+        (folder / f"s{n:02d}").write_text("slow")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "batch",
+            "w",
+            "--inputs",
+            str(folder),
+            "--concurrency",
+            "2",
+            "--json",
+            "--project",
+            str(batch_project.root),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    batch_id, finished = None, 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        event = json.loads(line)
+        batch_id = batch_id or event.get("batch_id")
+        finished += event["event"] == "finished"
+        if finished >= 3:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert batch_id
+    assert 3 <= len(_results(batch_project, batch_id)) < 12
+    done = cli(
+        "batch",
+        "w",
+        "--resume",
+        batch_id,
+        "--json",
+        "--project",
+        str(batch_project.root),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = _summary(done.stdout)
+    assert summary["skipped"] >= 3 and summary["skipped"] + summary["succeeded"] == 12
+    gc = cli("gc", "--project", str(batch_project.root))
+    assert gc.returncode == 0, gc.stderr
+    time.sleep(0.5)
+    left = [o for o in engine.list_managed() if o.labels.get(labels.OWNER_PID) == str(proc.pid)]
+    assert left == []
+
+
+def test_trust_env_and_args_reach_every_run(engine, project, tmp_path):
+    script = (
+        "import os, sys; open('/staged/seen.txt', 'w').write("
+        "os.environ['ORCHESTRATOR_TRUST'] + ' ' + os.environ['MODE'] + ' ' + ' '.join(sys.argv[1:]))"
+    )
+    command = json.dumps(["python3", "-c", script])
+    project.worker("w", f"command: {command}\ntrust: session\nsandbox: {{}}")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"d{n}.txt").write_text(str(n))
+    done = cli(
+        "batch", "w", "--inputs", str(folder), "--trust", "untrusted", "--env", "MODE=fast",
+        "--json", "--project", str(project.root), "--", "--flag", "x",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = _summary(done.stdout)
+    change_id = summary["change_id"]
+    shown = cli("staged", "show", change_id, "--json", "--project", str(project.root))
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert text.count("untrusted fast --flag x") == 3, text

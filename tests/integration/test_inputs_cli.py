@@ -1,0 +1,133 @@
+"""Per-run inputs through the real command line: `run --input ... --env K=V -- ARGS`."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+from tests.integration.conftest import cli
+
+#: Reports what the worker sees as one JSON line on stdout.
+SEES = textwrap.dedent(
+    """
+    import errno, json, os, sys
+    seen = {"argv": sys.argv[1:], "K": os.environ.get("K"), "files": {}}
+    for folder, dirs, files in os.walk("/inputs"):
+        for name in files:
+            path = os.path.join(folder, name)
+            seen["files"][path] = open(path).read()
+    try:
+        open("/inputs/a.pdf", "a").write("changed")
+        seen["write"] = "ok"
+    except OSError as exc:
+        seen["write"] = errno.errorcode[exc.errno]
+    try:
+        os.mkdir("/inputs/new")
+        seen["mkdir"] = "ok"
+    except OSError as exc:
+        seen["mkdir"] = errno.errorcode[exc.errno]
+    print(json.dumps(seen))
+    """
+)
+
+
+def worker(project, front: str = "") -> None:
+    command = json.dumps(["python3", "-c", SEES])
+    project.worker("w", f"command: {command}\n{front}")
+
+
+def audit_entries(project, operation: str) -> list[dict]:
+    lines = (project.root / ".sandbox" / "audit.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["operation"] == operation]
+
+
+def test_inputs_env_and_args_reach_the_worker_read_only(engine, project, tmp_path):
+    worker(project)
+    pdf = tmp_path / "a.pdf"
+    pdf.write_text("pdf body")
+    pdf.chmod(0o666)  # writable by the worker's uid: only the read-only mount stops it
+    folder = tmp_path / "dir"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "note.txt").write_text("note")
+    result = cli(
+        "run", "w", "--project", str(project.root), "--input", str(pdf),
+        "--input", f"{folder}/", "--env", "K=V", "--", "--flag", "x",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["argv"] == ["--flag", "x"]
+    assert seen["K"] == "V"
+    assert seen["files"] == {"/inputs/a.pdf": "pdf body", "/inputs/dir/sub/note.txt": "note"}
+    assert (seen["write"], seen["mkdir"]) == ("EROFS", "EROFS")
+    assert pdf.read_text() == "pdf body" and pdf.stat().st_nlink == 1
+    (started,) = audit_entries(project, "run.started")
+    listed = {i["name"]: i for i in started["metadata"]["inputs"]}
+    assert set(listed) == {"a.pdf", "dir"}
+    assert listed["a.pdf"]["size"] == 8 and len(listed["a.pdf"]["sha256"]) == 64
+    assert not (project.root / ".sandbox" / "runs" / started["run_id"]).exists()
+
+
+def test_without_arguments_the_worker_is_the_main_process_and_still_sees_inputs(
+    engine, project, tmp_path
+):
+    worker(project)
+    (tmp_path / "a.pdf").write_text("one")
+    result = cli(
+        "run", "w", "--project", str(project.root), "--input", str(tmp_path / "a.pdf"),
+        "--env", "K=main",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (seen["K"], seen["argv"], seen["mkdir"]) == ("main", [], "EROFS")
+    assert seen["files"] == {"/inputs/a.pdf": "one"}
+
+
+def test_hostile_names_get_safe_names_under_inputs(engine, project, tmp_path):
+    worker(project)
+    names = ["-rf", "two\nlines.pdf", "bidi\u202egnp.pdf"]
+    for name in names:
+        (tmp_path / name).write_text(name)
+    inner = tmp_path / "up" / "in"
+    inner.mkdir(parents=True)
+    (tmp_path / "up" / "f.txt").write_text("up")
+    args = [a for name in names for a in ("--input", str(tmp_path / name))]
+    result = cli("run", "w", "--project", str(project.root), *args, "--input", f"{inner}/..")
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["files"] == {
+        "/inputs/_-rf": "-rf",
+        "/inputs/two_lines.pdf": "two\nlines.pdf",
+        "/inputs/bidi_gnp.pdf": "bidi\u202egnp.pdf",
+        "/inputs/up/f.txt": "up",
+    }
+    (started,) = audit_entries(project, "run.started")
+    sources = {i["name"]: i["source"] for i in started["metadata"]["inputs"]}
+    assert sources["two_lines.pdf"] == str(tmp_path / "two\nlines.pdf")
+
+
+def test_refusals_exit_125_with_one_line_before_any_container(engine, project, tmp_path):
+    worker(project, "inputs: {suffixes: [.pdf], max_count: 2}")
+    (tmp_path / "real.pdf").write_text("x")
+    (tmp_path / "link.pdf").symlink_to(tmp_path / "real.pdf")
+    os.mkfifo(tmp_path / "fifo.pdf")
+    inside = project.root / ".sandbox" / "planted.pdf"
+    inside.parent.mkdir(parents=True, exist_ok=True)
+    inside.write_text("x")
+    (tmp_path / "notes.txt").write_text("x")
+    cases = {
+        str(tmp_path / "link.pdf"): "is a symbolic link",
+        str(tmp_path / "fifo.pdf"): "is a FIFO",
+        str(inside): "is inside the orchestrator's sandbox root",
+        str(tmp_path / "notes.txt"): "accepts only .pdf files (inputs.suffixes)",
+    }
+    for path, message in cases.items():
+        result = cli("run", "w", "--project", str(project.root), "--input", path)
+        assert result.returncode == 125, (path, result.stderr)
+        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    pdf = str(tmp_path / "real.pdf")
+    too_many = cli("run", "w", "--project", str(project.root), *["--input", pdf] * 3)
+    assert too_many.returncode == 125
+    assert "inputs.max_count is 2, 3 inputs given; give at most 2" in too_many.stderr
+    assert audit_entries(project, "run.started") == []

@@ -1,0 +1,138 @@
+"""The batch engine over a fake runner: results, resume, retries, fail-fast, change set."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+
+import pytest
+
+from orchestrator import Orchestrator
+from orchestrator.batch import BatchFolder, expand
+from orchestrator.batch.inputs import key_for
+from orchestrator.errors import ConfigError, EngineError
+from orchestrator.runtime.run import RunResult
+
+
+def _tar(files: dict[str, bytes]) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+class FakeRunner:
+    """Runs an 'input' by reading it: content 'fail' exits 1, 'flaky' fails the engine once."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.flaky_seen: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, item, staging, started):
+        run_id = f"r{len(self.calls):04d}"
+        with self.lock:
+            self.calls.append(item.key)
+        started(run_id)
+        text = item.path.read_text()
+        if text == "flaky" and item.key not in self.flaky_seen:
+            self.flaky_seen.add(item.key)
+            raise EngineError("engine hiccup")
+        if text == "boom":
+            raise EngineError("engine down")
+        outbox = staging.outbox(None, _tar({"out.txt": text.encode(), "../evil": b"x"}))
+        code = 1 if text == "fail" else 0
+        return RunResult(run_id, "w", code, "exited", 0.01, "", "", True, outbox=outbox)
+
+
+@pytest.fixture
+def orch(project):
+    project.worker("w", 'command: ["true"]')
+    return Orchestrator(project.root)
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(6):
+        (folder / f"doc{n}.txt").write_text("fail" if n == 2 else f"text {n}")
+    return folder
+
+
+def test_results_change_set_and_exit_code(orch, inputs):
+    events = []
+    result = orch.batch("w", [inputs], run_one=FakeRunner(), on_event=events.append)
+    assert result.count("succeeded") == 5 and result.count("failed") == 1
+    assert result.exit_code == 1
+    lines = orch.project.sandbox_root / "batches" / result.batch_id / "results.jsonl"
+    records = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert len(records) == 6 and {r["key"] for r in records} == {
+        f"000{n}-doc{n - 1}.txt" for n in range(1, 7)
+    }
+    change = orch.staging.store.get(result.change_id)
+    paths = {f.path for f in change.files}
+    assert "0001-doc0.txt/out.txt" in paths and "BATCH-MANIFEST.json" in paths
+    assert any(r.path.startswith("0001-doc0.txt/") for r in change.rejected)
+    assert events[0]["event"] == "batch" and events[-1]["event"] == "summary"
+
+
+def test_engine_errors_are_retried_then_recorded(orch, tmp_path):
+    (tmp_path / "a").write_text("flaky")
+    (tmp_path / "b").write_text("boom")
+    runner = FakeRunner()
+    result = orch.batch("w", [tmp_path / "a", tmp_path / "b"], run_one=runner)
+    by_key = {r["key"]: r for r in result.records}
+    assert by_key["0001-a"]["status"] == "succeeded" and by_key["0001-a"]["attempts"] == 2
+    assert by_key["0002-b"]["status"] == "error" and by_key["0002-b"]["attempts"] == 3
+    assert result.exit_code == 125
+
+
+def test_resume_runs_only_what_is_not_done_and_reruns_after_a_worker_change(orch, inputs, project):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    again = FakeRunner()
+    resumed = orch.batch("w", resume=first.batch_id, run_one=again)
+    assert again.calls == [] and resumed.skipped == 6
+    (inputs / "doc1.txt").write_text("changed")
+    again = FakeRunner()
+    orch.batch("w", resume=first.batch_id, run_one=again)
+    assert again.calls == ["0002-doc1.txt"]
+    project.worker("w", 'command: ["false"]')
+    again = FakeRunner()
+    orch.batch("w", resume=first.batch_id, run_one=again)
+    assert len(again.calls) == 6
+
+
+def test_fail_fast_stops(orch, inputs):
+    result = orch.batch("w", [inputs], run_one=FakeRunner(), concurrency=1, fail_fast=True)
+    assert [r["status"] for r in result.records] == ["succeeded", "succeeded", "failed"]
+
+
+def test_input_names_are_checked_and_keyed(tmp_path, project):
+    odd = ["new\nline", "-rf", "..x", "\u202eevil.txt"]
+    for name in odd:
+        (tmp_path / name).write_text("x")
+    items = expand([str(tmp_path / "*")], sandbox_root=project.root / ".sandbox")
+    for item in items:
+        assert item.key.isprintable() and not item.key.startswith(("-", "."))
+        assert "/" not in item.key and item.key.isascii()
+    os.symlink("/etc/passwd", tmp_path / "link")
+    with pytest.raises(ConfigError, match="symbolic link"):
+        expand([tmp_path], sandbox_root=project.root / ".sandbox")
+    with pytest.raises(ConfigError, match="matches nothing"):
+        expand([str(tmp_path / "nope*")], sandbox_root=project.root / ".sandbox")
+    assert key_for(3, tmp_path / "..") == "0003-input"
+
+
+def test_a_running_batch_is_locked(orch, inputs):
+    folder = BatchFolder.create(orch.project.sandbox_root, {"worker": "w", "inputs": []})
+    with pytest.raises(Exception, match="another process"):
+        BatchFolder.open(orch.project.sandbox_root, folder.batch_id)
+    folder.close()

@@ -1,0 +1,119 @@
+"""The real console entry point (``python -m orchestrator``): exit codes and ``--json`` errors.
+
+click's test runner calls commands in standalone mode, where ``ctx.exit(1)`` raises; the
+console entry point does not, so these run the command line as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.audit import AuditLog
+from orchestrator.config import load_project
+
+
+def orchestrator(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "workers").mkdir(parents=True)
+    (root / "orchestrator.yaml").write_text("zones: {}\n")
+    return root
+
+
+@pytest.fixture
+def log(project: Path) -> AuditLog:
+    log = AuditLog(load_project(project).sandbox_root / "audit.jsonl")
+    for n in range(4):
+        log.record("plan.compiled", worker=f"w{n}", session_id="s1")
+    return log
+
+
+def test_verify_of_an_intact_chain_exits_0(project: Path, log: AuditLog) -> None:
+    done = orchestrator("audit", "verify", "--project", project)
+    assert (done.returncode, "chain intact" in done.stdout) == (0, True), done.stderr
+
+
+@pytest.mark.parametrize("damage", ["edit", "delete"])
+def test_verify_of_a_broken_chain_exits_1(project: Path, log: AuditLog, damage: str) -> None:
+    lines = log.path.read_text().splitlines(keepends=True)
+    if damage == "edit":
+        lines[1] = lines[1].replace('"w1"', '"w9"')
+    else:
+        del lines[1]
+    log.path.write_text("".join(lines))
+    done = orchestrator("audit", "verify", "--project", project)
+    assert "chain broken at line 2" in done.stdout
+    assert done.returncode == 1, done.stdout + done.stderr
+
+
+def test_success_exits_0_and_usage_errors_125(project: Path) -> None:
+    assert orchestrator("--help").returncode == 0
+    assert orchestrator("audit", "--project", project).returncode == 0
+    done = orchestrator("plan")
+    assert done.returncode == 125 and "Missing argument" in done.stderr and not done.stdout
+
+
+def error_of(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """The one JSON object a failing ``--json`` command prints on stdout."""
+    found = json.loads(done.stdout)
+    assert found["exit_code"] == done.returncode
+    error: dict[str, object] = found["error"]
+    return error
+
+
+def test_plan_json_on_a_bad_worker_file_prints_the_error_as_json(project: Path) -> None:
+    (project / "workers" / "bad.worker").write_text(
+        "---\nimage: 5\nresources: {memory: lots}\nnosuch: 1\n---\n"
+    )
+    done = orchestrator("plan", "bad", "--json", "--project", project)
+    assert done.returncode == 125
+    error = error_of(done)
+    assert error["kind"] == "ConfigError"
+    problems = error["problems"]
+    assert isinstance(problems, list) and len(problems) >= 2
+    assert all("bad.worker" in p for p in problems)
+    assert error["message"] == "\n".join(problems)
+    assert "orchestrator: error:" in done.stderr  # the human lines stay on stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "kind"),
+    [
+        (["plan", "nosuch", "--json"], "ConfigError"),
+        (["plan", "--json", "--timeout", "-1", "w"], "BadParameter"),
+        (["run", "--json", "--bogus", "w"], "NoSuchOption"),
+        (["audit", "--json", "--since", "not-a-time"], "BadParameter"),
+        (["staged", "show", "nosuch", "--json"], None),
+    ],
+)
+def test_every_json_command_reports_its_failure_as_json(
+    project: Path, args: list[str], kind: str | None
+) -> None:
+    done = orchestrator(*args, cwd=project)
+    assert done.returncode == 125, done.stderr
+    error = error_of(done)
+    assert error["message"] and error["kind"] == (kind or error["kind"])
+    assert done.stdout.count("\n") == 1  # one object, one line (fits JSON-lines readers)
+
+
+def test_without_json_nothing_is_printed_on_stdout(project: Path) -> None:
+    done = orchestrator("plan", "nosuch", cwd=project)
+    assert done.returncode == 125 and not done.stdout and "nosuch" in done.stderr
