@@ -47,6 +47,8 @@ PODMAN_TESTS := \
 	tests/integration/test_outbox.py::test_stragglers_are_killed_before_the_outbox_is_read \
 	tests/integration/test_outbox.py::test_oom_with_an_outbox_is_137 \
 	tests/integration/test_outbox.py::test_missing_command_with_an_outbox_is_127 \
+	tests/integration/test_isolation.py::test_memory_bomb_is_killed_as_oom \
+	tests/integration/test_kernel_log.py \
 	tests/integration/test_hardening.py::test_io_uring_is_refused_and_ulimits_apply_at_every_trust_level \
 	tests/integration/test_zones.py::test_repo_never_exposes_the_sandbox_and_git_stays_read_only \
 	tests/integration/test_isolation.py::test_tmp_is_size_capped \

@@ -20,7 +20,7 @@ from docker import errors as docker_errors
 from docker.utils import socket as docker_socket
 
 from orchestrator import labels
-from orchestrator.docker import hostconfig, podman, runtimes
+from orchestrator.docker import hostconfig, kernel_log, podman, runtimes
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
@@ -264,15 +264,18 @@ class DockerEngine(DockerClient):
             state = retrying(lambda: self.api.inspect_container(container_id))["State"]
         code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
         if code == EXIT_SIGKILL and not oom and state.get("Status") == "exited":
-            oom = self._late_oom_event(container_id, str(state.get("StartedAt", "")))
+            oom = kernel_log.oom_kill_logged(container_id) or self._late_oom_event(
+                container_id, str(state.get("StartedAt", ""))
+            )
         return ExitState(exit_code=code, oom_killed=oom)
 
     def _late_oom_event(self, container_id: str, started_at: str) -> bool:
         """Whether the engine reports an OOM of this container, waiting briefly for it.
 
         The engine sets ``OOMKilled`` only when the OOM event reaches it before the exit
-        event; under gVisor the sandbox's death often comes first (up to ~0.2 s measured).
-        The event itself still arrives, so a SIGKILLed container is given a short grace.
+        event; under gVisor the sandbox's death often comes first (up to ~0.2 s measured),
+        so a SIGKILLed container is given a short grace. Under load the event can be lost
+        for good; the kernel's log (:mod:`orchestrator.docker.kernel_log`) is asked first.
         """
         try:
             since = int(datetime.fromisoformat(started_at[:19] + "+00:00").timestamp())

@@ -1,0 +1,45 @@
+"""The kernel's record of OOM kills, the fallback for an OOM event the engine lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from orchestrator import labels
+from orchestrator.config import load_project, load_worker
+from orchestrator.docker import kernel_log
+from orchestrator.runtime import prepare
+
+HOG = "hog = []\nwhile True: hog.append(bytearray(8 << 20))"
+
+
+def test_the_kernel_log_names_the_oom_killed_container_and_no_other(engine, project, isolation):
+    if not os.access(kernel_log.KMSG, os.R_OK):
+        pytest.skip("the kernel log is readable by root only here")  # the engine's events remain
+    command = json.dumps(["python3", "-c", HOG])
+    project.worker("w", f"command: {command}\nresources: {{memory: 64m}}")
+    loaded = load_project(project.root)
+    spec = prepare(loaded, load_worker(loaded, "w")).spec
+    made = []
+    try:
+        for cmd in (None, ["true"]):
+            run_id = uuid.uuid4().hex[:12]
+            labelled = {**spec.labels, labels.RUN_ID: run_id}
+            made.append(
+                engine.create(
+                    replace(spec, run_id=run_id, labels=labelled, command=cmd or spec.command)
+                )
+            )
+            engine.start(made[-1])
+            assert engine.wait(made[-1], timeout=60) == (137 if cmd is None else 0)
+        hog, quiet = made
+        assert kernel_log.oom_kill_logged(hog) is True
+        assert kernel_log.oom_kill_logged(quiet) is False
+        assert engine.exit_state(hog).oom_killed is True
+    finally:
+        for container_id in made:
+            engine.remove(container_id)
