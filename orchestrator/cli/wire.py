@@ -71,11 +71,20 @@ def socket_path() -> str:
 
 
 def fingerprint() -> str:
-    """What a server must have been started from: this interpreter and these package files
-    (their names, sizes and modification times). Two checksums of that listing: it tells
-    an outdated server from a current one, it is no security check (same uid on both ends)."""
+    """What a server must have been started from: this interpreter, these package files
+    (their names, sizes and modification times) and the installed distributions (their
+    names and versions, so that upgrading a dependency outdates the server too). Two
+    checksums of that listing: it tells an outdated server from a current one, it is no
+    security check (same uid on both ends)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
     lines = [f"{sys.executable}\0{sys.version}\0{root}"]
+    for entry in sys.path:
+        if os.path.basename(entry) in ("site-packages", "dist-packages"):
+            try:
+                installed = sorted(n for n in os.listdir(entry) if n.endswith(".dist-info"))
+            except OSError:
+                continue
+            lines.append(f"{entry}\0" + "\0".join(installed))
     for folder, folders, files in os.walk(root):
         folders[:] = sorted(f for f in folders if f != "__pycache__")
         for name in sorted(files):

@@ -189,6 +189,18 @@ def test_the_fingerprint_follows_the_package_files(tmp_path, monkeypatch):
     assert wire.fingerprint() != before
 
 
+def test_the_fingerprint_follows_the_installed_dependencies(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    (site / "docker-7.1.0.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    before = wire.fingerprint()
+    (site / "docker-7.1.0.dist-info").rename(site / "docker-7.2.0.dist-info")  # an upgrade
+    upgraded = wire.fingerprint()
+    assert upgraded != before
+    (site / "docker-7.2.0.dist-info" / "RECORD").write_text("")  # the same version: same
+    assert wire.fingerprint() == upgraded
+
+
 def test_a_request_survives_any_bytes_but_nul():
     argv = ["run", "w", "--", "a b", "", "=", "\udcff-not-utf8", "-\n-"]
     env = {"A": "1=2", "EMPTY": "", "B": "\udcfe", "LONG": "x" * 100_000}
