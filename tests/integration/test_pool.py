@@ -1,7 +1,8 @@
 """The single-use warm pool against the real engine: a pooled run works like a cold one and
 stages its outbox, every take gets its own container (never reused), closing removes what
 was never handed out, an allowlisted pooled run has its own network and a working proxy,
-and a SIGKILLed owner leaves nothing after ``orchestrator gc``."""
+and a SIGKILLed owner leaves nothing after ``orchestrator gc``; allowlisted runs of a batch
+made at once each reach the allowed host only."""
 
 from __future__ import annotations
 
@@ -223,3 +224,30 @@ def test_a_pool_left_open_is_closed_when_its_program_exits(engine, project):
     pid = done.stdout.strip()
     assert [o for o in engine.list_managed() if o.labels.get(labels.OWNER_PID) == pid] == []
     assert list((project.root / ".sandbox" / "runs").glob("*")) == []
+
+
+def test_allowlisted_runs_of_a_batch_at_once_each_reach_the_allowed_host_only(
+    engine,
+    internet,  # noqa: F811
+    project,
+    tmp_path,
+):
+    # Six runs at a time, each making its own network and attaching the shared proxy to it
+    # while the others do the same: none may see another's failure (502, no name).
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
+    checked = probe_script(ALLOW_JOBS) + (
+        "\nimport sys\n"
+        "sys.exit(0 if results['http_allowed'][:2] == ['ok', 200]"
+        " and results['http_denied'][:2] == ['http-error', 403] else 3)\n"
+    )
+    command = json.dumps(["python3", "-c", checked])
+    project.extra = "untrusted_network: allow\n"
+    project.write_project()
+    project.worker("listed", f"command: {command}\nnetwork: {{allow: [allowed.test]}}")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(12):
+        (folder / f"d{n:02d}.txt").write_text(f"doc {n}")
+    done = Orchestrator(project.root, engine=engine).batch("listed", [folder], concurrency=6)
+    assert [r["status"] for r in done.records] == ["succeeded"] * 12, done.records
+    assert done.exit_code == 0
