@@ -150,6 +150,31 @@ def containers_of(engine, pid: int) -> list:
 # -- a swarm (test_swarm.py, test_swarm_nodes.py) ------------------------------------------
 
 
+def script_worker(project, script: str, front: str = "sandbox: {}", name: str = "w") -> None:
+    """A worker whose command is a Python script (dedented)."""
+    command = json.dumps(["python3", "-c", textwrap.dedent(script)])
+    project.worker(name, f"command: {command}\n{front}")
+
+
+def batch_summary(stdout: str) -> dict:
+    """The last ``summary`` line of ``orchestrator batch --json``."""
+    return [json.loads(line) for line in stdout.splitlines() if '"summary"' in line][-1]
+
+
+def batch_of_docs(project, folder, count: int, *args: str, timeout: float = 300) -> dict:
+    """``orchestrator batch w --json`` over ``count`` new inputs (``dNN.txt``, "doc N") in
+    ``folder``; asserts it exited 0 and returns its summary."""
+    folder.mkdir()
+    for n in range(count):
+        (folder / f"d{n:02d}.txt").write_text(f"doc {n}")
+    done = cli(
+        "batch", "w", "--inputs", str(folder), *args, "--json",
+        "--project", str(project.root), timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return batch_summary(done.stdout)
+
+
 def swarm_docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from orchestrator import labels
-from tests.integration.conftest import cli
+from tests.integration.conftest import batch_summary, cli
 
 SCRIPT = r"""
 import os, sys, time
@@ -44,10 +44,6 @@ def _results(project, batch_id):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _summary(stdout: str) -> dict:
-    return [json.loads(line) for line in stdout.splitlines() if '"summary"' in line][-1]
-
-
 def test_fifty_inputs_with_failures_a_timeout_and_an_oom(batch_project, tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -69,7 +65,7 @@ def test_fifty_inputs_with_failures_a_timeout_and_an_oom(batch_project, tmp_path
         timeout=300,
     )
     assert done.returncode == 1, done.stderr
-    summary = _summary(done.stdout)
+    summary = batch_summary(done.stdout)
     assert (summary["succeeded"], summary["failed"], summary["timeout"], summary["oom"]) == (
         46,
         2,
@@ -98,7 +94,7 @@ def test_every_oom_under_load_is_reported_as_oom(batch_project, tmp_path):
         "batch", "w", "--inputs", str(folder), "--concurrency", "6", "--timeout", "30",
         "--json", "--project", str(batch_project.root), timeout=300,
     )  # fmt: skip
-    summary = _summary(done.stdout)
+    summary = batch_summary(done.stdout)
     results = _results(batch_project, summary["batch_id"])
     statuses = sorted(r["status"] for r in results)
     assert statuses == ["oom"] * 6 + ["succeeded"] * 6, results
@@ -120,7 +116,7 @@ def test_exit_codes_and_odd_names(batch_project, tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    summary = _summary(done.stdout)
+    summary = batch_summary(done.stdout)
     assert summary["succeeded"] == 4
     records = _results(batch_project, summary["batch_id"])
     assert {r["input"] for r in records} == {str(odd / n) for n in os.listdir(odd)}
@@ -177,7 +173,7 @@ def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_pat
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    summary = _summary(done.stdout)
+    summary = batch_summary(done.stdout)
     assert summary["skipped"] >= 3 and summary["skipped"] + summary["succeeded"] == 12
     gc = cli("gc", "--project", str(batch_project.root))
     assert gc.returncode == 0, gc.stderr
@@ -202,7 +198,7 @@ def test_trust_env_and_args_reach_every_run(engine, project, tmp_path):
         "--json", "--project", str(project.root), "--", "--flag", "x",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    summary = _summary(done.stdout)
+    summary = batch_summary(done.stdout)
     change_id = summary["change_id"]
     shown = cli("staged", "show", change_id, "--json", "--project", str(project.root))
     assert shown.returncode == 0, shown.stderr

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -22,7 +21,7 @@ import pytest
 from orchestrator.runner import Orchestrator
 from orchestrator.swarm import run_on_swarm
 from orchestrator.swarm.engine import SWARM
-from tests.integration.conftest import cli
+from tests.integration.conftest import batch_of_docs, batch_summary, cli, script_worker
 from tests.integration.conftest import swarm_docker as _docker
 from tests.integration.conftest import swarm_gone as _gone
 from tests.integration.conftest import swarm_ours as _ours
@@ -43,13 +42,8 @@ def swarm_project(swarm, project):
     return project
 
 
-def _worker(project, script: str, front: str = "sandbox: {}") -> None:
-    command = json.dumps(["python3", "-c", textwrap.dedent(script)])
-    project.worker("w", f"command: {command}\n{front}")
-
-
 def test_a_run_propagates_its_exit_code_and_its_results_are_collected(swarm_project):
-    _worker(
+    script_worker(
         swarm_project,
         """
         import os, sys
@@ -76,7 +70,7 @@ def test_a_run_propagates_its_exit_code_and_its_results_are_collected(swarm_proj
 
 
 def test_a_batch_of_twenty_inputs_becomes_one_change_set(swarm_project, tmp_path):
-    _worker(
+    script_worker(
         swarm_project,
         """
         import os
@@ -85,14 +79,8 @@ def test_a_batch_of_twenty_inputs_becomes_one_change_set(swarm_project, tmp_path
         open("/staged/result.txt", "w").write("seen " + text)
         """,
     )
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for n in range(20):
-        (folder / f"d{n:02d}.txt").write_text(f"doc {n}")
-    args = ["batch", "w", "--inputs", str(folder), "--engine", "swarm", "--concurrency", "4"]
-    done = cli(*args, "--project", str(swarm_project.root), "--json", timeout=300)
-    assert done.returncode == 0, done.stderr
-    summary = [json.loads(line) for line in done.stdout.splitlines() if '"summary"' in line][-1]
+    args = ["--engine", "swarm", "--concurrency", "4"]
+    summary = batch_of_docs(swarm_project, tmp_path / "in", 20, *args)
     assert summary["succeeded"] == 20 and summary["change_files"] == 21  # + the manifest
     batch = swarm_project.root / ".sandbox" / "batches" / summary["batch_id"]
     lines = [json.loads(x) for x in (batch / "results.jsonl").read_text().splitlines()]
@@ -109,7 +97,7 @@ def test_a_batch_of_twenty_inputs_becomes_one_change_set(swarm_project, tmp_path
 
 
 def test_hardening_holds_inside_the_task(swarm_project):
-    _worker(
+    script_worker(
         swarm_project,
         """
         import os
@@ -158,7 +146,7 @@ def test_network_none_has_no_route_out(swarm_project):
     gateway = _docker(
         "network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}"
     ).stdout.strip()
-    _worker(
+    script_worker(
         swarm_project,
         f"""
         import socket
@@ -192,7 +180,7 @@ def test_a_secret_is_a_swarm_secret_file_never_env_and_removed_after(swarm, proj
         "credentials:\n  api: {source: env, env: API_TOKEN}\n"
     )
     project.write_project()
-    _worker(
+    script_worker(
         project,
         """
         import os
@@ -219,7 +207,7 @@ def test_a_secret_is_a_swarm_secret_file_never_env_and_removed_after(swarm, proj
 
 
 def test_gvisor_is_refused_naming_the_opt_out(swarm, project):
-    _worker(project, "print('never')")
+    script_worker(project, "print('never')")
     done = cli("run", "w", "--project", str(project.root), "--engine", "swarm")
     assert done.returncode == 125
     assert "isolation: {untrusted: runc}" in done.stderr
@@ -229,7 +217,7 @@ def test_gvisor_is_refused_naming_the_opt_out(swarm, project):
 
 
 def test_plan_states_what_the_swarm_does_not_enforce(project):
-    _worker(project, "print(1)")
+    script_worker(project, "print(1)")
     done = cli("plan", "w", "--project", str(project.root), "--engine", "swarm", "--json")
     assert done.returncode == 0, done.stderr
     swarm = done.json()["swarm"]
@@ -244,7 +232,7 @@ def test_a_sigkilled_run_leaves_a_service_that_gc_removes(swarm, project):
         "credentials:\n  api: {source: env, env: API_TOKEN}\n"
     )
     project.write_project()
-    _worker(project, "import time; time.sleep(120)", "trust: session\nsecrets: [api]")
+    script_worker(project, "import time; time.sleep(120)", "trust: session\nsecrets: [api]")
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "run", "w", "--engine", "swarm",
          "--project", str(project.root)],
@@ -317,7 +305,7 @@ def test_an_allowlist_reaches_the_listed_host_through_the_proxy_only(swarm, swar
             ["connect", "direct", address, 80],
             ["resolve", "dns", "example.com"],
         ]
-        _worker(swarm_project, probe_script(jobs), f"network: {{allow: [web.{net}]}}")
+        script_worker(swarm_project, probe_script(jobs), f"network: {{allow: [web.{net}]}}")
         done = cli("run", "w", "--project", str(swarm_project.root), "--engine", "swarm", "--json")
         assert done.returncode == 0, done.stderr
         result = done.json()
@@ -339,7 +327,7 @@ def test_an_allowlist_reaches_the_listed_host_through_the_proxy_only(swarm, swar
 
 
 def test_a_timeout_removes_the_service_and_exits_124(swarm, swarm_project):
-    _worker(swarm_project, "import time; time.sleep(60)")
+    script_worker(swarm_project, "import time; time.sleep(60)")
     started = time.monotonic()
     done = cli(
         "run", "w", "--project", str(swarm_project.root), "--engine", "swarm", "--json",
@@ -352,7 +340,7 @@ def test_a_timeout_removes_the_service_and_exits_124(swarm, swarm_project):
 
 
 def test_fail_fast_removes_the_services_still_running(swarm, swarm_project, tmp_path):
-    _worker(
+    script_worker(
         swarm_project,
         """
         import os, sys, time
@@ -374,7 +362,7 @@ def test_fail_fast_removes_the_services_still_running(swarm, swarm_project, tmp_
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert time.monotonic() - started < 45  # not the sleepers' 60 s
-    summary = [json.loads(line) for line in done.stdout.splitlines() if '"summary"' in line][-1]
+    summary = batch_summary(done.stdout)
     assert summary["failed"] == 1 and summary["cancelled"] == 2, summary
     services = _docker("service", "ls", "--format", "{{.Name}}", "--filter", f"label={SWARM}")
     assert "orchestrator-" not in services.stdout
@@ -383,7 +371,7 @@ def test_fail_fast_removes_the_services_still_running(swarm, swarm_project, tmp_
 def test_a_zone_holding_the_engine_socket_is_refused_before_any_service(swarm, swarm_project):
     swarm_project.zones["engine"] = ("/var/run", "ro", "")
     swarm_project.write_project()
-    _worker(swarm_project, "print(1)", "sandbox: {zones: [{name: engine, mode: ro}]}")
+    script_worker(swarm_project, "print(1)", "sandbox: {zones: [{name: engine, mode: ro}]}")
     done = cli("run", "w", "--project", str(swarm_project.root), "--engine", "swarm")
     assert done.returncode == 125, done.stderr
     assert "engine" in done.stderr and "Traceback" not in done.stderr
@@ -394,7 +382,7 @@ def test_the_node_check_passes_on_this_node_and_leaves_nothing(swarm, swarm_proj
     from orchestrator.swarm.run import check_nodes
 
     zone = swarm_project.zone("data", "ro", files={"a.txt": "a"})
-    _worker(swarm_project, "print(1)", "sandbox: {zones: [{name: data, mode: ro}]}")
+    script_worker(swarm_project, "print(1)", "sandbox: {zones: [{name: data, mode: ro}]}")
     with Orchestrator(swarm_project.root) as orch:
         prepared = orch.prepare("w")
         started = time.monotonic()

@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import subprocess
-import textwrap
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import requests
 
 from orchestrator.docker.images import BASE_REPOSITORY, WORKER_IMAGE, build_image, host_suite
 from tests.conftest import ProjectDir
-from tests.integration.conftest import cli, swarm_gone, unavailable
+from tests.integration.conftest import batch_of_docs, cli, script_worker, swarm_gone, unavailable
 
 pytestmark = pytest.mark.docker
 
@@ -208,15 +207,10 @@ def shared_project(second_node, request):
     return p
 
 
-def _worker(project, script: str, front: str = "sandbox: {}") -> None:
-    command = json.dumps(["python3", "-c", textwrap.dedent(script)])
-    project.worker("w", f"command: {command}\n{front}")
-
-
 def test_a_batch_spreads_over_both_nodes_and_its_results_are_collected(
     swarm, second_node, shared_project, tmp_path
 ):
-    _worker(
+    script_worker(
         shared_project,
         """
         import os, time
@@ -226,14 +220,8 @@ def test_a_batch_spreads_over_both_nodes_and_its_results_are_collected(
         open("/staged/result.txt", "w").write("seen " + text)
         """,
     )
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for n in range(20):
-        (folder / f"d{n:02d}.txt").write_text(f"doc {n}")
-    args = ["batch", "w", "--inputs", str(folder), "--engine", "swarm", "--concurrency", "4"]
-    done = cli(*args, "--project", str(shared_project.root), "--json", timeout=400)
-    assert done.returncode == 0, done.stderr
-    summary = [json.loads(line) for line in done.stdout.splitlines() if '"summary"' in line][-1]
+    args = ["--engine", "swarm", "--concurrency", "4"]
+    summary = batch_of_docs(shared_project, tmp_path / "in", 20, *args, timeout=400)
     assert summary["succeeded"] == 20 and summary["change_files"] == 21  # + the manifest
     shown = cli("staged", "show", summary["change_id"], "--project", str(shared_project.root))
     assert "0020-d19.txt/result.txt" in shown.stdout and "seen doc 19" in shown.stdout
@@ -253,7 +241,7 @@ def test_a_zone_missing_on_the_other_node_is_refused_naming_it(
     elsewhere.mkdir()
     shared_project.zones["data"] = (str(elsewhere), "ro", "")
     shared_project.write_project()
-    _worker(shared_project, "print(1)", "sandbox: {zones: [{name: data, mode: ro}]}")
+    script_worker(shared_project, "print(1)", "sandbox: {zones: [{name: data, mode: ro}]}")
     done = cli("run", "w", "--project", str(shared_project.root), "--engine", "swarm")
     assert done.returncode == 125, done.stderr
     assert "Traceback" not in done.stderr
@@ -267,7 +255,7 @@ def test_a_zone_missing_on_the_other_node_is_refused_naming_it(
 def test_an_image_missing_on_the_other_node_is_refused_naming_it(
     swarm, second_node, shared_project
 ):
-    _worker(shared_project, "print(1)", "network: {allow: [example.com]}")
+    script_worker(shared_project, "print(1)", "network: {allow: [example.com]}")
     done = cli("run", "w", "--project", str(shared_project.root), "--engine", "swarm")
     assert done.returncode == 125, done.stderr
     assert "Traceback" not in done.stderr
