@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.options import (
+    WorkerCommand,
     args_argument,
     env_option,
     json_option,
@@ -26,7 +27,7 @@ from orchestrator.cli.options import (
 )
 
 
-@click.command()
+@click.command(cls=WorkerCommand)
 @click.argument("worker")
 @click.option(
     "--inputs",

@@ -25,6 +25,7 @@ from orchestrator.cli.engine import engine as engine_group
 from orchestrator.cli.mcp import mcp as mcp_command
 from orchestrator.cli.options import (
     JsonRequest,
+    WorkerCommand,
     args_argument,
     env_option,
     project_option,
@@ -103,7 +104,7 @@ def _note_format(value: str) -> str:
     return value
 
 
-@cli.command()
+@cli.command(cls=WorkerCommand)
 @click.argument("worker")
 @run_options
 @click.option(
@@ -186,7 +187,7 @@ def _swarm_plan(prepared: Prepared) -> dict[str, Any]:
     }
 
 
-@cli.command()
+@cli.command(cls=WorkerCommand)
 @click.argument("worker")
 @run_options
 @raw_option

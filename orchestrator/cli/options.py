@@ -79,6 +79,29 @@ env_option = click.option(
 )
 #: Everything after ``--``: appended to the worker's command.
 args_argument = click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+
+
+class WorkerCommand(click.Command):
+    """A command whose worker arguments (``args_argument``) must follow ``--``.
+
+    Without this a word no option takes would become an argument of the worker: ``--inputs
+    a.pdf b.pdf``, or a shell glob after ``--input``, would run on ``a.pdf`` alone and hand
+    ``b.pdf`` to the worker as an argument.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        after = len(args) - args.index("--") - 1 if "--" in args else 0
+        rest = super().parse_args(ctx, args)
+        given = ctx.params.get("args") or ()
+        if len(given) > after:
+            raise click.UsageError(
+                f"unexpected argument {given[0]!r}: repeat the option for each value "
+                "(--input A --input B) and put the worker's arguments after --",
+                ctx,
+            )
+        return rest
+
+
 #: How a worker runs: trust level and workspace (``plan``, ``run`` and ``batch`` share them).
 worker_options = (
     click.option(

@@ -131,3 +131,26 @@ def test_refusals_exit_125_with_one_line_before_any_container(engine, project, t
     assert too_many.returncode == 125
     assert "inputs.max_count is 2, 3 inputs given; give at most 2" in too_many.stderr
     assert audit_entries(project, "run.started") == []
+
+
+def test_a_word_before_the_double_dash_is_refused_not_handed_to_the_worker(project, tmp_path):
+    # `--input a b` (or an unquoted glob) must not run on `a` alone with `b` as an argument.
+    worker(project)
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("a")
+    second.write_text("b")
+    root = str(project.root)
+    for command in (
+        ["run", "w", "--input", str(first), str(second), "--project", root],
+        ["plan", "w", "--input", str(first), str(second), "--project", root],
+        ["batch", "w", "--inputs", str(first), str(second), "--project", root],
+        ["run", "w", "--input", str(first), str(second), "--json", "--project", root, "--", "x"],
+    ):
+        done = cli(*command)
+        assert done.returncode == 125, (command, done.stdout, done.stderr)
+        assert f"unexpected argument {str(second)!r}" in done.stderr + done.stdout, done
+        assert "after --" in done.stderr + done.stdout
+    assert not (project.root / ".sandbox" / "batches").exists()  # nothing was started
+    planned = cli("plan", "w", "--input", str(first), "--json", "--project", root, "--", "b")
+    assert planned.returncode == 0, planned.stderr
+    assert planned.json()["args"] == ["b"]
