@@ -92,7 +92,7 @@ class WorkerCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         after = len(args) - args.index("--") - 1 if "--" in args else 0
         rest = super().parse_args(ctx, args)
-        given = ctx.params.get("args") or ()
+        given: tuple[str, ...] = ctx.params.get("args") or ()
         if len(given) > after:
             raise click.UsageError(
                 f"unexpected argument {given[0]!r}: repeat the option for each value "
