@@ -17,8 +17,9 @@ check is refused, never followed. Its sha256 is computed from that descriptor.
 
 Names: the container sees ``/inputs/<name>``, where ``name`` is the input's own name with
 every control, format (bidi) or line-separator character replaced by ``_``, and a leading
-``-`` prefixed with ``_`` (so a shell glob in /inputs never yields an option). The original
-path is in the audit log. Names inside a given folder are kept as they are.
+``-`` or ``.`` prefixed with ``_`` (so a shell glob in /inputs never yields an option and
+never misses a hidden file). The original path is in the audit log. Names inside a given
+folder are kept as they are.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def safe_name(name: str) -> str:
     """The name an input gets under /inputs (see the module docstring)."""
     chars = ["_" if _unsafe(c) else c for c in name] or ["_"]
     text = "".join(chars)
-    if text.startswith("-"):
+    if text.startswith(("-", ".")):
         text = "_" + text
     while len(os.fsencode(text)) > _MAX_NAME:
         text = text[:-1]

@@ -140,7 +140,8 @@ def test_what_the_worker_accepts(project, tmp_path):
         ("evil\u202etxt.exe", "evil_txt.exe"),
         ("tab\there", "tab_here"),
         ("été résumé.pdf", "été résumé.pdf"),
-        ("..x", "..x"),
+        ("..x", "_..x"),
+        (".hidden.pdf", "_.hidden.pdf"),  # a glob such as /inputs/* would miss it
     ],
 )
 def test_safe_names(name, expected):
