@@ -272,6 +272,7 @@ def gc(
     shared = engine.collect_shared(idle)
     secrets = sweep_orphaned()
     access = _restore_access(project_dir, everything)
+    emptied = _remove_empty_sessions(engine, project_dir, report.removed)
     sessions = SessionPrune()
     if sessions_age is not None:
         from orchestrator.config import load_project
@@ -289,6 +290,7 @@ def gc(
                 "secret_folders_removed": secrets,
                 "access_restored": access,
                 "sessions_removed": [s.session_id for s in sessions.removed],
+                "empty_sessions_removed": emptied,
                 "sessions_in_use": sessions.in_use,
                 "kept": len(report.kept),
                 "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in report.failed]
@@ -302,6 +304,8 @@ def gc(
             say(f"removed {name}")
         for run_id in access:
             say(f"put back the access dead run {run_id} had given its worker")
+        for name in emptied:
+            say(f"removed empty session folder {name} of a dead run")
         for pruned in sessions.removed:
             say(f"removed session {pruned.session_id} (unused for {human_age(pruned.age_s)})")
         for name in sessions.in_use:
@@ -309,6 +313,7 @@ def gc(
         for name, problem in sessions.failed:
             say(f"could not remove session {name}: {problem}")
         removed = len(report.removed) + len(shared) + len(secrets) + len(sessions.removed)
+        removed += len(emptied)
         say(f"gc: {removed} removed, {len(report.kept)} in use by live processes")
     if report.failed or sessions.failed:
         raise SystemExit(EXIT_ERROR)
@@ -320,6 +325,17 @@ def _collect_swarm(everything: bool) -> Any:
     from orchestrator.swarm import collect as collect_swarm
 
     return collect_swarm(SwarmEngine(), everything=everything)
+
+
+def _remove_empty_sessions(engine: Any, project_dir: Path, removed: list[Any]) -> list[str]:
+    """In a project, the empty session folders of the dead runs gc just removed."""
+    from orchestrator.config import load_project
+    from orchestrator.config.loader import PROJECT_FILE
+    from orchestrator.runtime.session_folders import remove_empty_sessions
+
+    if not removed or not (project_dir / PROJECT_FILE).is_file():
+        return []
+    return remove_empty_sessions(engine, load_project(project_dir).sandbox_root, removed)
 
 
 def _restore_access(project_dir: Path, everything: bool) -> list[str]:

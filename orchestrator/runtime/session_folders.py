@@ -24,7 +24,7 @@ from pathlib import Path
 
 from orchestrator import labels
 from orchestrator.audit import AuditLog
-from orchestrator.runtime.engine import Inventory
+from orchestrator.runtime.engine import Inventory, ManagedObject
 
 _PARENT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -159,3 +159,15 @@ def prune_old_sessions(
     for name, problem in report.failed:
         audit.record("gc.session_failed", allowed=False, reason=problem, session_id=name)
     return report
+
+
+def remove_empty_sessions(
+    engine: Inventory, sandbox_root: Path, removed: list[ManagedObject]
+) -> list[str]:
+    """After gc removed dead runs' containers (``removed``): remove their session folders
+    that are empty, as the runs themselves would have at their end. A session a live
+    container still uses is kept, empty or not."""
+    dead = {o.labels.get(labels.SESSION) for o in removed if o.kind == "container"}
+    names = {s for s in dead - sessions_in_use(engine) if s and "/" not in s and "\0" not in s}
+    candidates = sorted(names - {".", ".."})  # a label names one folder, never a path
+    return [s for s in candidates if remove_if_empty(sandbox_root / "sessions" / s)]

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from orchestrator import labels
+from orchestrator.config import load_project
 from tests.integration.conftest import cli, containers_of
 
 pytestmark = pytest.mark.docker
@@ -80,8 +82,9 @@ def test_unreachable_engine_is_125(project):
     assert "Traceback" not in result.stderr
 
 
-def start_long_run(project) -> subprocess.Popen:
-    python_worker(project, "w", "import time; print('started', flush=True); time.sleep(120)")
+def start_long_run(project, front: str = "") -> subprocess.Popen:
+    script = "import time; print('started', flush=True); time.sleep(120)"
+    python_worker(project, "w", script, front)
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "run", "w", "--project", str(project.root)],
         stdout=subprocess.PIPE,
@@ -111,7 +114,7 @@ def test_signal_to_the_orchestrator_removes_the_container(engine, project, signu
 
 
 def test_sigkilled_orchestrator_leaves_only_what_gc_removes(engine, project):
-    process = start_long_run(project)
+    process = start_long_run(project, "sandbox: {}")  # with a session folder
     try:
         wait_until_started(process)
         process.kill()
@@ -121,11 +124,17 @@ def test_sigkilled_orchestrator_leaves_only_what_gc_removes(engine, project):
         process.communicate()
     orphans = containers_of(engine, process.pid)
     assert len(orphans) == 1  # SIGKILL gives no chance to clean up...
-    result = cli("gc", "--json")
+    session = orphans[0].labels[labels.SESSION]
+    sessions = load_project(project.root).sandbox_root / "sessions"
+    (sessions / "kept").mkdir()  # an empty session folder of no dead run
+    assert (sessions / session).is_dir()
+    result = cli("gc", "--json", "--project", str(project.root))
     assert result.returncode == 0, result.stderr
     removed = {o["name"] for o in result.json()["removed"]}
     assert orphans[0].name in removed
     assert containers_of(engine, process.pid) == []  # ...gc does
+    assert result.json()["empty_sessions_removed"] == [session]  # as the run would have
+    assert sorted(p.name for p in sessions.iterdir()) == ["kept"]
 
 
 def test_help_does_not_import_docker_or_pydantic():
