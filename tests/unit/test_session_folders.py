@@ -13,6 +13,7 @@ from orchestrator.runtime import ManagedObject, execute, open_audit, prepare
 from orchestrator.runtime.session_folders import (
     parse_duration,
     prune_sessions,
+    remove_empty_sessions,
     remove_if_empty,
     sessions_in_use,
 )
@@ -95,6 +96,24 @@ def test_sessions_in_use_are_those_of_containers_whose_owner_lives():
         ]
     )
     assert sessions_in_use(engine) == {"live"}
+
+
+def test_gc_removes_only_empty_session_folders_of_dead_runs_never_a_path(tmp_path):
+    me = labels.current_owner().labels()
+    sessions = tmp_path / "sessions"
+    for name in ("empty", "full", "shared", "x"):
+        (sessions / name).mkdir(parents=True)
+    (sessions / "full" / "notes.md").write_text("kept")
+    (tmp_path / "outside").mkdir()
+    live = ManagedObject("container", "l", "l", {**me, labels.SESSION: "shared"})
+    engine = FakeEngine(managed=[live])  # a live run still uses "shared"
+    dead = [
+        ManagedObject("container", str(n), str(n), {labels.SESSION: name})
+        for n, name in enumerate(["empty", "full", "shared", "../outside", "x/..", "..", "gone"])
+    ]
+    assert remove_empty_sessions(engine, tmp_path, dead) == ["empty"]
+    assert sorted(p.name for p in sessions.iterdir()) == ["full", "shared", "x"]
+    assert (tmp_path / "outside").is_dir()
 
 
 def test_a_one_off_run_removes_its_session_folder_when_left_empty(project):
