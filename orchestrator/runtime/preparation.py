@@ -60,6 +60,32 @@ class Prepared:
         return self.spec.session_id
 
 
+def _argument_problems(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """Arguments and environment values reach the engine as JSON text: a NUL cannot, and
+    bytes that are not UTF-8 (decoded with surrogates from the command line) would arrive
+    changed, so both are refused rather than altered."""
+    problems: list[str] = []
+    for where, value in [(f"argument {i}", a) for i, a in enumerate(args, 1)] + [
+        (f"--env {name}", v) for name, v in env.items()
+    ]:
+        if "\0" in value:
+            problems.append(f"{where} holds a NUL character")
+        elif not _is_utf8(value):
+            problems.append(
+                f"{where} is not valid UTF-8 (the engine passes text only); "
+                "give such bytes in an input file"
+            )
+    return problems
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_name(kind: str, value: str) -> str:
     if not NAME.match(value):
         raise ConfigError(
@@ -93,7 +119,7 @@ def prepare(
     """
     from orchestrator.runtime.inputs import check_inputs
 
-    problems = [f"argument {i + 1} holds a NUL character" for i, a in enumerate(args) if "\0" in a]
+    problems = _argument_problems(args, env or {})
     if problems:
         raise ConfigError(problems)
     checked = check_inputs(project, worker, inputs) if inputs else ()

@@ -154,3 +154,14 @@ def test_a_word_before_the_double_dash_is_refused_not_handed_to_the_worker(proje
     planned = cli("plan", "w", "--input", str(first), "--json", "--project", root, "--", "b")
     assert planned.returncode == 0, planned.stderr
     assert planned.json()["args"] == ["b"]
+
+
+def test_arguments_and_env_that_are_not_utf8_are_refused_not_altered(project):
+    worker(project)
+    root = str(project.root)
+    raw = os.fsdecode(b"x\xff")  # what the command line holds: not text
+    for extra, where in ((["--", raw], "argument 1"), (["--env", f"K={raw}"], "--env K")):
+        done = cli("plan", "w", "--project", root, *extra)
+        assert done.returncode == 125, done.stderr
+        assert f"error: {where} is not valid UTF-8" in done.stderr
+    assert cli("plan", "w", "--project", root, "--", "été").returncode == 0
