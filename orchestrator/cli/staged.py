@@ -146,8 +146,17 @@ def _describe(
     lines = [
         f"change set  {change.id}  ({change.status})",
         f"target      {change.target}" + (f" -> {escape(str(root))}" if root else " (not found)"),
-        f"worker      {escape(change.worker)} (trust {change.trust}, run {change.run_id}, "
-        f"session {change.session_id})",
+        f"worker      {escape(change.worker)} ("
+        + ", ".join(
+            f"{name} {value}"
+            for name, value in (
+                ("trust", change.trust),
+                ("run", change.run_id),  # none for a batch's: its manifest names every run
+                ("session", change.session_id),
+            )
+            if value
+        )
+        + ")",
         f"created     {change.created_at}",
         f"message     {_first_line(change.message, 200) or '(none)'}",
         f"files       {len(change.files)} ({operations}), "

@@ -79,6 +79,7 @@ def test_fifty_inputs_with_failures_a_timeout_and_an_oom(batch_project, tmp_path
     assert by_key["0001-d00.txt"]["files"][0]["path"] == "result.txt"
     shown = cli("staged", "show", summary["change_id"], "--project", str(batch_project.root))
     assert "0001-d00.txt/result.txt" in shown.stdout + shown.stderr
+    assert "worker      w (trust untrusted)" in shown.stdout  # a batch's: no one run or session
     sessions = batch_project.root / ".sandbox" / "sessions"
     assert not sessions.exists() or not any(sessions.iterdir())
 

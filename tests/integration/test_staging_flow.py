@@ -107,6 +107,7 @@ def test_hostile_outbox_is_filtered_then_reviewed_and_cleared(engine, repo_proje
     shown = cli("staged", "show", change_id, "--project", str(project.root), "--no-color")
     assert shown.returncode == 0, shown.stderr
     assert "notes" in shown.stdout
+    assert "(trust untrusted, run " in shown.stdout and ", session " in shown.stdout
 
     cleared = cli("clear", change_id, "--yes", "--project", str(project.root))
     assert cleared.returncode == 0, cleared.stderr + cleared.stdout
