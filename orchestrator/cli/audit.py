@@ -144,6 +144,9 @@ def _print_entries(entries: Sequence[AuditEntry], as_json: bool, empty: str) -> 
     if not entries:
         click.echo(empty)
         return
+    if not sys.stdout.isatty():
+        _print_lines(entries)
+        return
     from rich import box
     from rich.console import Console
     from rich.markup import escape as markup
@@ -173,6 +176,23 @@ def _print_entries(entries: Sequence[AuditEntry], as_json: bool, empty: str) -> 
             row.append(escape(entry.reason or ""))
         table.add_row(*row, style=None if entry.allowed else "red")
     Console(highlight=False).print(table)
+
+
+def _print_lines(entries: Sequence[AuditEntry]) -> None:
+    """Not to a terminal: one whole line per entry (no wrapping, so ids stay greppable),
+    every field escaped, so no worker-chosen text can start a line of its own."""
+    from orchestrator.escaping import escape
+
+    for entry in entries:
+        fields = [
+            entry.timestamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            escape(entry.operation),
+            "allowed" if entry.allowed else "DENIED",
+            escape(_context(entry)),
+        ]
+        if entry.reason:
+            fields.append("reason=" + escape(entry.reason))
+        click.echo("  ".join(fields))
 
 
 def _context(entry: AuditEntry) -> str:

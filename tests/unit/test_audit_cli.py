@@ -56,13 +56,19 @@ def test_the_log_path_comes_from_the_project(project: Path) -> None:
     assert expected.is_absolute()
 
 
-def test_listing_prints_a_table(project: Path, log: AuditLog) -> None:
+def test_listing_to_a_pipe_prints_one_whole_line_per_entry(project: Path, log: AuditLog) -> None:
+    # (On a terminal it is a table: tests/integration/test_terminal.py.)
+    long_id = "r" * 120
+    log.record("run.started", worker="w", run_id=long_id, allowed=False, reason="a\nforged")
     result = invoke("--project", project)
     assert result.exit_code == 0, result.output
-    for operation in ("plan.compiled", "run.started", "policy.denied", "run.ended"):
-        assert operation in result.stdout
-    assert "DENIED" in result.stdout
-    assert "secrets" in result.stdout
+    lines = result.stdout.splitlines()
+    assert [line.split("  ")[1] for line in lines] == [
+        "plan.compiled", "run.started", "policy.denied", "run.ended", "run.started", "run.started"
+    ]  # fmt: skip
+    assert "DENIED" in lines[2] and "zone=secrets" in lines[2]
+    assert f"run={long_id}" in lines[-1]  # never wrapped: greppable
+    assert lines[-1].endswith("reason=a\\nforged")  # a worker's newline cannot start a line
 
 
 def test_listing_as_json_lines(project: Path, log: AuditLog) -> None:
