@@ -131,7 +131,9 @@ def local(argv: list[str]) -> bool:
 def main() -> NoReturn:
     """``orchestrator``: through the fork server when one is usable, else in this process."""
     argv = sys.argv[1:]
-    if not local(argv):
+    if local(argv):
+        _debug(f"not using the server: {NO_SERVER} is set, or this command always runs here")
+    else:
         try:
             raise SystemExit(through_server(argv))
         except (Unusable, OSError) as exc:
