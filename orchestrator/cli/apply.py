@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.cli.options import project_option
+
+if TYPE_CHECKING:
+    from orchestrator.config import Project, Worker
+
+
+def deletes_allowed(project: Project, worker: Worker, zone: str) -> bool:
+    """Whether the worker's request for ``zone`` lets its change sets delete there."""
+    requests = worker.config.sandbox.zones if worker.config.sandbox else []
+    request = next((r for r in requests if r.name == zone), None)
+    return request is not None and request.approval.delete != "blocked"
 
 
 @click.command("apply")
@@ -17,8 +28,9 @@ from orchestrator.cli.options import project_option
 def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path) -> None:
     """Apply CHANGE_ID (an `ask` zone's change set) to its zone, after confirmation.
 
-    Deletions are refused when the worker's zone approval says `delete: blocked`; a file
-    that changed in the zone since the run is a conflict, and nothing is applied.
+    A change set that deletes in a zone whose approval says `delete: blocked` is refused
+    whole (`staged show` says so beforehand; reject it), and a file that changed in the zone
+    since the run is a conflict: in both cases nothing is applied.
     """
     from orchestrator.config import load_project, load_worker
     from orchestrator.errors import OrchestratorError
@@ -38,10 +50,7 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
         )
     if zone not in project.zones:
         raise OrchestratorError(f"zone '{zone}' of change set {change.id} is no longer declared")
-    worker = load_worker(project, change.worker)
-    requests = worker.config.sandbox.zones if worker.config.sandbox else []
-    request = next((r for r in requests if r.name == zone), None)
-    allow_delete = request is not None and request.approval.delete != "blocked"
+    allow_delete = deletes_allowed(project, load_worker(project, change.worker), zone)
     for item in change.files:
         click.echo(f"  {item.operation:<7} {item.path} ({item.size} bytes)", err=True)
     if not yes and not click.confirm(

@@ -185,6 +185,23 @@ def _describe(
     return lines
 
 
+def _blocked_deletes(project: Project, change: ChangeSet) -> list[str]:
+    """The deletions ``staged apply`` would refuse (a zone whose approval blocks them)."""
+    from orchestrator.cli.apply import deletes_allowed
+    from orchestrator.config import load_worker
+    from orchestrator.errors import OrchestratorError
+
+    deletes = [f.path for f in change.files if f.operation == "delete"]
+    zone = change.target.name
+    if not deletes or change.target.kind != "zone" or zone is None:
+        return []
+    try:
+        worker = load_worker(project, change.worker)
+    except OrchestratorError:  # its file is gone or broken: apply would say so itself
+        return []
+    return [] if deletes_allowed(project, worker, zone) else deletes
+
+
 @staged.command("show")
 @click.argument("change_id")
 @click.option("--no-color", is_flag=True, help="Never colour the diff.")
@@ -203,6 +220,7 @@ def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> No
             change = store.record_scans(change.id, results)
         scans = tuple(results)
     conflicts = store.conflicts(change.id)
+    blocked = _blocked_deletes(project, change)
     root = _target_root(project, change)
     color = not no_color and not as_json and sys.stdout.isatty()
     diff = render_diff(change, store, root, color=color)
@@ -211,10 +229,17 @@ def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> No
         data = change.to_dict()
         data["conflicts"] = [{"id": other, "paths": paths} for other, paths in conflicts]
         data["blocking"] = [result.name for result in blocking(scans)]
+        data["deletes_blocked"] = blocked
         data["diff"] = diff
         _emit(data)
         return
-    click.echo("\n".join(_describe(change, scans, conflicts, root)))
+    lines = _describe(change, scans, conflicts, root)
+    if blocked:
+        lines.append(
+            f"deletes     {len(blocked)} file(s) in zone '{change.target.name}', whose approval "
+            "blocks deletes: `staged apply` refuses this change set; reject it"
+        )
+    click.echo("\n".join(lines))
     if diff:
         click.echo("")
         click.echo(diff, nl=False, color=color)

@@ -65,9 +65,13 @@ def test_zone_is_untouched_until_the_change_set_is_applied(engine, project):
     assert store.get(change_id).status == "applied"
 
 
-def test_blocked_deletes_are_refused_at_apply(engine, project):
+def test_blocked_deletes_are_refused_at_apply_and_shown_before(engine, project):
     notes = setup(project, delete="blocked")
     change_id = run_editor(project)
+    shown = cli("staged", "show", change_id, "--project", str(project.root))
+    assert "deletes     1 file(s) in zone 'notes', whose approval blocks deletes" in shown.stdout
+    as_json = cli("staged", "show", change_id, "--json", "--project", str(project.root))
+    assert as_json.json()["deletes_blocked"] == ["old.md"]
     refused = cli("staged", "apply", change_id, "--yes", "--project", str(project.root))
     assert refused.returncode == 125
     assert "blocks deletes" in refused.stderr
