@@ -321,11 +321,37 @@ def _explain(error: Any) -> str:
         return "unknown field; remove it or check its spelling"
     if kind == "missing":
         return "required field is missing; add it"
+    ctx = error.get("ctx", {})
     if kind == "literal_error":
-        expected = error.get("ctx", {}).get("expected", "")
-        return f"must be one of {expected}"
+        return f"must be one of {ctx.get('expected', '')}"
+    if kind in _TYPE_FIXES:
+        return _TYPE_FIXES[kind]
+    bounds = {"greater_than_equal": ("ge", "at least"), "less_than_equal": ("le", "at most")}
+    if kind in bounds and bounds[kind][0] in ctx:
+        key, word = bounds[kind]
+        return f"must be {word} {ctx[key]}; write {ctx[key]} or {'more' if key == 'ge' else 'less'}"
+    if kind in ("greater_than", "less_than"):
+        limit = ctx.get("gt", ctx.get("lt"))
+        return f"must be {'more' if kind == 'greater_than' else 'less'} than {limit}"
     message = str(error["msg"])
     return message.removeprefix("Value error, ")
+
+
+#: What to write instead, for pydantic's type errors (its own words name no fix).
+_TYPE_FIXES = {
+    "string_type": "must be text; quote it (YAML reads true, 1.0 or null as other types)",
+    "list_type": "must be a list; write [a, b] or one '- item' per line",
+    "dict_type": "must be a mapping; write 'name: value' pairs",
+    "model_type": "must be a mapping; write 'name: value' pairs",
+    "model_attributes_type": "must be a mapping; write 'name: value' pairs",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+}
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[Any, ...], line_offset: int) -> str:

@@ -87,6 +87,24 @@ def test_every_problem_is_reported_once(project):
     assert all("w.worker:" in line for line in lines)
 
 
+@pytest.mark.parametrize(
+    ("front", "expected"),
+    [
+        ("command: [true]", "command.0: must be text; quote it"),
+        ("resources: {pids: 4}", "resources.pids: must be at least 8; write 8 or more"),
+        ("sandbox: {zones: 5}", "sandbox.zones: must be a list; write [a, b]"),
+        ("env: [1]", "env: must be a mapping; write 'name: value' pairs"),
+        ("resources: {cpus: abc}", "resources.cpus: must be a number"),
+    ],
+)
+def test_type_errors_say_what_to_write(project, front, expected):
+    project.worker("w", front)
+    with pytest.raises(ConfigError) as excinfo:
+        load_worker(load_project(project.root), "w")
+    (line,) = problems(excinfo)
+    assert f"w.worker:2: {expected}" in line, line
+
+
 def test_project_errors(project):
     (project.root / "orchestrator.yaml").write_text(
         "zones:\n  etc: {path: x}\n  good: {path: y, mode: rwx}\nsandbox: {root: .s, extra: 1}\n"
