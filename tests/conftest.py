@@ -8,9 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from orchestrator.config.models import TRUST_ORDER
 from orchestrator.policy import worker_identity
+
+# Property tests check what holds, not how fast: a busy machine (the engine tests run
+# alongside) must not fail one on hypothesis's default 200 ms per example.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,10 +57,18 @@ class Worker:
     file: Path
     config: WorkerConfig
     instructions: str
+    lines: dict[tuple[str | int, ...], int] = field(default_factory=dict, compare=False)
+    """The line of each field in the file (``("sandbox", "zones", 0)`` -> 7)."""
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    def where(self, *loc: str | int) -> str:
+        """``FILE:LINE: FIELD`` for a problem at ``loc`` (the line when it is known)."""
+        shown = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+        line = self.lines.get(loc)
+        return f"{self.file}{f':{line}' if line else ''}: {shown.removeprefix('.')}"
 
 
 def load_project(directory: Path | str = ".") -> Project:
@@ -152,9 +160,31 @@ def load_worker(project: Project, spec: str) -> Worker:
         partial = _without_failing_fields(WorkerConfig, data)
         if partial is None:
             raise
-        worker = Worker(file=file, config=partial, instructions=instructions)
+        worker = Worker(file, partial, instructions, _field_lines(node, offset))
         raise ConfigError(exc.problems, partial=worker) from None
-    return Worker(file=file, config=config, instructions=instructions)
+    return Worker(file, config, instructions, _field_lines(node, offset))
+
+
+def _field_lines(node: yaml.Node | None, line_offset: int) -> dict[tuple[str | int, ...], int]:
+    """The line of every field and list item under ``node``, by its path."""
+    lines: dict[tuple[str | int, ...], int] = {}
+    pending: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(node, ())] if node else []
+    seen: set[int] = set()  # an alias names a node again (even itself): walk it once
+    while pending:
+        current, path = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                if isinstance(key, yaml.ScalarNode):
+                    lines[(*path, key.value)] = key.start_mark.line + 1 + line_offset
+                    pending.append((value, (*path, key.value)))
+        elif isinstance(current, yaml.SequenceNode):
+            for index, item in enumerate(current.value):
+                lines[(*path, index)] = item.start_mark.line + 1 + line_offset
+                pending.append((item, (*path, index)))
+    return lines
 
 
 #: Fields whose errors leave no useful partial declaration: what the grant is computed from.

@@ -254,7 +254,7 @@ def assess_grant(
         except PolicyError as exc:
             problems += exc.problems
         for index, request in enumerate(sandbox.zones):
-            where = f"{worker.file}: sandbox.zones[{index}]"
+            where = worker.where("sandbox", "zones", index)
             granted = _project_zone(project, request, level, where, problems, paths)
             if granted is not None:
                 zones.append(granted)
@@ -270,7 +270,7 @@ def assess_grant(
     cap = project.config.untrusted_network
     if level == "untrusted" and network_rank(network) > {"none": 0, "allow": 1, "full": 2}[cap]:
         problems.append(
-            f"{worker.file}: network: '{describe(network)}' is more than {project.file} allows "
+            f"{worker.where('network')}: '{describe(network)}' is more than {project.file} allows "
             f"untrusted workers (untrusted_network: {cap}); narrow it or raise the trust"
         )
     limits = resolve_limits(
@@ -306,7 +306,7 @@ def resolve_isolation(
         return floor
     if ISOLATION_ORDER.index(asked) < ISOLATION_ORDER.index(floor):
         problems.append(
-            f"{worker.file}: isolation: '{asked}' is weaker than {project.file} gives trust "
+            f"{worker.where('isolation')}: '{asked}' is weaker than {project.file} gives trust "
             f"'{level}' (isolation.{level}: {floor}); remove it, or set isolation.{level}: "
             f"{asked} in {project.file} (see docs/security.md)"
         )
@@ -322,7 +322,7 @@ def _tmpfs_problems(project: Project, worker: Worker, limits: Limits) -> list[st
     if limits.tmp <= limits.memory:
         return []
     if worker.config.resources.tmp is not None:
-        where = f"{worker.file}: resources.tmp"
+        where = worker.where("resources", "tmp")
     else:
         where = f"{project.file}: defaults.resources.tmp"
     if worker.config.resources.memory is not None:
@@ -339,7 +339,7 @@ def _check_secrets(project: Project, worker: Worker, level: Trust, problems: lis
     secrets = worker.config.secrets
     if secrets and level == "untrusted":
         problems.append(
-            f"{worker.file}: secrets: refused at trust 'untrusted' (credentials never reach an "
+            f"{worker.where('secrets')}: refused at trust 'untrusted' (credentials never reach an "
             "untrusted worker); remove them or raise the worker's trust"
         )
     known = project.config.credentials
@@ -347,7 +347,7 @@ def _check_secrets(project: Project, worker: Worker, level: Trust, problems: lis
         if name not in known:
             offered = ", ".join(sorted(known)) or "none"
             problems.append(
-                f"{worker.file}: secrets: '{name}' is not in {project.file} credentials "
+                f"{worker.where('secrets')}: '{name}' is not in {project.file} credentials "
                 f"(known: {offered}); add it there"
             )
 

@@ -61,8 +61,8 @@ def test_every_problem_of_a_declaration_at_once(project):
     lines = refused(plan(project), count=6)
     joined = "\n".join(lines)
     # Field errors do not hide the grant's: both zone problems are named too.
-    assert "sandbox.zones[0]: asks rw on zone 'data'" in joined
-    assert "sandbox.zones[1]: zone 'nope' is not declared" in joined
+    assert "w.worker:5: sandbox.zones[0]: asks rw on zone 'data'" in joined  # lines too
+    assert "w.worker:5: sandbox.zones[1]: zone 'nope' is not declared" in joined
     assert "env.A: must be a string, number or boolean, not a list; quote it" in joined
     assert "resources.memory: 1 KiB is below the engine's minimum memory limit of 6 MiB" in joined
     assert "resources.cpus: 0 is below the engine's minimum of 0.01 CPUs" in joined
@@ -73,7 +73,7 @@ def test_tmp_larger_than_memory_is_refused(project):
     project.worker("w", 'command: ["true"]\nresources: {memory: 64m, tmp: 999t}')
     (line,) = refused(plan(project))
     assert (
-        "w.worker: resources.tmp: a 999 TiB /tmp is more than the run's memory limit (64 MiB)"
+        "w.worker:3: resources.tmp: a 999 TiB /tmp is more than the run's memory limit (64 MiB)"
         in line
     )
 

@@ -46,7 +46,7 @@ def test_a_worker_may_ask_for_gvisor_but_not_for_less_than_its_level(project):
     with pytest.raises(PolicyError) as refused:
         grant(project, "weak")
     [problem] = refused.value.problems
-    assert "weak.worker: isolation: 'runc' is weaker than" in problem
+    assert "weak.worker:2: isolation: 'runc' is weaker than" in problem  # file, line, field
     assert "(isolation.untrusted: gvisor); remove it, or set isolation.untrusted: runc" in problem
     # ... which the project file may allow.
     project.extra = "isolation: {untrusted: runc}\n"

@@ -204,13 +204,13 @@ def test_child_problems_are_all_reported_at_once_with_human_sizes(family):
         restrict_kid(family, front)
     lines = excinfo.value.problems
     assert [line for line in lines if "kid.worker" in line] == [
-        f"{family.root / 'workers' / 'kid.worker'}: sandbox.zones[0]: asks rw on zone 'logs' "
+        f"{family.root / 'workers' / 'kid.worker'}:4: sandbox.zones[0]: asks rw on zone 'logs' "
         f"but {family.root / 'orchestrator.yaml'} allows only ro; ask for ro or raise the "
         "zone's mode",
-        f"{family.root / 'workers' / 'kid.worker'}: sandbox.zones[1]: zone 'nope' is not "
+        f"{family.root / 'workers' / 'kid.worker'}:4: sandbox.zones[1]: zone 'nope' is not "
         f"declared in {family.root / 'orchestrator.yaml'} (zones: data, logs); add it there or "
         "remove it here",
-        f"{family.root / 'workers' / 'kid.worker'}: resources.tmp: a 4 GiB /tmp is more than "
+        f"{family.root / 'workers' / 'kid.worker'}:3: resources.tmp: a 4 GiB /tmp is more than "
         "the run's memory limit (2 GiB), which its pages count against; lower tmp or raise "
         f"resources.memory in {family.root / 'workers' / 'kid.worker'}",
     ]
@@ -247,7 +247,7 @@ def test_grant_problems_are_all_reported_at_once(project):
 
 def test_tmp_may_not_outgrow_the_memory_limit_but_may_equal_it(project):
     project.worker("w", 'command: ["true"]\nresources: {memory: 64m, tmp: 999t}')
-    with pytest.raises(PolicyError, match=r"w\.worker: resources\.tmp: a 999 TiB /tmp is more"):
+    with pytest.raises(PolicyError, match=r"w\.worker:3: resources\.tmp: a 999 TiB /tmp is more"):
         grant(project, "w")
     project.worker("w", 'command: ["true"]\nresources: {memory: 64m, tmp: 64m}')
     assert grant(project, "w").limits.tmp == 64 << 20
