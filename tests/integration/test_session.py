@@ -273,6 +273,18 @@ def test_staged_writes_and_stage_make_change_sets(box):
     assert "report.md" in shown.stdout, shown.stderr
 
 
+def test_stage_never_reads_a_worker_chosen_name_as_a_tar_option(box):
+    s = box.session
+    s.exec("echo keep > /work/report.txt; echo x > /work/--remove-files; echo y > /work/-C")
+    change_id = s.stage(["/work/report.txt", "/work/--remove-files", "/work/-C"], "report")
+    assert (box.root / "work" / "report.txt").read_text() == "keep\n"
+    assert (box.root / "work" / "--remove-files").read_text() == "x\n"
+    shown = cli("staged", "show", change_id, "--project", str(box.root))
+    assert shown.returncode == 0, shown.stderr
+    assert "report.txt" in shown.stdout and "--remove-files" in shown.stdout, shown.stdout
+    refused(lambda: s.stage(["/"], "x"), "Cannot stage '/': name a file", SandboxError)
+
+
 def test_untrusted_adds_staged_files_but_never_overwrites(engine, project):
     project.zone("input", "ro", files={"a.txt": "a"})
     project.worker("w", f"{NEVER}\ntrust: untrusted\nsandbox: {{zones: [{{name: input}}]}}")
