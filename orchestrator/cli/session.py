@@ -32,6 +32,7 @@ from orchestrator.cli.options import (
     parse_duration_option,
     project_option,
     signals_interrupt,
+    timeout_seconds,
 )
 from orchestrator.cli.terminal import WorkerOutput, raw_option, shown
 from orchestrator.errors import OrchestratorError
@@ -136,7 +137,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         if isinstance(value, bool):
             args += [flag] if value else []
         elif value is not None:
-            args += [flag, f"{value}s" if isinstance(value, float) else str(value)]
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
         elif name in {"idle_timeout", "max_lifetime"}:
             args += [flag, "never"]
     with control_dir(root, create=True):
@@ -158,7 +159,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
     finally:
         os.close(write_end)
     try:
-        answer = _wait_ready(read_end, owner)
+        answer = _wait_ready(read_end, owner, log_path)
     finally:
         os.close(read_end)
     if "error" in answer:
@@ -175,7 +176,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         click.echo(info["id"])
 
 
-def _wait_ready(fd: int, owner: subprocess.Popen[bytes]) -> dict[str, Any]:
+def _wait_ready(fd: int, owner: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
     deadline = time.monotonic() + START_WAIT_S
     data = b""
     while b"\n" not in data:
@@ -191,11 +192,25 @@ def _wait_ready(fd: int, owner: subprocess.Popen[bytes]) -> dict[str, Any]:
             data += chunk
     if b"\n" not in data:
         code = owner.wait()
-        return {"error": f"the session's owner exited with code {code} before it was ready"}
+        reason = _last_line(log_path)
+        return {"error": f"the session's owner exited with code {code} before it was ready"
+                + (f": {reason}" if reason else "")}  # fmt: skip
     answer: dict[str, Any] = json.loads(data.split(b"\n", 1)[0])
     if "error" in answer:
         owner.wait()
     return answer
+
+
+def _last_line(log_path: Path) -> str:
+    """The owner's last word in its log (an error it could not send), on one line."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 4096))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1].removeprefix("orchestrator: ").removeprefix("error: ") if lines else ""
 
 
 @session.command(hidden=True)
@@ -272,7 +287,7 @@ def _one_line(exc: BaseException) -> str:
 @click.argument("session_id", metavar="ID")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @project_option
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
+@click.option("--timeout", type=timeout_seconds, help="Seconds (at most a week).")
 @click.option("--cwd", help="Working folder inside the sandbox.")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable.")
 @json_option("Print the command's result (exit code, output, flags) as one JSON object.")

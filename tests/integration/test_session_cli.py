@@ -209,3 +209,17 @@ def test_cp_never_follows_a_link_the_worker_planted_above_the_host_path(
                "--project", root)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (project.root / "data" / "mine.txt").read_text() == "HOST-SECRET"
+
+
+def test_out_of_range_timeouts_and_durations_are_one_line_errors(sessions, project):
+    info = sessions()
+    sid, root = info["id"], str(project.root)
+    for timeout in ("1e308", "nan", "inf", "604801"):
+        done = cli("session", "exec", sid, "--project", root, "--timeout", timeout, "--",
+                   "echo", "hi")  # fmt: skip
+        assert done.returncode == 125, done.stderr
+        assert done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+        assert "Invalid value for '--timeout'" in done.stderr and "0<x<=604800" in done.stderr
+    done = cli("session", "start", "w", "--project", root, "--idle-timeout", "99999999999999d")
+    assert done.returncode == 125 and "Traceback" not in done.stderr, done.stderr
+    assert "'--idle-timeout': '99999999999999d': 8.64e+18 is not in the range" in done.stderr
