@@ -255,7 +255,7 @@ def run_exec(
         raise PolicyError([f"Cannot run in '{cwd}': cwd must be an absolute container path"])
     problem = None if timeout is None else seconds_problem(timeout, MAX_TIMEOUT_S)
     if problem:
-        raise PolicyError([f"Cannot run with timeout: {problem}; give at most a week"])
+        raise PolicyError([f"Cannot run with timeout: {problem}; give more than 0, at most a week"])
     data = stdin.encode() if isinstance(stdin, str) else stdin
     wrapped = ["/bin/sh", "-c", WRAPPER, "sh", cwd or "", *command]
     started = time.monotonic()
