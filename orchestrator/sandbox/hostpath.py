@@ -1,4 +1,4 @@
-"""Host paths a person names (``session cp``), opened without following a worker's link.
+"""Host paths a person names (``session cp``, ``run --input``), never through a worker's link.
 
 A worker can make symbolic links wherever it can write, and its zones and session folders
 are host folders. A host path named for a copy may pass through one of them: after the
@@ -21,7 +21,7 @@ from pathlib import Path
 from orchestrator.sandbox.nofollow import lookup
 from orchestrator.staging.fsutil import DIR_FLAGS
 
-__all__ = ["HostPathError", "guarded_by", "open_parent"]
+__all__ = ["HostPathError", "guarded_by", "open_parent", "real_parent"]
 
 #: Links followed in one walk before giving up, as the kernel's own limit.
 MAX_LINKS = 40
@@ -43,6 +43,20 @@ def open_parent(path: Path, guarded: Sequence[Path], *, follow_last: bool) -> tu
     with ``follow_last`` (a link left as the name is the caller's to refuse, with
     ``O_NOFOLLOW``). The name is ``""`` when ``path`` is ``/``.
     """
+    fd, name, _ = _walk(path, guarded, follow_last=follow_last)
+    return fd, name
+
+
+def real_parent(path: Path, guarded: Sequence[Path]) -> Path:
+    """``path`` with its folders resolved as :func:`open_parent` walks them (the last
+    component kept as it is, even a link): for a check now and an open by path later
+    that compares the inode it checked."""
+    fd, name, here = _walk(path, guarded, follow_last=False)
+    os.close(fd)
+    return here / name if name not in ("", "..") else (here.parent if name else here)
+
+
+def _walk(path: Path, guarded: Sequence[Path], *, follow_last: bool) -> tuple[int, str, Path]:
     parts = list((path if path.is_absolute() else Path.cwd() / path).parts[1:])
     here, fd = Path("/"), os.open("/", DIR_FLAGS)
     links = 0
@@ -69,9 +83,9 @@ def open_parent(path: Path, guarded: Sequence[Path], *, follow_last: bool) -> tu
                 parts = [*Path(target).parts[1 if target.startswith("/") else 0 :], *parts]
                 continue
             if last:
-                return fd, name
+                return fd, name, here
             fd, here = _descend(fd, here, name), here.parent if name == ".." else here / name
-        return fd, ""
+        return fd, "", here
     except BaseException:
         os.close(fd)
         raise

@@ -198,6 +198,10 @@ def test_cp_never_follows_a_link_the_worker_planted_above_the_host_path(
         assert done.returncode == 125, done.stderr
         assert "symbolic link" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (project.root / "data" / "got.txt").exists()
+    # nor does it as a run's input
+    done = cli("run", "w", "--project", root, "--input", str(planted / "secret.txt"))
+    assert done.returncode == 125, done.stderr
+    assert f"{planted} is a symbolic link in a folder a worker can write" in done.stderr
 
     # the host's own links, outside the project and its zones, are still followed
     (tmp_path / "alias").symlink_to(outside)
