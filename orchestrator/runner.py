@@ -207,7 +207,12 @@ class Orchestrator:
         a keep-alive :class:`Run` opened earlier (a warm pool's, see :meth:`pool`).
         """
         from orchestrator.runtime.session import Session
+        from orchestrator.timeouts import MAX_SESSION_S, seconds_problem
 
+        for name, value in (("idle_timeout", idle_timeout), ("max_lifetime", max_lifetime)):
+            problem = None if value is None else seconds_problem(value, MAX_SESSION_S)
+            if problem:
+                raise ConfigError([f"{name}: {problem} (a year); pass None for no limit"])
         if isinstance(worker, Run):
             run = worker
         else:

@@ -23,6 +23,7 @@ from orchestrator.cli.options import (
     json_option,
     project_option,
     signals_interrupt,
+    timeout_seconds,
     worker_options,
 )
 
@@ -39,7 +40,7 @@ from orchestrator.cli.options import (
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True)
 @click.option("--resume", metavar="ID", help="Run only what batch ID has not finished.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failure.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per input.")
+@click.option("--timeout", type=timeout_seconds, help="Seconds per input (at most a week).")
 @worker_options[0]
 @worker_options[1]
 @worker_options[2]

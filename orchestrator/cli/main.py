@@ -30,6 +30,7 @@ from orchestrator.cli.options import (
     env_option,
     project_option,
     signals_interrupt,
+    timeout_seconds,
     worker_options,
 )
 from orchestrator.cli.options import json_option as json_flag
@@ -64,7 +65,7 @@ def run_options(func: Any) -> Any:
         project_option,
         click.option(
             "--timeout",
-            type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600),
+            type=timeout_seconds,
             help="Seconds (at most a week).",
         ),
         *worker_options,

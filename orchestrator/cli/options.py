@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +11,8 @@ from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import click
+
+from orchestrator.timeouts import MAX_SESSION_S, MAX_TIMEOUT_S, seconds_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,19 +46,41 @@ def json_option(help: str = "Print one JSON object.") -> Callable[[F], F]:
     )
 
 
+class _Seconds(click.FloatRange):
+    """A number of seconds in a range; unlike a plain ``FloatRange``, never NaN (which
+    compares false with both ends, so a range alone lets it through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value} is not in the range {self._describe_range()}.", param, ctx)
+        return seconds
+
+
+#: ``--timeout`` of ``run``, ``batch`` and ``session exec``: seconds, at most a week.
+timeout_seconds = _Seconds(min=0, min_open=True, max=MAX_TIMEOUT_S)
+
+
 def parse_duration_option(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> float | None:
-    """A human duration (``90s``, ``15m``, ``1d12h``; a bare number is seconds) as seconds;
-    ``never`` (or ``none``, ``0``) is None: no limit."""
+    """A session's duration (``90s``, ``15m``, ``1d12h``; a bare number is seconds) as
+    seconds, at most a year; ``never`` (or ``none``, ``0``) is None: no limit."""
     from orchestrator.runtime.session_folders import parse_duration
 
     if value is None or value.lower() in {"none", "never", "0"}:
         return None
     try:
-        return parse_duration(value if not value.replace(".", "").isdigit() else value + "s")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    problem = seconds_problem(seconds, MAX_SESSION_S)
+    if problem:
+        raise click.BadParameter(f"'{value}': {problem} (a year); use 'never' for no limit")
+    return seconds
 
 
 def _env_pairs(

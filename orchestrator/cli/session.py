@@ -32,6 +32,7 @@ from orchestrator.cli.options import (
     parse_duration_option,
     project_option,
     signals_interrupt,
+    timeout_seconds,
 )
 from orchestrator.cli.terminal import WorkerOutput, raw_option, shown
 from orchestrator.errors import OrchestratorError
@@ -136,7 +137,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         if isinstance(value, bool):
             args += [flag] if value else []
         elif value is not None:
-            args += [flag, f"{value}s" if isinstance(value, float) else str(value)]
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
         elif name in {"idle_timeout", "max_lifetime"}:
             args += [flag, "never"]
     with control_dir(root, create=True):
@@ -158,7 +159,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
     finally:
         os.close(write_end)
     try:
-        answer = _wait_ready(read_end, owner)
+        answer = _wait_ready(read_end, owner, log_path)
     finally:
         os.close(read_end)
     if "error" in answer:
@@ -175,7 +176,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         click.echo(info["id"])
 
 
-def _wait_ready(fd: int, owner: subprocess.Popen[bytes]) -> dict[str, Any]:
+def _wait_ready(fd: int, owner: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
     deadline = time.monotonic() + START_WAIT_S
     data = b""
     while b"\n" not in data:
@@ -191,11 +192,25 @@ def _wait_ready(fd: int, owner: subprocess.Popen[bytes]) -> dict[str, Any]:
             data += chunk
     if b"\n" not in data:
         code = owner.wait()
-        return {"error": f"the session's owner exited with code {code} before it was ready"}
+        reason = _last_line(log_path)
+        return {"error": f"the session's owner exited with code {code} before it was ready"
+                + (f": {reason}" if reason else "")}  # fmt: skip
     answer: dict[str, Any] = json.loads(data.split(b"\n", 1)[0])
     if "error" in answer:
         owner.wait()
     return answer
+
+
+def _last_line(log_path: Path) -> str:
+    """The owner's last word in its log (an error it could not send), on one line."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 4096))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1].removeprefix("orchestrator: ").removeprefix("error: ") if lines else ""
 
 
 @session.command(hidden=True)
@@ -272,7 +287,7 @@ def _one_line(exc: BaseException) -> str:
 @click.argument("session_id", metavar="ID")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @project_option
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds.")
+@click.option("--timeout", type=timeout_seconds, help="Seconds (at most a week).")
 @click.option("--cwd", help="Working folder inside the sandbox.")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable.")
 @json_option("Print the command's result (exit code, output, flags) as one JSON object.")
@@ -335,7 +350,7 @@ def cp(source: str, destination: str, project_dir: Path) -> None:
             "ID:/path, e.g. `orchestrator session cp notes.md abc123:/session/notes.md`"
         )
     if dst:
-        data = _read_host(Path(source), MAX_COPY)
+        data = _read_host(Path(source), MAX_COPY, _guarded(project_dir))
         message = {"op": "write", "path": dst.group(2), "data": base64.b64encode(data).decode()}
         result = _ask(project_dir, dst.group(1), message)
         review = " (kept for review)" if result.get("review") else ""
@@ -345,19 +360,50 @@ def cp(source: str, destination: str, project_dir: Path) -> None:
     encoded = _ask(project_dir, src.group(1), {"op": "read", "path": src.group(2),
                                                "limit": MAX_COPY})  # fmt: skip
     data = base64.b64decode(encoded)
-    target = _write_host(Path(destination), src.group(2).rstrip("/").rsplit("/", 1)[-1], data)
+    name = src.group(2).rstrip("/").rsplit("/", 1)[-1]
+    target = _write_host(Path(destination), name, data, _guarded(project_dir))
     _say(f"copied {len(data)} bytes to {target}")
 
 
-def _read_host(path: Path, limit: int) -> bytes:
+def _guarded(project_dir: Path) -> list[Path]:
+    """The host folders a worker may have put links in: the project, its zones, its
+    sandbox root (real paths)."""
+    from orchestrator.config import load_project
+
+    project = load_project(project_dir)
+    zones = [zone.host_path for zone in project.zones.values()]
+    return [project.root, project.sandbox_root, *zones]
+
+
+@contextlib.contextmanager
+def _parent(path: Path, guarded: list[Path], verb: str, *, follow_last: bool) -> Iterator[Any]:
+    """The folder holding ``path`` (no link a worker could have made followed) and the
+    name in it; one clear error otherwise."""
+    from orchestrator.sandbox.hostpath import HostPathError, open_parent
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd, name = open_parent(path, guarded, follow_last=follow_last)
+    except HostPathError as exc:
+        raise SessionCliError(f"cannot {verb} {path}: {exc}") from None
     except OSError as exc:
-        raise SessionCliError(f"cannot read {path}: {exc.strerror}") from None
+        raise SessionCliError(f"cannot {verb} {path}: {exc.strerror}") from None
+    try:
+        yield fd, name
+    finally:
+        os.close(fd)
+
+
+def _read_host(path: Path, limit: int, guarded: list[Path]) -> bytes:
+    from orchestrator.sandbox.nofollow import WalkError, open_regular
+
+    with _parent(path, guarded, "read", follow_last=True) as (folder, name):
+        try:
+            fd, info = open_regular(folder, name or ".", str(path))
+        except WalkError as exc:
+            raise SessionCliError(f"cannot copy: {exc.detail}") from None
+        except OSError as exc:
+            raise SessionCliError(f"cannot read {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SessionCliError(f"cannot copy {path}: not a regular file")
         if info.st_size > limit:
             raise SessionCliError(
                 f"cannot copy {path}: {info.st_size} bytes is more than the {limit} one copy "
@@ -366,30 +412,50 @@ def _read_host(path: Path, limit: int) -> bytes:
         return handle.read(limit + 1)[:limit]
 
 
-def _write_host(path: Path, name: str, data: bytes) -> Path:
+def _write_host(path: Path, name: str, data: bytes, guarded: list[Path]) -> Path:
     """Write ``data`` to the host file ``path`` (or ``path/name`` for a folder), never
-    through a link."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        info = None
-    if info is not None and stat.S_ISDIR(info.st_mode):
-        path = path / name
-        with contextlib.suppress(FileNotFoundError):
-            info = None
-            info = os.lstat(path)
-    if info is not None and stat.S_ISLNK(info.st_mode):
-        raise SessionCliError(f"cannot write {path}: it is a symbolic link; name another file")
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        raise SessionCliError(f"cannot write {path}: it is not a regular file")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        raise SessionCliError(f"cannot write {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    through a link: the new content replaces the file by rename, a link is refused."""
+    from orchestrator.sandbox.hostpath import HostPathError
+    from orchestrator.sandbox.nofollow import WalkError, lookup, replace_file
+
+    with _parent(path, guarded, "write", follow_last=False) as (folder, last):
+        info = lookup(folder, last) if last else os.fstat(folder)
+        fd = os.dup(folder)
+        try:
+            if info is not None and stat.S_ISDIR(info.st_mode):
+                if last:
+                    fd = _enter(fd, last, path)
+                path, last = path / name, name
+                info = lookup(fd, last)
+            if info is not None and stat.S_ISLNK(info.st_mode):
+                raise SessionCliError(
+                    f"cannot write {path}: it is a symbolic link; name another file"
+                )
+            if info is not None and not stat.S_ISREG(info.st_mode):
+                raise SessionCliError(f"cannot write {path}: it is not a regular file")
+            replace_file(fd, last, data, str(path), None)
+        except WalkError as exc:
+            raise SessionCliError(f"cannot write: {exc.detail}") from None
+        except HostPathError as exc:
+            raise SessionCliError(f"cannot write {path}: {exc}") from None
+        except OSError as exc:
+            raise SessionCliError(f"cannot write {path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
     return path
+
+
+def _enter(fd: int, name: str, shown: Path) -> int:
+    """The folder ``name`` in ``fd`` (never through a link); ``fd`` is closed."""
+    from orchestrator.sandbox.hostpath import HostPathError
+    from orchestrator.staging.fsutil import DIR_FLAGS
+
+    try:
+        child = os.open(name, DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise HostPathError(f"{shown} changed while being opened ({exc.strerror})") from None
+    os.close(fd)
+    return child
 
 
 @session.command("list")

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from orchestrator.config.allowlist import validate_allowlist
+from orchestrator.timeouts import MAX_TIMEOUT_S
 
 ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -107,7 +108,7 @@ class Resources(Strict):
     """CPU share in cores, e.g. ``0.5`` or ``2``."""
     pids: int | None = Field(default=None, ge=8, le=65536)
     """Maximum number of processes and threads inside the container."""
-    timeout: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
     """Wall-clock seconds before the container is killed (exit 124)."""
     tmp: Size | None = None
     """Size of the writable ``/tmp`` tmpfs; at most the memory limit (its pages count there)."""

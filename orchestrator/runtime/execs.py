@@ -38,6 +38,7 @@ from orchestrator.errors import PolicyError, StartFailure
 from orchestrator.plan import RESERVED_ENV
 from orchestrator.runtime.engine import Containers, ExecHandle, Stream
 from orchestrator.runtime.supervised import TOOL_ENV, drain
+from orchestrator.timeouts import MAX_TIMEOUT_S, seconds_problem
 
 #: Bytes kept of each of stdout and stderr (the last ones).
 DEFAULT_CAP = 1 << 20
@@ -252,8 +253,9 @@ def run_exec(
     merged = {**base_env, **check_env(env)}
     if cwd is not None and (not cwd.startswith("/") or "\0" in cwd):
         raise PolicyError([f"Cannot run in '{cwd}': cwd must be an absolute container path"])
-    if timeout is not None and timeout <= 0:
-        raise PolicyError([f"Cannot run with timeout {timeout}: give a number of seconds > 0"])
+    problem = None if timeout is None else seconds_problem(timeout, MAX_TIMEOUT_S)
+    if problem:
+        raise PolicyError([f"Cannot run with timeout: {problem}; give more than 0, at most a week"])
     data = stdin.encode() if isinstance(stdin, str) else stdin
     wrapped = ["/bin/sh", "-c", WRAPPER, "sh", cwd or "", *command]
     started = time.monotonic()

@@ -38,6 +38,7 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.escaping import escape
 from orchestrator.plan import INPUTS_DIR
 from orchestrator.runtime.hostfs import open_entry, permits
+from orchestrator.sandbox.hostpath import HostPathError, real_parent
 
 if TYPE_CHECKING:
     from orchestrator.config import Project, Worker
@@ -118,10 +119,11 @@ def check_inputs(
             f"given; give at most {accepts.max_count}"
         )
     sandbox = Path(os.path.realpath(project.sandbox_root))
+    guarded = [project.root, sandbox, *(zone.host_path for zone in project.zones.values())]
     found: dict[str, InputSpec] = {}
     for raw in given:
         try:
-            spec = _check_one(Path(raw), sandbox, worker)
+            spec = _check_one(Path(raw), sandbox, guarded, worker)
         except _Refused as exc:
             problems.append(str(exc))
             continue
@@ -140,13 +142,16 @@ class _Refused(Exception):
     pass
 
 
-def _check_one(raw: Path, sandbox: Path, worker: Worker) -> InputSpec:
-    # The folders above an input are the user's own: resolved. The input itself never is.
-    if raw.name in ("", ".", ".."):
-        path = Path(os.path.realpath(raw))
-    else:
-        path = Path(os.path.realpath(raw.parent)) / raw.name
+def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
+    # The folders above an input are resolved, except a link in a folder a worker can
+    # write (the project, a zone, the sandbox root): refused. The input itself never is.
     label = f"input {shown(raw)}"
+    try:
+        path = real_parent(raw, guarded)
+    except HostPathError as exc:
+        raise _Refused(f"{label}: {shown(str(exc))}") from None
+    except OSError as exc:
+        raise _Refused(f"{label}: {exc.strerror}") from None
     try:
         info = path.lstat()
     except OSError:

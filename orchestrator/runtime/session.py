@@ -221,13 +221,19 @@ class Session:
                 if not self.files.exists(path):
                     raise SandboxError(f"Cannot stage '{path}': it does not exist")
                 folder, name = posixpath.split(clean)
+                if not folder.startswith("/") or name in {"", ".", ".."}:
+                    raise SandboxError(
+                        f"Cannot stage '{path}': name a file or folder inside a zone, e.g. "
+                        "/session/report.md"
+                    )
                 if name in names:
                     raise SandboxError(
                         f"Cannot stage '{path}' and '{names[name]}' together: both are "
                         f"named '{name}'; stage them in two change sets"
                     )
                 names[name] = path
-                pairs += ["-C", folder, name]
+                # "./name": a worker's file named "--remove-files" is a name, never an option
+                pairs += ["-C", folder, f"./{name}"]
             assert run.container_id is not None
             if run.staging is None:
                 raise SandboxError("This session has no change store to stage into")

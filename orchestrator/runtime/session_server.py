@@ -229,6 +229,11 @@ class SessionServer:
                       "exit_code": 125})  # fmt: skip
             except OSError:
                 return  # the client went away
+            except Exception as exc:  # a client always hears an answer
+                log.exception("session %s: a request failed", self.session.id)
+                with contextlib.suppress(OSError):
+                    send({"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}",
+                          "kind": type(exc).__name__, "exit_code": 125})  # fmt: skip
 
     def _dispatch(self, message: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> Any:
         session = self.session

@@ -7,11 +7,13 @@ model finds the zones by listing ``/`` or reading the security context.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.timeouts import MAX_TIMEOUT_S
 
 PATH = {
     "type": "string",
@@ -130,6 +132,7 @@ SPECS: tuple[ToolSpec, ...] = (
                 "timeout": {
                     "type": "number",
                     "exclusiveMinimum": 0,
+                    "maximum": MAX_TIMEOUT_S,
                     "description": "Seconds before the command and its children are killed.",
                 },
                 "stdin": {"type": "string", "description": "Text given on standard input."},
@@ -217,10 +220,14 @@ def _check(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         return f"{label} must not be empty"
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            return f"{label} must be a finite number, not {value}"
         if "minimum" in schema and value < schema["minimum"]:
             return f"{label} must be at least {schema['minimum']}"
         if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
             return f"{label} must be more than {schema['exclusiveMinimum']}"
+        if "maximum" in schema and value > schema["maximum"]:
+            return f"{label} must be at most {schema['maximum']}"
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             return f"{label} must hold at least {schema['minItems']} item(s)"

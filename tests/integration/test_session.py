@@ -29,6 +29,7 @@ from orchestrator.sandbox import (
     SandboxNotFound,
     TextContent,
 )
+from orchestrator.tools import Toolset
 from tests.conftest import ProjectDir
 from tests.integration.conftest import cli
 
@@ -273,6 +274,18 @@ def test_staged_writes_and_stage_make_change_sets(box):
     assert "report.md" in shown.stdout, shown.stderr
 
 
+def test_stage_never_reads_a_worker_chosen_name_as_a_tar_option(box):
+    s = box.session
+    s.exec("echo keep > /work/report.txt; echo x > /work/--remove-files; echo y > /work/-C")
+    change_id = s.stage(["/work/report.txt", "/work/--remove-files", "/work/-C"], "report")
+    assert (box.root / "work" / "report.txt").read_text() == "keep\n"
+    assert (box.root / "work" / "--remove-files").read_text() == "x\n"
+    shown = cli("staged", "show", change_id, "--project", str(box.root))
+    assert shown.returncode == 0, shown.stderr
+    assert "report.txt" in shown.stdout and "--remove-files" in shown.stdout, shown.stdout
+    refused(lambda: s.stage(["/"], "x"), "Cannot stage '/': name a file", SandboxError)
+
+
 def test_untrusted_adds_staged_files_but_never_overwrites(engine, project):
     project.zone("input", "ro", files={"a.txt": "a"})
     project.worker("w", f"{NEVER}\ntrust: untrusted\nsandbox: {{zones: [{{name: input}}]}}")
@@ -420,6 +433,28 @@ def test_exec_results_env_and_streaming(box):
         "echo one; sleep 0.3; echo two >&2", on_output=lambda n, c: seen.append((n, c))
     )
     assert streamed.stdout == "one\n" and seen == [("stdout", b"one\n"), ("stderr", b"two\n")]
+
+
+def test_an_out_of_range_timeout_is_refused_before_the_command_runs_and_audited(box):
+    s = box.session
+    for timeout in (1e12, float("inf"), float("nan"), 0, 7 * 24 * 3600 + 1):
+        refused(lambda t=timeout: s.exec("echo X > /work/m.txt", timeout=t), "Cannot run with")
+    assert not (box.root / "work" / "m.txt").exists()
+    for timeout in (1e12, float("nan")):
+        answer = Toolset(s).call("exec", {"command": "echo X > /work/m.txt", "timeout": timeout})
+        assert answer["ok"] is False and answer["status"] == "invalid_arguments", answer
+        assert "'timeout' must be" in answer["error"]
+    assert not (box.root / "work" / "m.txt").exists()
+    denied = [
+        e
+        for e in box.orch.audit.query(AuditFilter(session=s.id))
+        if e.operation == "session.exec" and not e.allowed
+    ]
+    assert len(denied) == 5 and all("is not in the range" in (e.reason or "") for e in denied)
+    assert s.exec("echo ok", timeout=7 * 24 * 3600).stdout == "ok\n"
+    for limits in ({"idle_timeout": float("inf")}, {"max_lifetime": 1e12}):
+        refused(lambda k=limits: box.orch.open_session("w", **k), "is not in the range",
+                OrchestratorError)  # fmt: skip
 
 
 def test_exec_timeout_kills_the_whole_tree(box):

@@ -169,3 +169,61 @@ def test_exec_forwards_stdin_and_env(sessions, project):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"hi\nfrom stdin\n"
+
+
+def test_cp_never_follows_a_link_the_worker_planted_above_the_host_path(
+    sessions, project, tmp_path
+):
+    info = sessions()
+    sid, root = info["id"], str(project.root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("HOST-SECRET")
+    done = cli("session", "exec", sid, "--project", root, "--",
+               "sh", "-c", f"ln -s {outside} /data/reports; ln -s {outside}/secret.txt /data/s")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    # out to the host: a link in a folder above the destination is refused, nothing written
+    planted = project.root / "data" / "reports"
+    for destination in (planted / "keep.txt", planted):
+        done = cli("session", "cp", f"{sid}:/input/notes.txt", str(destination), "--project", root)
+        assert done.returncode == 125, done.stderr
+        assert f"cannot write {destination}: " in done.stderr and "symbolic link" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert sorted(os.listdir(outside)) == ["secret.txt"]
+
+    # in from the host: the worker's link never carries a host file into the sandbox
+    for source in (planted / "secret.txt", project.root / "data" / "s"):
+        done = cli("session", "cp", str(source), f"{sid}:/data/got.txt", "--project", root)
+        assert done.returncode == 125, done.stderr
+        assert "symbolic link" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (project.root / "data" / "got.txt").exists()
+    # nor does it as a run's input
+    done = cli("run", "w", "--project", root, "--input", str(planted / "secret.txt"))
+    assert done.returncode == 125, done.stderr
+    assert f"{planted} is a symbolic link in a folder a worker can write" in done.stderr
+
+    # the host's own links, outside the project and its zones, are still followed
+    (tmp_path / "alias").symlink_to(outside)
+    done = cli("session", "cp", f"{sid}:/input/notes.txt", str(tmp_path / "alias" / "n.txt"),
+               "--project", root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (outside / "n.txt").read_text() == "alpha\nbeta\n"
+    done = cli("session", "cp", str(tmp_path / "alias" / "secret.txt"), f"{sid}:/data/mine.txt",
+               "--project", root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (project.root / "data" / "mine.txt").read_text() == "HOST-SECRET"
+
+
+def test_out_of_range_timeouts_and_durations_are_one_line_errors(sessions, project):
+    info = sessions()
+    sid, root = info["id"], str(project.root)
+    for timeout in ("1e308", "nan", "inf", "604801"):
+        done = cli("session", "exec", sid, "--project", root, "--timeout", timeout, "--",
+                   "echo", "hi")  # fmt: skip
+        assert done.returncode == 125, done.stderr
+        assert done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+        assert "Invalid value for '--timeout'" in done.stderr and "0<x<=604800" in done.stderr
+    done = cli("session", "start", "w", "--project", root, "--idle-timeout", "99999999999999d")
+    assert done.returncode == 125 and "Traceback" not in done.stderr, done.stderr
+    assert "'--idle-timeout': '99999999999999d': 8.64e+18 is not in the range" in done.stderr

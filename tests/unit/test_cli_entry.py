@@ -117,3 +117,54 @@ def test_every_json_command_reports_its_failure_as_json(
 def test_without_json_nothing_is_printed_on_stdout(project: Path) -> None:
     done = orchestrator("plan", "nosuch", cwd=project)
     assert done.returncode == 125 and not done.stdout and "nosuch" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "batch", "plan"])
+@pytest.mark.parametrize("timeout", ["1e308", "nan", "inf", "0", "604801"])
+def test_a_timeout_out_of_range_is_one_line_and_exit_125(
+    project: Path, command: str, timeout: str
+) -> None:
+    extra = ["--inputs", str(project)] if command == "batch" else []
+    done = orchestrator(command, "w", "--project", project, *extra, "--timeout", timeout)
+    assert done.returncode == 125, done.stderr
+    assert "Traceback" not in done.stderr and "ValidationError" not in done.stderr
+    assert (
+        f"Error: Invalid value for '--timeout': {float(timeout)} is not in the range 0<x<=604800."
+        in done.stderr.splitlines()
+    )
+
+
+@pytest.mark.parametrize("duration", ["99999999999999d", "inf", "nan", "1e400"])
+def test_a_session_duration_out_of_range_is_one_line_and_exit_125(
+    project: Path, duration: str
+) -> None:
+    done = orchestrator("session", "start", "w", "--project", project, "--max-lifetime", duration)
+    assert done.returncode == 125, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+    assert error.startswith(f"Error: Invalid value for '--max-lifetime': '{duration}': ")
+    assert error.endswith(
+        "is not in the range 0<x<=3.1536e+07 seconds (a year); use 'never' for no limit"
+    )
+
+
+def test_an_owner_that_dies_before_it_is_ready_says_why(tmp_path: Path) -> None:
+    from orchestrator.cli.session import _wait_ready
+
+    log_path = tmp_path / "owner.log"
+    read_end, write_end = os.pipe()
+    with open(log_path, "wb") as log_file:
+        owner = subprocess.Popen(
+            [sys.executable, "-c", "import sys; print('orchestrator: error: no such worker "
+             "\\x1b[31m', file=sys.stderr); sys.exit(125)"],
+            stderr=log_file,
+        )  # fmt: skip
+    os.close(write_end)
+    try:
+        answer = _wait_ready(read_end, owner, log_path)
+    finally:
+        os.close(read_end)
+    assert answer == {
+        "error": "the session's owner exited with code 125 before it was ready: "
+        "no such worker \x1b[31m"
+    }

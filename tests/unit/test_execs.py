@@ -98,8 +98,9 @@ def test_refusals_happen_before_anything_runs():
         run(engine, "true", cwd="relative")
     with pytest.raises(PolicyError, match="non-empty"):
         run(engine, [])
-    with pytest.raises(PolicyError, match="seconds > 0"):
-        run(engine, "true", timeout=0)
+    for timeout in (0, -1, 604801, 1e12, float("inf"), float("nan")):
+        with pytest.raises(PolicyError, match="not in the range 0<x<=604800 seconds"):
+            run(engine, "true", timeout=timeout)
     assert engine.execs == []
 
 

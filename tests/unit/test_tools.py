@@ -75,6 +75,9 @@ def test_descriptions_never_name_a_zone():
             "'command' must be a string or an array of strings, not an integer",
         ),
         ("exec", {"command": "x", "timeout": 0}, "'timeout' must be more than 0"),
+        ("exec", {"command": "x", "timeout": 1e12}, "'timeout' must be at most 604800"),
+        ("exec", {"command": "x", "timeout": float("nan")}, "'timeout' must be a finite number"),
+        ("exec", {"command": "x", "timeout": float("inf")}, "'timeout' must be a finite number"),
         (
             "exec",
             {"command": "x", "env": {"A": 1}},
