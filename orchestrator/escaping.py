@@ -8,6 +8,10 @@ marks, line separators, lone surrogates from undecodable bytes) as a visible ``\
 ``\\uNNNN`` or ``\\UNNNNNNNN`` escape. :class:`StreamEscaper` does the same for a byte
 stream that arrives in chunks (a multi-byte character may be cut between two).
 
+:func:`escape_surrogates` does less: it escapes only the lone surrogates, the one kind of
+character UTF-8 cannot carry, so text bound for a file or the wire (the audit log, JSON
+answers, MCP results) can always be encoded; :func:`json_safe` does it to nested data.
+
 This module imports nothing of the project: the command line uses it for a plain run's
 output without loading the staging package.
 """
@@ -16,8 +20,16 @@ from __future__ import annotations
 
 import codecs
 import re
+from typing import Any
 
-__all__ = ["INVISIBLE_EXTRA", "StreamEscaper", "escape", "escape_bytes"]
+__all__ = [
+    "INVISIBLE_EXTRA",
+    "StreamEscaper",
+    "escape",
+    "escape_bytes",
+    "escape_surrogates",
+    "json_safe",
+]
 
 #: Default-ignorable and private characters that render as nothing (or as anything): the
 #: soft hyphen, combining grapheme joiner, Hangul fillers, variation selectors, tag
@@ -66,6 +78,34 @@ def escape(text: str, *, keep: str = "") -> str:
 def escape_bytes(raw: bytes, *, keep: str = "") -> str:
     """Decode ``raw`` as UTF-8 (undecodable bytes kept as ``\\xNN``) and :func:`escape` it."""
     return escape(raw.decode("utf-8", "surrogateescape"), keep=keep)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_surrogates(text: str) -> str:
+    """Return ``text`` with every lone surrogate written as an escape, so it is valid UTF-8.
+
+    ``os.fsdecode`` turns a file name's undecodable byte into a lone surrogate
+    (``bad\\xff.txt`` becomes ``"bad\\udcff.txt"``), which UTF-8 cannot encode; here it
+    becomes ``\\xNN`` (the byte it stands for, as :func:`escape` shows it), any other lone
+    surrogate ``\\uNNNN``. Nothing else changes: text without surrogates comes back as it was.
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub(_replace, text)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (JSON data: dicts, lists, tuples, scalars) with every string, keys too,
+    passed through :func:`escape_surrogates`, so any JSON encoder can write it as UTF-8."""
+    if isinstance(value, str):
+        return escape_surrogates(value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
 
 
 class StreamEscaper:

@@ -7,6 +7,11 @@ previous entry's hash followed by the entry's canonical JSON without ``hash``::
                                     separators=(",", ":"), ensure_ascii=False))
 
 The first entry's ``prev`` is :data:`GENESIS_HASH` (64 zeros).
+
+Every string is recorded through :func:`orchestrator.escaping.escape_surrogates` (the
+redactor does it): a file name a worker made from bytes that are not UTF-8 reaches the host
+as a string with a lone surrogate, which UTF-8 cannot carry, and is recorded with the text
+``\\xff`` in its place. The line, its hash and a later verification all see that text.
 """
 
 from __future__ import annotations
@@ -87,7 +92,9 @@ def chain_hash(record: Mapping[str, Any]) -> str:
     """
     body = {key: value for key, value in record.items() if key != "hash"}
     text = str(body.get("prev", "")) + canonical_json(body)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # A line edited to hold a "\\udcff" escape parses to a lone surrogate: hash it anyway,
+    # so verification reports a mismatch instead of failing.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def encode_line(body: Mapping[str, Any]) -> tuple[bytes, str]:

@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.audit.entry import AuditEntry, decode_line
 from orchestrator.audit.files import select_lines, select_lines_reverse
 from orchestrator.audit.timeutil import TIMESTAMP_LENGTH, format_timestamp, parse_timestamp
+from orchestrator.escaping import escape_surrogates
 
 __all__ = ["AuditFilter", "LineMatcher"]
 
@@ -78,17 +79,19 @@ class LineMatcher:
         for attribute, key in _FIELD_FILTERS:
             wanted = getattr(flt, attribute)
             if wanted is not None:
+                wanted = escape_surrogates(wanted)  # as the log records it
                 self._fields.append((key, wanted))
                 needles.append(_json_string(wanted))
         self._operation: str | None = None
         self._operation_prefix: str | None = None
         if flt.operation is not None:
-            if flt.operation.endswith("*"):
-                self._operation_prefix = flt.operation[:-1]
+            operation = escape_surrogates(flt.operation)
+            if operation.endswith("*"):
+                self._operation_prefix = operation[:-1]
                 needles.append(_json_string(self._operation_prefix)[:-1])  # no closing quote
             else:
-                self._operation = flt.operation
-                needles.append(_json_string(flt.operation))
+                self._operation = operation
+                needles.append(_json_string(operation))
         self._denied_only = flt.denied_only
         if flt.denied_only:
             needles.append(b"false")

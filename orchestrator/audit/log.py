@@ -120,6 +120,20 @@ class AuditLog:
 
     # -- writing -------------------------------------------------------------------
 
+    def ready(self) -> None:
+        """Open the log and its lock now, raising :class:`~orchestrator.errors.AuditError`
+        when either cannot be.
+
+        Called before an operation that changes something, so a log that cannot take the
+        operation's entry refuses the change rather than letting it go unrecorded.
+        """
+        with self._locked() as handles:
+            try:
+                self._reopen_if_replaced(handles)
+            except OSError as exc:
+                handles.tail = None
+                raise audit_error(self.path, "write", exc) from None
+
     def record(
         self,
         operation: str,

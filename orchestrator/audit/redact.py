@@ -7,7 +7,9 @@ no fragment of a secret survives. Values shorter than :data:`MIN_SECRET_LENGTH` 
 are ignored: redacting ``"a"`` or ``"on"`` would mangle every entry and hide nothing.
 
 :meth:`Redactor.clean` also turns any value into plain JSON data (paths, dates, enums,
-sets and other objects become strings or lists) so every entry can be written and hashed.
+sets and other objects become strings or lists) so every entry can be written and hashed,
+and every string of it into valid UTF-8 (:func:`~orchestrator.escaping.escape_surrogates`:
+a worker's undecodable file name ``bad\xff.txt`` is recorded as that text).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import os
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime, time
 from typing import Any
+
+from orchestrator.escaping import escape_surrogates
 
 __all__ = ["MIN_SECRET_LENGTH", "REDACTED", "Redactor"]
 
@@ -49,6 +53,7 @@ class Redactor:
         """Register ``secret``; return False when it is ignored (too short or known)."""
         if not isinstance(secret, str):
             raise TypeError(f"a secret must be a string, not {type(secret).__name__}")
+        secret = escape_surrogates(secret)  # as it appears in the escaped text
         if len(secret) < MIN_SECRET_LENGTH or secret in self._secrets:
             return False
         # Longest first, so the common case of one match needs no merging.
@@ -56,7 +61,9 @@ class Redactor:
         return True
 
     def redact_text(self, text: str) -> str:
-        """Return ``text`` with every occurrence of every secret replaced."""
+        """Return ``text`` with every occurrence of every secret replaced (and every lone
+        surrogate escaped, so the result is valid UTF-8)."""
+        text = escape_surrogates(text)
         if not self._secrets:
             return text
         hits = [secret for secret in self._secrets if secret in text]

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from orchestrator.errors import OrchestratorError, PolicyError
+from orchestrator.escaping import escape_surrogates
 from orchestrator.runtime.engine import Stream
 from orchestrator.runtime.execs import ExecResult, run_exec
 from orchestrator.runtime.run import Run, RunResult
@@ -215,6 +216,11 @@ class Session:
             pairs: list[str] = []
             names: dict[str, str] = {}
             for path in files:
+                if escape_surrogates(path) != path:  # tar would never find it by this name
+                    raise SandboxError(
+                        f"Cannot stage '{path}': its name is not valid UTF-8, and change sets "
+                        "hold UTF-8 names only; rename it to a UTF-8 name, then stage that"
+                    )
                 clean = posixpath.normpath(path)
                 if not self.files.can_read(path):
                     self.files.resolve(path)  # raises the guiding refusal

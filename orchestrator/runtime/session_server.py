@@ -227,8 +227,10 @@ class SessionServer:
             except (ValueError, TypeError, KeyError) as exc:
                 send({"ok": False, "error": f"bad request: {exc}", "kind": "ControlError",
                       "exit_code": 125})  # fmt: skip
-            except OSError:
-                return  # the client went away
+            except OSError as exc:  # the client went away, or an operation failed
+                with contextlib.suppress(OSError):
+                    send({"ok": False, "error": f"failed: {exc}", "kind": "OSError",
+                          "exit_code": 1})  # fmt: skip
             except Exception as exc:  # a client always hears an answer
                 log.exception("session %s: a request failed", self.session.id)
                 with contextlib.suppress(OSError):

@@ -33,10 +33,31 @@ from orchestrator.sandbox.results import (
     Resolved,
     WriteResult,
 )
-from orchestrator.sandbox.roots import Parts, ZoneRoots, fail
+from orchestrator.sandbox.roots import Parts, ZoneRoots, fail, os_refusal
 
 T = TypeVar("T")
 MAX_ENTRIES = 1000
+#: Operations that change the zone: their audit log is checked before they run.
+_CHANGES = frozenset({"write", "delete"})
+
+
+def _check_path(op: str, path: object) -> None:
+    """Refuse a path that is not a string (a programming error, not a refusal to audit)."""
+    if not isinstance(path, str):
+        raise TypeError(
+            f"Cannot {op}: the path must be a string such as '/input/a.txt', "
+            f"not {type(path).__name__}"
+        )
+
+
+def _check_lines(path: str, **counts: object) -> None:
+    """Refuse an ``offset`` or ``limit`` that is not a whole number (None: the default)."""
+    for name, value in counts.items():
+        if value is not None and (type(value) is not int):
+            raise TypeError(
+                f"Cannot read '{path}': {name} must be a whole number of lines (or None), "
+                f"not {type(value).__name__}"
+            )
 
 
 class OutboxWriter(Protocol):
@@ -98,6 +119,9 @@ class SandboxFiles:
     def read(self, path: str, offset: int | None = None, limit: int | None = None) -> ReadResult:
         """A text window (``offset``: first line, 1-based; ``limit``: lines, default
         ``caps.lines``), an image, or a note that the file is binary."""
+
+        _check_path("read", path)
+        _check_lines(path, offset=offset, limit=limit)
 
         def run() -> ReadResult:
             if (offset is not None and offset < 1) or (limit is not None and limit < 1):
@@ -161,8 +185,16 @@ class SandboxFiles:
         return self._audited("read", path, run, raw=True, limit=limit)
 
     def write(self, path: str, content: str | bytes, append: bool = False) -> WriteResult:
-        """Write (or append) ``content``, creating missing folders. Replacing is atomic."""
-        data = content.encode() if isinstance(content, str) else bytes(content)
+        """Write (or append) ``content``, creating missing folders. Replacing is atomic.
+
+        Text is written as UTF-8; a lone surrogate standing for an undecodable byte
+        (``os.fsdecode``'s ``\\udcff``) is written as that byte."""
+        _check_path("write", path)
+        try:
+            data = _content_bytes(path, content)
+        except SandboxError as exc:
+            self._record("write", path, False, str(exc), {})
+            raise
 
         def run() -> WriteResult:
             zone, parts = self._zone("write", path, outbox_ok=True)
@@ -303,10 +335,28 @@ class SandboxFiles:
     # -- internals ------------------------------------------------------------------------
 
     def _audited(self, op: str, path: str, run: Callable[[], T], **meta: Any) -> T:
+        """Run one operation and audit it, allowed or refused.
+
+        An operation that changes something first makes sure the log can take its entry,
+        so a log that cannot be written refuses the change instead of missing it. An
+        ``OSError`` the checks did not foresee (a name over 255 bytes, a folder the worker
+        removed mid-walk) is refused like the rest, as a :class:`SandboxError`.
+        """
+        _check_path(op, path)
+        if op in _CHANGES and self.audit is not None:
+            self.audit.ready()
         try:
-            result = run()
+            try:
+                result = run()
+            except OSError as exc:
+                if isinstance(exc, OrchestratorError):
+                    raise
+                raise os_refusal(op, path, exc) from None
         except OrchestratorError as exc:
             self._record(op, path, False, str(exc), meta)
+            raise
+        except Exception as exc:  # a bug: audited, then raised as it is
+            self._record(op, path, False, f"Cannot {op} '{path}': {exc!r}", meta)
             raise
         self._record(op, path, True, None, meta)
         return result
@@ -390,3 +440,20 @@ class SandboxFiles:
         for name in virtual_children(self.grant, clean):  # zones mounted inside this one
             entries.setdefault(name, Entry(name, posixpath.join(clean, name), "folder"))
         return Listing(clean, tuple(entries[n] for n in sorted(entries)), truncated)
+
+
+def _content_bytes(path: str, content: object) -> bytes:
+    """``content`` as the bytes to write: text as UTF-8, bytes-like as they are."""
+    if isinstance(content, str):
+        try:
+            return content.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise SandboxError(
+                f"Cannot write '{path}': the text holds {content[exc.start]!a}, which is "
+                "not a character UTF-8 can carry; pass the content as bytes"
+            ) from None
+    if isinstance(content, bytes | bytearray | memoryview):
+        return bytes(content)
+    raise TypeError(
+        f"Cannot write '{path}': content must be text (str) or bytes, not {type(content).__name__}"
+    )

@@ -35,6 +35,8 @@ Owner = tuple[int, int] | None
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _LINK_ADVICE = "links are never followed from the host; use the path it stands for"
+#: Why a name over the file system's limit (``ENAMETOOLONG``) is refused.
+TOO_LONG = "a name in it is too long (at most 255 bytes per name); use a shorter one"
 
 
 class WalkError(Exception):
@@ -107,6 +109,8 @@ def _open_child(fd: int, part: str, shown: str, *, create: bool, owner: Owner) -
             if not create:
                 raise WalkError(f"{shown} does not exist", missing=True) from None
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                raise WalkError(TOO_LONG) from None
             if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                 raise WalkError(f"{shown} cannot be opened: {exc.strerror}") from None
             found = lookup(fd, part)

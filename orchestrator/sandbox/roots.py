@@ -8,6 +8,7 @@ is opened per call through :mod:`orchestrator.sandbox.nofollow`.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -24,6 +25,21 @@ Parts = list[str]  # a path's components inside its zone
 def fail(verb: str, path: str, exc: WalkError) -> SandboxError:
     error = SandboxNotFound if exc.missing else SandboxError
     return error(f"Cannot {verb} '{path}': {exc.detail}")
+
+
+#: What an ``OSError`` the walk did not foresee means for the person who asked.
+_OS_REASONS = {
+    errno.ENAMETOOLONG: nofollow.TOO_LONG,
+    errno.ENOENT: "a folder on the way was removed while it was being used; try again",
+}
+
+
+def os_refusal(verb: str, path: str, exc: OSError) -> SandboxError:
+    """An ``OSError`` from the file system (a name over 255 bytes, a folder the worker
+    removed mid-walk, ...) as the file API's own refusal."""
+    error = SandboxNotFound if isinstance(exc, FileNotFoundError) else SandboxError
+    reason = _OS_REASONS.get(exc.errno or 0) or exc.strerror or str(exc)
+    return error(f"Cannot {verb} '{path}': {reason}")
 
 
 class ZoneRoots:
@@ -88,6 +104,8 @@ class ZoneRoots:
                                       owner=self.owner)  # fmt: skip
         except WalkError as exc:
             raise fail(verb, path, exc) from None
+        except OSError as exc:  # a name over 255 bytes, a folder removed mid-walk
+            raise os_refusal(verb, path, exc) from None
         return Opened(fd, name)
 
     def probe(
@@ -96,7 +114,10 @@ class ZoneRoots:
         """``lstat`` of the path through real folders only; None when it does not exist."""
         try:
             with self.parent(verb, path, zone, parts) as (folder, name):
-                return os.fstat(folder) if not name else nofollow.lookup(folder, name)
+                try:
+                    return os.fstat(folder) if not name else nofollow.lookup(folder, name)
+                except OSError as exc:  # ENAMETOOLONG
+                    raise os_refusal(verb, path, exc) from None
         except SandboxNotFound:
             if missing_ok:
                 return None

@@ -87,7 +87,7 @@ def _is_above_zones(path: str, zones: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _size(content: Any) -> str:
-    size = len(content.encode()) if isinstance(content, str) else 0
+    size = len(content.encode("utf-8", "surrogatepass")) if isinstance(content, str) else 0
     return f"{size} byte{'s' if size != 1 else ''}"
 
 

@@ -24,9 +24,10 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from orchestrator.escaping import json_safe
 from orchestrator.tools.approval import Decision
 from orchestrator.tools.schemas import SPECS, InvalidArguments
-from orchestrator.tools.toolset import Answer, Toolset
+from orchestrator.tools.toolset import Answer, Toolset, refusal
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,11 @@ def tool_definitions() -> list[types.Tool]:
 
 
 def to_result(answer: Answer) -> types.CallToolResult:
-    """A tool answer as MCP content: an image read as an image, the rest as JSON text."""
+    """A tool answer as MCP content: an image read as an image, the rest as JSON text.
+
+    Lone surrogates (a worker's file name that is not UTF-8) are escaped as ``\\xNN``
+    first: the SDK writes UTF-8, which cannot carry them."""
+    answer = json_safe(answer)
     if not answer["ok"]:
         return types.CallToolResult(
             content=[types.TextContent(text=answer["error"])],
@@ -115,6 +120,16 @@ def build_server(toolset: Toolset, *, version: str = "") -> Server[Any]:
         return types.ListToolsResult(tools=tool_definitions())
 
     async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        try:
+            return await answer_call(ctx, params)
+        except Exception as exc:  # never let one call take the server down
+            log.exception("tool %r failed unexpectedly", params.name)
+            message = f"{params.name} failed unexpectedly: {type(exc).__name__}: {exc}"
+            return to_result(refusal(message, "failed"))
+
+    async def answer_call(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         name, args = params.name, params.arguments or {}

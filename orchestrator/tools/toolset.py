@@ -16,14 +16,18 @@ audit themselves, allowed or refused.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.escaping import json_safe
 from orchestrator.sandbox import as_dict
 from orchestrator.tools.approval import Decision, decide
 from orchestrator.tools.schemas import BY_NAME, SPECS, InvalidArguments, validate
+
+log = logging.getLogger(__name__)
 
 Answer = dict[str, Any]
 
@@ -109,7 +113,20 @@ class Toolset:
         self, name: str, args: Mapping[str, Any] | None = None, *, approved: bool = False
     ) -> Answer:
         """Run one tool call and answer JSON-ready data; refusals and failures are answers
-        too (``ok: false`` with a message that says what to do instead), never exceptions."""
+        too (``ok: false`` with a message that says what to do instead), never exceptions.
+
+        Every string of the answer is valid UTF-8: a lone surrogate (a worker's file name
+        that is not UTF-8) is shown as ``\\xNN`` (:func:`~orchestrator.escaping.json_safe`).
+        An unexpected failure is a ``failed`` answer too (the session's own operations
+        have audited it)."""
+        try:
+            answer = self._call(name, args, approved)
+        except Exception as exc:  # a bug or an unforeseen failure: still an answer
+            log.exception("tool %r failed unexpectedly", name)
+            answer = refusal(f"{name} failed unexpectedly: {type(exc).__name__}: {exc}", "failed")
+        return cast(Answer, json_safe(answer))
+
+    def _call(self, name: str, args: Mapping[str, Any] | None, approved: bool) -> Answer:
         try:
             checked = validate(name, dict(args) if isinstance(args, Mapping) else args)
         except InvalidArguments as exc:
@@ -160,7 +177,7 @@ class Toolset:
         """The answer (audited as ``tool.refused``) when the person asked said no."""
         message = f"not approved: {decision.description}; the person asked declined it"
         self._refused(name, "declined", message, decision, args)
-        return refusal(message, "declined", decision)
+        return cast(Answer, json_safe(refusal(message, "declined", decision)))
 
     def _refused(
         self, name: str, status: Refusal, reason: str, decision: Decision | None, args: Any

@@ -172,3 +172,22 @@ def test_sigterm_closes_the_session_and_removes_its_container(engine, mcp_projec
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "closed" in err and "container removed" in err, err
     assert containers_of(engine, proc.pid) == []
+
+
+def test_a_name_that_is_not_utf8_is_answered_escaped_and_the_server_lives_on(engine, mcp_project):
+    async def script(client):
+        made = await client.call_tool(
+            "exec", {"command": "python3 -c \"open(b'/session/zz\\xff.txt','w').write('x')\""}
+        )
+        listed = await client.call_tool("list", {"path": "/session"})
+        long = await client.call_tool("write", {"path": "/session/" + "a" * 300, "content": "x"})
+        after = await client.call_tool("read", {"path": "/input/notes.txt"})
+        return made, listed, long, after
+
+    made, listed, long, after = serve(mcp_project, script)
+    assert not made.is_error and made.structured_content["exit_code"] == 0, text(made)
+    assert not listed.is_error, text(listed)
+    assert "zz\\xff.txt" in [e["name"] for e in listed.structured_content["entries"]]
+    assert "zz\\\\xff.txt" in text(listed)  # the JSON text of the name
+    assert long.is_error and "too long" in text(long)
+    assert not after.is_error and after.structured_content["text"] == "alpha\nbeta\n"

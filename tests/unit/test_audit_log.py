@@ -389,3 +389,36 @@ def test_entry_from_dict_rejects_malformed_records() -> None:
         AuditEntry.from_dict({**good, "metadata": [1]})
     with pytest.raises(KeyError):
         AuditEntry.from_dict({key: value for key, value in good.items() if key != "id"})
+
+
+def test_names_that_are_not_utf8_are_recorded_escaped_and_verify(log_path: Path) -> None:
+    # A worker's file name b"bad\xff.txt", as os.fsdecode gives it to the host.
+    name = "/out/bad\udcff.txt"
+    log = AuditLog(log_path, redact=["tok\udcffen"])
+    entry = log.record(
+        "sandbox.delete",
+        allowed=False,
+        reason=f"Cannot delete '{name}': x",
+        worker="w\ud800",
+        zone="z\udcff",
+        path=name,
+        metadata={"name\udcfe": [name, "has tok\udcffen inside"]},
+    )
+    assert entry.path == "/out/bad\\xff.txt" and entry.worker == "w\\ud800"
+    assert entry.reason == "Cannot delete '/out/bad\\xff.txt': x"
+    assert entry.metadata == {"name\\xfe": ["/out/bad\\xff.txt", f"has {REDACTED} inside"]}
+    (record,) = read_records(log_path)
+    assert record["path"] == "/out/bad\\xff.txt"
+    assert log.verify().ok
+    assert log.query(AuditFilter(zone="z\udcff")) == [entry]
+
+
+def test_a_line_forged_with_a_lone_surrogate_fails_verification_without_crashing(
+    log_path: Path,
+) -> None:
+    log = AuditLog(log_path)
+    log.record("run.started", path="/a")
+    line = log_path.read_bytes().replace(b'"/a"', b'"/a\\udcff"')
+    log_path.write_bytes(line)
+    result = log.verify()
+    assert not result.ok and result.line == 1

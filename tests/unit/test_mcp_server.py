@@ -5,6 +5,8 @@ The session behind it is the fake over real sandbox files from ``test_tools``.
 
 from __future__ import annotations
 
+import os
+
 import anyio
 import mcp_types as types
 import pytest
@@ -142,3 +144,25 @@ def test_pre_approved_and_blocked_calls_never_ask(tools):
     assert blocked.is_error
     assert "deletes in /notes are blocked" in blocked.content[0].text
     assert asked == []
+
+
+def test_a_failing_tool_is_a_tool_error_and_names_are_escaped(tools, monkeypatch):
+    (tools.root / "output").joinpath(os.fsdecode(b"zz\xff.md")).write_text("x")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    async def script(client):
+        listed = await client.call_tool("list", {"path": "/output"})
+        monkeypatch.setattr(tools, "call", broken)
+        failed = await client.call_tool("list", {"path": "/output"})
+        monkeypatch.undo()
+        after = await client.call_tool("read", {"path": "/input/a.txt"})
+        return listed, failed, after
+
+    listed, failed, after = drive(tools, script)
+    assert [e["name"] for e in listed.structured_content["entries"]] == ["zz\\xff.md"]
+    listed.model_dump_json().encode("utf-8")  # what the stdio transport writes
+    assert failed.is_error
+    assert failed.content[0].text == "list failed unexpectedly: RuntimeError: a bug"
+    assert not after.is_error

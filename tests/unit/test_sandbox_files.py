@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project, load_worker
-from orchestrator.errors import PolicyError
+from orchestrator.errors import AuditError, PolicyError
 from orchestrator.runtime.preparation import prepare, prepare_filesystem
 from orchestrator.sandbox import (
     BinaryContent,
@@ -549,3 +549,40 @@ def test_folders_above_a_restricted_zone_are_plain_virtual_folders(project):
         assert files.read("/data/sub/x.txt").text == "x"
         refused(lambda: files.read("/data/other/secret.txt"), "outside the sandbox")
         refused(lambda: files.write("/data/new.txt", "x"), "outside the sandbox")
+
+
+def test_a_change_the_audit_log_cannot_record_is_never_made(box):
+    box.audit_log.path.unlink(missing_ok=True)
+    box.audit_log.close()
+    box.audit_log.path.mkdir()  # the log cannot be written: a folder is in its place
+    with pytest.raises(AuditError):
+        box.write("/data/new.txt", "x")
+    with pytest.raises(AuditError):
+        box.delete("/data/kept.txt")
+    data = box.prepared.grant.mount_at("/data").host_path
+    assert not (data / "new.txt").exists() and (data / "kept.txt").exists()
+
+
+def test_os_errors_and_wrong_types_are_clear_refusals(box):
+    long = "/output/" + "n" * 256 + ".txt"
+    for call, verb in (
+        (lambda: box.write(long, "x"), "write"),
+        (lambda: box.write(f"{long}/f.txt", "x"), "write"),
+        (lambda: box.read(long), "read"),
+        (lambda: box.stat(long), "stat"),
+        (lambda: box.delete(long), "delete"),
+        (lambda: box.resolve(f"{long}/f.txt"), "resolve"),
+    ):
+        error = refused(call, "a name in it is too long (at most 255 bytes", SandboxError)
+        assert str(error).startswith(f"Cannot {verb} '/output/nnn")
+    assert not box.exists(long) and not box.can_read(long) and not box.can_write(long)
+    denied = box.audit_log.query(AuditFilter(denied_only=True))
+    assert len(denied) == 7 and all("too long" in (e.reason or "") for e in denied)
+    refused(lambda: box.write("/data/x.txt", "\ud800"), "pass the content as bytes", SandboxError)
+    assert box.write("/data/b.txt", "\udcff").size == 1  # an undecodable byte, written as is
+    with pytest.raises(TypeError, match="limit must be a whole number"):
+        box.read("/input/a.txt", limit="5")
+    with pytest.raises(TypeError, match="path must be a string"):
+        box.list(None)
+    with pytest.raises(TypeError, match="content must be text"):
+        box.write("/data/c.txt", None)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import pytest
 
 from orchestrator.cli import terminal
 from orchestrator.cli.batch import _printable
-from orchestrator.escaping import StreamEscaper, escape, escape_bytes
+from orchestrator.escaping import StreamEscaper, escape, escape_bytes, escape_surrogates, json_safe
 
 HOSTILE = "a\x1b]52;c;SGk=\x07b\x1b[2J\x9b\u202e\u2066\u200b\r\x7f é\tz\\n\n"
 
@@ -65,3 +66,13 @@ def test_batch_lines_never_carry_what_a_worker_wrote_raw():
     line = _printable("OCI runtime exec failed: \x1b]52;c;SGk=\x07\nsecond \u202eline")
     assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
     assert "\\x1b]52" in line and "\\u202e" in line
+
+
+def test_only_lone_surrogates_are_escaped_for_utf8():
+    assert escape_surrogates("plain \\ \x1b text é") == "plain \\ \x1b text é"
+    # os.fsdecode(b"bad\xff.txt"), and a surrogate no byte stands for
+    assert escape_surrogates("bad\udcff.txt") == "bad\\xff.txt"
+    assert escape_surrogates("x\ud800y") == "x\\ud800y"
+    data = json_safe({"k\udc80": ["a\udcfe", ("b",), 1, None, True], "n": 2.5})
+    assert data == {"k\\x80": ["a\\xfe", ["b"], 1, None, True], "n": 2.5}
+    json.dumps(data, ensure_ascii=False).encode("utf-8")

@@ -7,6 +7,7 @@ audit log) with a fake exec and stage, so every file operation is the real one.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -228,3 +229,27 @@ def test_refusals_of_the_session_itself_come_back_as_tool_errors(tools):
     (tools.root / "output" / "dir").mkdir()
     folder = tools.call("read", {"path": "/output/dir"})
     assert "list it instead" in folder["error"]
+
+
+def test_call_never_raises_and_its_answers_are_always_utf8(tools, monkeypatch):
+    (tools.root / "output").joinpath(os.fsdecode(b"bad\xff.md")).write_text("x")
+    listed = tools.call("list", {"path": "/output"})
+    assert [e["name"] for e in listed["result"]["entries"]] == ["bad\\xff.md"]
+    json.dumps(listed, ensure_ascii=False).encode("utf-8")
+    long = tools.call("write", {"path": "/output/" + "a" * 300 + ".md", "content": "x"})
+    assert long["ok"] is False and long["status"] == "failed" and "too long" in long["error"]
+
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(tools.session.files, "_listing", broken)
+    answer = tools.call("list", {"path": "/output"})
+    assert answer == {
+        "ok": False,
+        "error": "list failed unexpectedly: RuntimeError: a bug",
+        "status": "failed",
+    }
+    (last,) = tools.audit_log.query(AuditFilter(operation="sandbox.list", denied_only=True))
+    assert "RuntimeError('a bug')" in last.reason
+    monkeypatch.setattr(tools.session, "security_context", broken)
+    assert tools.call("read", {"path": "/input/a.txt"})["status"] == "failed"
