@@ -12,7 +12,7 @@ import time
 import pytest
 
 from orchestrator import labels
-from tests.integration.conftest import batch_summary, cli
+from tests.integration.conftest import batch_of_docs, batch_summary, cli
 
 SCRIPT = r"""
 import os, sys, time
@@ -204,3 +204,22 @@ def test_trust_env_and_args_reach_every_run(engine, project, tmp_path):
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
     assert text.count("untrusted fast --flag x") == 3, text
+
+
+def test_resume_stages_the_new_output_of_an_input_that_changed(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    first = batch_of_docs(batch_project, folder, 3)
+    assert first["change_id"] and first["change_files"] == 4
+    (folder / "d01.txt").write_text("ccccccc\n")
+    done = cli(
+        "batch", "w", "--resume", first["batch_id"], "--json",
+        "--project", str(batch_project.root), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = batch_summary(done.stdout)
+    assert (summary["succeeded"], summary["skipped"]) == (1, 2)
+    assert summary["change_id"] not in (None, first["change_id"])
+    assert summary["change_files"] == 2, summary  # the new result and the manifest
+    shown = cli("staged", "show", summary["change_id"], "--project", str(batch_project.root))
+    assert "0002-d01.txt/result.txt" in shown.stdout, shown.stdout + shown.stderr
+    assert "seen ccccccc" in shown.stdout and "seen doc" not in shown.stdout

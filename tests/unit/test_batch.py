@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -136,3 +137,35 @@ def test_a_running_batch_is_locked(orch, inputs):
     with pytest.raises(Exception, match="another process"):
         BatchFolder.open(orch.project.sandbox_root, folder.batch_id)
     folder.close()
+
+
+def test_resume_stages_the_new_output_of_an_input_whose_content_changed(orch, inputs):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    (inputs / "doc1.txt").write_text("changed")
+    resumed = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    assert [r["key"] for r in resumed.records] == ["0002-doc1.txt"]
+    assert resumed.change_id is not None and resumed.change_id != first.change_id
+    change = orch.staging.store.get(resumed.change_id)
+    staged = {f.path: f for f in change.files}
+    assert set(staged) == {"0002-doc1.txt/out.txt", "BATCH-MANIFEST.json"}
+    assert staged["0002-doc1.txt/out.txt"].sha256 == hashlib.sha256(b"changed").hexdigest()
+    meta = json.loads(
+        (orch.project.sandbox_root / "batches" / first.batch_id / "batch.json").read_text()
+    )
+    new_sha = hashlib.sha256(b"changed").hexdigest()
+    assert {"key": "0002-doc1.txt", "sha256": new_sha, "run_id": "r0000"} in meta["staged"]
+    assert meta["change_ids"] == [first.change_id, resumed.change_id]
+    again = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    assert again.change_id is None and again.records == []  # nothing staged twice
+
+
+def test_an_older_batch_folder_with_bare_staged_keys_resumes_the_same_way(orch, inputs):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    file = orch.project.sandbox_root / "batches" / first.batch_id / "batch.json"
+    meta = json.loads(file.read_text())
+    meta["staged"] = sorted(entry["key"] for entry in meta["staged"])  # as it was written
+    file.write_text(json.dumps(meta))
+    (inputs / "doc1.txt").write_text("changed")
+    resumed = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    change = orch.staging.store.get(resumed.change_id)
+    assert {f.path for f in change.files} == {"0002-doc1.txt/out.txt", "BATCH-MANIFEST.json"}
