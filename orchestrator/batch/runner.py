@@ -110,14 +110,14 @@ def run_batch(
                 fail_fast=fail_fast,
                 emit=emit,
             )
-            batch.start()
-            try:
+            try:  # a signal while the threads start must halt those already running
+                batch.start()
                 batch.join()
             except (Interrupted, KeyboardInterrupt) as exc:
                 result.interrupted = getattr(exc, "signum", signal.SIGINT)
                 emit({"event": "interrupted", "signal": result.interrupted})
                 with _ignoring_signals():
-                    batch.halt()
+                    batch.halt(f"cancelled by {signal.Signals(result.interrupted).name}")
                     batch.join()
         finally:
             if pool is not None:

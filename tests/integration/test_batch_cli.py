@@ -223,3 +223,31 @@ def test_resume_stages_the_new_output_of_an_input_that_changed(batch_project, tm
     shown = cli("staged", "show", summary["change_id"], "--project", str(batch_project.root))
     assert "0002-d01.txt/result.txt" in shown.stdout, shown.stdout + shown.stderr
     assert "seen ccccccc" in shown.stdout and "seen doc" not in shown.stdout
+
+
+def test_ctrl_c_records_the_running_inputs_as_cancelled(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"s{n}.txt").write_text("sleep")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator", "batch", "w", "--inputs", str(folder),
+            "--concurrency", "2", "--json", "--project", str(batch_project.root),
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    started = 0
+    for line in proc.stdout:
+        started += json.loads(line)["event"] == "started"
+        if started == 2:
+            break
+    time.sleep(1)  # the workers are running
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    records = _results(batch_project, batch_summary(out)["batch_id"])
+    assert len(records) == 2, records
+    for record in records:
+        assert (record["status"], record["error"]) == ("cancelled", "cancelled by SIGINT")
