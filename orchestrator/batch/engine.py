@@ -48,6 +48,9 @@ class BatchResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
     """Inputs already done by an earlier invocation (``resume``)."""
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """The final results of those inputs (their latest lines in ``results.jsonl``): an
+    earlier failure still counts in the exit code and the summary."""
     change_id: str | None = None
     change_files: int = 0
     interrupted: int | None = None
@@ -58,14 +61,19 @@ class BatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 every input succeeded, 1 some worker failed, 125 an orchestrator error."""
+        """0 every input succeeded, 1 some worker failed (in this invocation or an earlier
+        one of the batch), 125 an orchestrator error."""
         if self.interrupted is not None:
             return 128 + self.interrupted
         if self.count("error"):
             return 125
-        if self.count(*WORKER_FAILED, "cancelled"):
+        if self.count(*WORKER_FAILED, "cancelled") or self.already(*WORKER_FAILED):
             return 1
         return 0
+
+    def already(self, *statuses: str) -> int:
+        """How many inputs an earlier invocation finished with one of ``statuses``."""
+        return sum(1 for r in self.earlier if r.get("status") in statuses)
 
     def summary(self) -> dict[str, Any]:
         counts = {
@@ -77,6 +85,7 @@ class BatchResult:
             "folder": self.folder,
             "ran": len(self.records),
             "skipped": self.skipped,
+            "already": {s: self.already(s) for s in sorted(DONE)},
             **counts,
             "change_id": self.change_id,
             "change_files": self.change_files,

@@ -82,8 +82,10 @@ def run_batch(
         _known_staged(folder)
     emit = _emitter(on_event)
     try:
-        todo, skipped = _todo(folder, items, digest)
-        result = BatchResult(folder.batch_id, str(folder.folder), skipped=skipped)
+        todo, earlier = _todo(folder, items, digest)
+        result = BatchResult(
+            folder.batch_id, str(folder.folder), skipped=len(earlier), earlier=earlier
+        )
         emit(
             {
                 "event": "batch",
@@ -92,7 +94,8 @@ def run_batch(
                 "worker": name,
                 "total": len(items),
                 "todo": len(todo),
-                "skipped": skipped,
+                "skipped": len(earlier),
+                "already": {s: result.already(s) for s in sorted(DONE)},
             }
         )
         staging = BatchStaging(orch.staging, folder.blobs)
@@ -134,10 +137,12 @@ def run_batch(
 
 def _todo(
     folder: BatchFolder, items: list[BatchInput], digest: str
-) -> tuple[list[BatchInput], int]:
-    """The inputs still to run: no final result for this content and worker definition."""
+) -> tuple[list[BatchInput], list[dict[str, Any]]]:
+    """The inputs still to run (no final result for this content and worker definition),
+    and the final results of the others."""
     done = folder.results()
-    todo, skipped = [], 0
+    todo: list[BatchInput] = []
+    earlier: list[dict[str, Any]] = []
     for item in items:
         try:
             current = BatchInput(item.path, file_sha256(item.path), item.key)
@@ -150,10 +155,10 @@ def _todo(
             and record.get("sha256") == current.sha256
             and record.get("worker_hash") == digest
         ):
-            skipped += 1
+            earlier.append(record)
         else:
             todo.append(current)
-    return todo, skipped
+    return todo, earlier
 
 
 def _stage(orch: Orchestrator, folder: BatchFolder, first: Prepared, result: BatchResult) -> None:

@@ -225,6 +225,29 @@ def test_resume_stages_the_new_output_of_an_input_that_changed(batch_project, tm
     assert "seen ccccccc" in shown.stdout and "seen doc" not in shown.stdout
 
 
+def test_resume_exits_1_and_shows_an_earlier_failure(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n, text in enumerate(("doc", "fail", "doc")):
+        (folder / f"d{n}.txt").write_text(text)
+    first = cli(
+        "batch", "w", "--inputs", str(folder), "--json",
+        "--project", str(batch_project.root), timeout=120,
+    )  # fmt: skip
+    assert first.returncode == 1, first.stderr
+    batch_id = batch_summary(first.stdout)["batch_id"]
+    again = cli("batch", "w", "--resume", batch_id, "--project", str(batch_project.root))
+    assert again.returncode == 1, again.stderr
+    assert "0 to run, 3 already done (1 of them not succeeded)" in again.stderr
+    assert "already failed" in again.stderr and "already succeeded" in again.stderr
+    as_json = cli(
+        "batch", "w", "--resume", batch_id, "--json", "--project", str(batch_project.root)
+    )
+    summary = batch_summary(as_json.stdout)
+    assert as_json.returncode == 1 and summary["exit_code"] == 1
+    assert (summary["already"]["failed"], summary["already"]["succeeded"]) == (1, 2)
+
+
 def test_ctrl_c_records_the_running_inputs_as_cancelled(batch_project, tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

@@ -240,3 +240,13 @@ def test_ctrl_c_records_every_run_it_ended_as_cancelled(orch, tmp_path):
         assert record["error"] == "cancelled by SIGINT", record
     resumed = orch.batch("w", resume=result.batch_id, run_one=FakeRunner())
     assert sorted(r["key"] for r in resumed.records) == ["0001-a", "0002-b"]
+
+
+def test_resume_keeps_an_earlier_failure_in_the_exit_code_and_summary(orch, inputs):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    assert first.exit_code == 1
+    resumed = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    assert resumed.records == [] and resumed.skipped == 6
+    summary = resumed.summary()
+    assert summary["already"] == {"failed": 1, "oom": 0, "succeeded": 5, "timeout": 0}
+    assert resumed.exit_code == 1 and summary["exit_code"] == 1
