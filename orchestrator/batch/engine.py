@@ -11,6 +11,7 @@ Ctrl-C, SIGTERM) removes the containers still running, records their inputs as
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +48,9 @@ class BatchResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
     """Inputs already done by an earlier invocation (``resume``)."""
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """The final results of those inputs (their latest lines in ``results.jsonl``): an
+    earlier failure still counts in the exit code and the summary."""
     change_id: str | None = None
     change_files: int = 0
     interrupted: int | None = None
@@ -57,14 +61,19 @@ class BatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 every input succeeded, 1 some worker failed, 125 an orchestrator error."""
+        """0 every input succeeded, 1 some worker failed (in this invocation or an earlier
+        one of the batch), 125 an orchestrator error."""
         if self.interrupted is not None:
             return 128 + self.interrupted
         if self.count("error"):
             return 125
-        if self.count(*WORKER_FAILED, "cancelled"):
+        if self.count(*WORKER_FAILED, "cancelled") or self.already(*WORKER_FAILED):
             return 1
         return 0
+
+    def already(self, *statuses: str) -> int:
+        """How many inputs an earlier invocation finished with one of ``statuses``."""
+        return sum(1 for r in self.earlier if r.get("status") in statuses)
 
     def summary(self) -> dict[str, Any]:
         counts = {
@@ -76,6 +85,7 @@ class BatchResult:
             "folder": self.folder,
             "ran": len(self.records),
             "skipped": self.skipped,
+            "already": {s: self.already(s) for s in sorted(DONE)},
             **counts,
             "change_id": self.change_id,
             "change_files": self.change_files,
@@ -120,31 +130,57 @@ class Batch:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.in_flight: dict[str, str] = {}  # key -> run id
+        self.cancelled: set[str] = set()  # keys in flight when the batch was halted
+        self.reason = "cancelled: the batch was stopped"
         self.records: list[dict[str, Any]] = []
+        self.ended = [threading.Event() for _ in range(self.concurrency)]
         self.threads = [
-            threading.Thread(target=self._work, name=f"batch-{n}", daemon=True)
-            for n in range(self.concurrency)
+            threading.Thread(target=self._work, args=(ended,), name=f"batch-{n}", daemon=True)
+            for n, ended in enumerate(self.ended)
         ]
 
     def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
+        """Start every thread with SIGINT and SIGTERM held back meanwhile: a signal arrives
+        (and can halt them) once all have started, never with some half-started and
+        out of :meth:`join`'s and :meth:`halt`'s reach."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for thread in self.threads:
+                thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def join(self) -> None:
-        """Wait for the threads, in short steps so that signals reach the main thread."""
-        for thread in self.threads:
-            while thread.is_alive():
-                thread.join(0.2)
+        """Wait for the threads, in short steps so that signals reach the main thread.
 
-    def halt(self) -> None:
-        """Stop taking inputs and remove the containers still running."""
-        self.stop.set()
+        Each thread's own "ended" event is waited on, not ``Thread.join``: a signal handler
+        that raises inside ``join`` can leave a thread that still runs marked as stopped
+        (CPython 3.11), and the batch would then be staged without that thread's input."""
+        for thread, ended in zip(self.threads, self.ended, strict=True):
+            while thread.ident is not None and not ended.wait(0.2):
+                pass
+
+    def halt(self, reason: str = "cancelled: the batch was stopped") -> None:
+        """Stop taking inputs and remove the containers still running. Every input in flight
+        now (or that gets its run id from now on) is recorded ``cancelled``, whatever its
+        run reports: a run ended by this removal may look like the worker's own failure
+        (an exec cut short reads as exit 125) or an engine error, and neither is final."""
         with self.lock:
-            running = list(self.in_flight.values())
-        for run_id in running:
+            if not self.stop.is_set():
+                self.reason = reason
+            self.stop.set()
+            running = list(self.in_flight.items())
+            self.cancelled.update(key for key, _ in running)
+        for _key, run_id in running:
             self.cancel(run_id)
 
-    def _work(self) -> None:
+    def _work(self, ended: threading.Event) -> None:
+        try:
+            self._take_inputs()
+        finally:
+            ended.set()
+
+    def _take_inputs(self) -> None:
         while not self.stop.is_set():
             try:
                 item = self.queue.get_nowait()
@@ -153,13 +189,15 @@ class Batch:
             record = self._one(item)
             with self.lock:
                 self.in_flight.pop(item.key, None)
-                if self.stop.is_set() and record["status"] not in DONE:
-                    record["status"] = "cancelled"
+                if item.key in self.cancelled or (
+                    self.stop.is_set() and record["status"] not in DONE
+                ):
+                    record.update(status="cancelled", error=self.reason, files=[], rejected=[])
                 self.folder.append(record)
                 self.records.append(record)
                 self.emit({"event": "finished", **record})
             if self.fail_fast and record["status"] not in ("succeeded", "cancelled"):
-                self.halt()
+                self.halt(f"cancelled: --fail-fast stopped the batch after {item.key}")
 
     def _one(self, item: BatchInput) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -182,11 +220,18 @@ class Batch:
             record["run_id"] = run_id
             with self.lock:
                 self.in_flight[item.key] = run_id
+                late = self.stop.is_set()  # halted between taking the input and now
+                if late:
+                    self.cancelled.add(item.key)
             self.emit(
                 {"event": "started", "key": item.key, "input": str(item.path), "run_id": run_id}
             )
+            if late:
+                self.cancel(run_id)
 
         for attempt in range(1, ATTEMPTS + 1):
+            if self.stop.is_set():
+                break  # halted before this attempt began: recorded as cancelled
             record["attempts"] = attempt
             try:
                 result = self.run_one(item, self.staging, note)

@@ -79,10 +79,13 @@ def run_batch(
                 ]
             )
         items = folder.inputs
+        _known_staged(folder)
     emit = _emitter(on_event)
     try:
-        todo, skipped = _todo(folder, items, digest)
-        result = BatchResult(folder.batch_id, str(folder.folder), skipped=skipped)
+        todo, earlier = _todo(folder, items, digest)
+        result = BatchResult(
+            folder.batch_id, str(folder.folder), skipped=len(earlier), earlier=earlier
+        )
         emit(
             {
                 "event": "batch",
@@ -91,7 +94,8 @@ def run_batch(
                 "worker": name,
                 "total": len(items),
                 "todo": len(todo),
-                "skipped": skipped,
+                "skipped": len(earlier),
+                "already": {s: result.already(s) for s in sorted(DONE)},
             }
         )
         staging = BatchStaging(orch.staging, folder.blobs)
@@ -109,14 +113,14 @@ def run_batch(
                 fail_fast=fail_fast,
                 emit=emit,
             )
-            batch.start()
-            try:
+            try:  # a signal while the threads start must halt those already running
+                batch.start()
                 batch.join()
             except (Interrupted, KeyboardInterrupt) as exc:
                 result.interrupted = getattr(exc, "signum", signal.SIGINT)
                 emit({"event": "interrupted", "signal": result.interrupted})
                 with _ignoring_signals():
-                    batch.halt()
+                    batch.halt(f"cancelled by {signal.Signals(result.interrupted).name}")
                     batch.join()
         finally:
             if pool is not None:
@@ -133,10 +137,12 @@ def run_batch(
 
 def _todo(
     folder: BatchFolder, items: list[BatchInput], digest: str
-) -> tuple[list[BatchInput], int]:
-    """The inputs still to run: no final result for this content and worker definition."""
+) -> tuple[list[BatchInput], list[dict[str, Any]]]:
+    """The inputs still to run (no final result for this content and worker definition),
+    and the final results of the others."""
     done = folder.results()
-    todo, skipped = [], 0
+    todo: list[BatchInput] = []
+    earlier: list[dict[str, Any]] = []
     for item in items:
         try:
             current = BatchInput(item.path, file_sha256(item.path), item.key)
@@ -149,16 +155,22 @@ def _todo(
             and record.get("sha256") == current.sha256
             and record.get("worker_hash") == digest
         ):
-            skipped += 1
+            earlier.append(record)
         else:
             todo.append(current)
-    return todo, skipped
+    return todo, earlier
 
 
 def _stage(orch: Orchestrator, folder: BatchFolder, first: Prepared, result: BatchResult) -> None:
-    """One change set of every final result not staged yet; then the blobs can go."""
-    staged = set(folder.meta.get("staged", []))
-    records = [r for k, r in folder.results().items() if r["status"] in DONE and k not in staged]
+    """One change set of every final result not staged yet; then the blobs can go.
+
+    A result is known by its input's key, content and run (``batch.json``'s ``staged``):
+    an input re-run after its content or the worker file changed is a new result to
+    stage, even though its key was staged before."""
+    staged = folder.meta.get("staged", [])
+    records = [
+        r for k, r in folder.results().items() if r["status"] in DONE and not _staged(r, staged)
+    ]
     change_id, files = make_change_set(
         orch.staging,
         orch.audit,
@@ -168,13 +180,33 @@ def _stage(orch: Orchestrator, folder: BatchFolder, first: Prepared, result: Bat
         trust=first.spec.trust,
         records=records,
     )
-    folder.meta["staged"] = sorted(staged | {r["key"] for r in records})
+    folder.meta["staged"] = [*staged, *(_staged_entry(r) for r in records)]
     if change_id is not None:
         folder.meta["change_ids"] = [*folder.meta.get("change_ids", []), change_id]
     folder.set_change(change_id or folder.meta.get("change_id"))
     result.change_id, result.change_files = change_id, files
     if all(r.get("status") in DONE for r in folder.results().values()):
         folder.drop_blobs()
+
+
+def _staged_entry(record: dict[str, Any]) -> dict[str, Any]:
+    return {name: record.get(name) for name in ("key", "sha256", "run_id")}
+
+
+def _staged(record: dict[str, Any], staged: list[Any]) -> bool:
+    """Whether this very result (key, input content, run) is in a change set already."""
+    return _staged_entry(record) in staged
+
+
+def _known_staged(folder: BatchFolder) -> None:
+    """An older batch folder lists bare keys as staged: each stood for that key's latest
+    result, which is still its latest before a resumed batch runs anything."""
+    latest = folder.results()
+    folder.meta["staged"] = [
+        _staged_entry(latest[s]) if isinstance(s, str) and s in latest else s
+        for s in folder.meta.get("staged", [])
+        if isinstance(s, dict) or s in latest
+    ]
 
 
 def _cold(orch: Orchestrator, worker: str | Worker, options: dict[str, Any]) -> RunOne:

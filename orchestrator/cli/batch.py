@@ -2,8 +2,9 @@
 
 Progress: a live display on a terminal (done, failed, running, rate, ETA), one plain line
 per finished input otherwise, and JSON lines (one event each) with ``--json``. Exit code 0
-when every input succeeded, 1 when some worker failed, 125 for the orchestrator's own
-errors, 128+N when stopped by signal N (the results so far are kept: ``--resume ID``).
+when every input succeeded, 1 when some worker failed (now or, after ``--resume``, in an
+earlier invocation), 125 for the orchestrator's own errors, 128+N when stopped by signal N
+(the results so far are kept: ``--resume ID``).
 """
 
 from __future__ import annotations
@@ -128,9 +129,11 @@ class _Plain:
     def event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
         if kind == "batch":
+            failed = sum(n for status, n in event["already"].items() if status != "succeeded")
+            earlier = f" ({failed} of them not succeeded)" if failed else ""
             click.echo(
                 f"orchestrator: batch {event['batch_id']}: {event['todo']} to run, "
-                f"{event['skipped']} already done; results in {event['folder']}",
+                f"{event['skipped']} already done{earlier}; results in {event['folder']}",
                 err=True,
             )
         elif kind == "finished":
@@ -211,8 +214,9 @@ def _table(summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
     for status in ("succeeded", "failed", "timeout", "oom", "error", "cancelled"):
         if summary[status]:
             table.add_row(status, str(summary[status]))
-    if summary["skipped"]:
-        table.add_row("already done", str(summary["skipped"]))
+    for status in ("succeeded", "failed", "timeout", "oom"):  # by an earlier invocation
+        if summary["already"][status]:
+            table.add_row(f"already {status}", str(summary["already"][status]))
     console = Console(stderr=True)
     console.print(table)
     if summary["change_id"]:

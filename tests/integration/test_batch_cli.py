@@ -12,7 +12,7 @@ import time
 import pytest
 
 from orchestrator import labels
-from tests.integration.conftest import batch_summary, cli
+from tests.integration.conftest import batch_of_docs, batch_summary, cli
 
 SCRIPT = r"""
 import os, sys, time
@@ -205,3 +205,73 @@ def test_trust_env_and_args_reach_every_run(engine, project, tmp_path):
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
     assert text.count("untrusted fast --flag x") == 3, text
+
+
+def test_resume_stages_the_new_output_of_an_input_that_changed(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    first = batch_of_docs(batch_project, folder, 3)
+    assert first["change_id"] and first["change_files"] == 4
+    (folder / "d01.txt").write_text("ccccccc\n")
+    done = cli(
+        "batch", "w", "--resume", first["batch_id"], "--json",
+        "--project", str(batch_project.root), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = batch_summary(done.stdout)
+    assert (summary["succeeded"], summary["skipped"]) == (1, 2)
+    assert summary["change_id"] not in (None, first["change_id"])
+    assert summary["change_files"] == 2, summary  # the new result and the manifest
+    shown = cli("staged", "show", summary["change_id"], "--project", str(batch_project.root))
+    assert "0002-d01.txt/result.txt" in shown.stdout, shown.stdout + shown.stderr
+    assert "seen ccccccc" in shown.stdout and "seen doc" not in shown.stdout
+
+
+def test_resume_exits_1_and_shows_an_earlier_failure(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n, text in enumerate(("doc", "fail", "doc")):
+        (folder / f"d{n}.txt").write_text(text)
+    first = cli(
+        "batch", "w", "--inputs", str(folder), "--json",
+        "--project", str(batch_project.root), timeout=120,
+    )  # fmt: skip
+    assert first.returncode == 1, first.stderr
+    batch_id = batch_summary(first.stdout)["batch_id"]
+    again = cli("batch", "w", "--resume", batch_id, "--project", str(batch_project.root))
+    assert again.returncode == 1, again.stderr
+    assert "0 to run, 3 already done (1 of them not succeeded)" in again.stderr
+    assert "already failed" in again.stderr and "already succeeded" in again.stderr
+    as_json = cli(
+        "batch", "w", "--resume", batch_id, "--json", "--project", str(batch_project.root)
+    )
+    summary = batch_summary(as_json.stdout)
+    assert as_json.returncode == 1 and summary["exit_code"] == 1
+    assert (summary["already"]["failed"], summary["already"]["succeeded"]) == (1, 2)
+
+
+def test_ctrl_c_records_the_running_inputs_as_cancelled(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"s{n}.txt").write_text("sleep")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator", "batch", "w", "--inputs", str(folder),
+            "--concurrency", "2", "--json", "--project", str(batch_project.root),
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    started = 0
+    for line in proc.stdout:
+        started += json.loads(line)["event"] == "started"
+        if started == 2:
+            break
+    time.sleep(1)  # the workers are running
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    records = _results(batch_project, batch_summary(out)["batch_id"])
+    assert len(records) == 2, records
+    for record in records:
+        assert (record["status"], record["error"]) == ("cancelled", "cancelled by SIGINT")

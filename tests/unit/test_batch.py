@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import signal
 import tarfile
 import threading
+import time
 
 import pytest
 
 from orchestrator import Orchestrator
 from orchestrator.batch import BatchFolder, expand
 from orchestrator.batch.inputs import key_for
+from orchestrator.cli.options import signals_interrupt
 from orchestrator.errors import ConfigError, EngineError
 from orchestrator.runtime.run import RunResult
 
@@ -136,3 +140,113 @@ def test_a_running_batch_is_locked(orch, inputs):
     with pytest.raises(Exception, match="another process"):
         BatchFolder.open(orch.project.sandbox_root, folder.batch_id)
     folder.close()
+
+
+def test_resume_stages_the_new_output_of_an_input_whose_content_changed(orch, inputs):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    (inputs / "doc1.txt").write_text("changed")
+    resumed = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    assert [r["key"] for r in resumed.records] == ["0002-doc1.txt"]
+    assert resumed.change_id is not None and resumed.change_id != first.change_id
+    change = orch.staging.store.get(resumed.change_id)
+    staged = {f.path: f for f in change.files}
+    assert set(staged) == {"0002-doc1.txt/out.txt", "BATCH-MANIFEST.json"}
+    assert staged["0002-doc1.txt/out.txt"].sha256 == hashlib.sha256(b"changed").hexdigest()
+    meta = json.loads(
+        (orch.project.sandbox_root / "batches" / first.batch_id / "batch.json").read_text()
+    )
+    new_sha = hashlib.sha256(b"changed").hexdigest()
+    assert {"key": "0002-doc1.txt", "sha256": new_sha, "run_id": "r0000"} in meta["staged"]
+    assert meta["change_ids"] == [first.change_id, resumed.change_id]
+    again = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    assert again.change_id is None and again.records == []  # nothing staged twice
+
+
+def test_an_older_batch_folder_with_bare_staged_keys_resumes_the_same_way(orch, inputs):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    file = orch.project.sandbox_root / "batches" / first.batch_id / "batch.json"
+    meta = json.loads(file.read_text())
+    meta["staged"] = sorted(entry["key"] for entry in meta["staged"])  # as it was written
+    file.write_text(json.dumps(meta))
+    (inputs / "doc1.txt").write_text("changed")
+    resumed = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    change = orch.staging.store.get(resumed.change_id)
+    assert {f.path for f in change.files} == {"0002-doc1.txt/out.txt", "BATCH-MANIFEST.json"}
+
+
+class BlockingRunner:
+    """``first`` runs until cancelled, and a cancelled run reports what a container removed
+    under its exec often does: the worker 'exited 125'. The other inputs fail (exit 1) once
+    ``first`` has started, or, with ``interrupt``, send this process SIGINT."""
+
+    def __init__(self, first: str, *, interrupt: bool = False) -> None:
+        self.first, self.interrupt = first, interrupt
+        self.running = threading.Event()
+        self.removed = threading.Event()
+        self.cancelled: list[str] = []
+
+    def cancel(self, run_id: str) -> None:
+        self.cancelled.append(run_id)
+        self.removed.set()
+
+    def __call__(self, item, staging, started):
+        run_id = f"run-{item.key}"
+        started(run_id)
+        if item.key == self.first:
+            self.running.set()
+            assert self.removed.wait(10)
+            time.sleep(0.3)  # a removal takes a while: the batch must wait for its end
+            return RunResult(run_id, "w", 125, "exited", 0.01, "", "", True)
+        assert self.running.wait(10)
+        if self.interrupt:
+            time.sleep(0.3)  # the signal comes while the batch waits for its runs
+            os.kill(os.getpid(), signal.SIGINT)
+            assert self.removed.wait(10)
+            raise EngineError("container abc is no longer running")
+        return RunResult(run_id, "w", 1, "exited", 0.01, "", "", True)
+
+
+def test_fail_fast_records_the_removed_run_as_cancelled_not_failed(orch, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).write_text(name)
+    runner = BlockingRunner("0001-a")
+    result = orch.batch(
+        "w", [tmp_path / "a", tmp_path / "b"], run_one=runner, cancel=runner.cancel,
+        concurrency=2, fail_fast=True,
+    )  # fmt: skip
+    by_key = {r["key"]: r for r in result.records}
+    assert runner.cancelled == ["run-0001-a"]
+    assert by_key["0002-b"]["status"] == "failed"
+    assert by_key["0001-a"]["status"] == "cancelled", by_key["0001-a"]
+    assert "fail-fast" in by_key["0001-a"]["error"]
+    resumed = orch.batch("w", resume=result.batch_id, run_one=FakeRunner())
+    assert [r["key"] for r in resumed.records] == ["0001-a"]
+
+
+def test_ctrl_c_records_every_run_it_ended_as_cancelled(orch, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).write_text(name)
+    runner = BlockingRunner("0001-a", interrupt=True)
+    with signals_interrupt():
+        result = orch.batch(
+            "w", [tmp_path / "a", tmp_path / "b"], run_one=runner, cancel=runner.cancel,
+            concurrency=2,
+        )  # fmt: skip
+    assert result.exit_code == 130
+    assert sorted(runner.cancelled) == ["run-0001-a", "run-0002-b"]
+    assert sorted(r["key"] for r in result.records) == ["0001-a", "0002-b"]
+    for record in result.records:
+        assert record["status"] == "cancelled", record
+        assert record["error"] == "cancelled by SIGINT", record
+    resumed = orch.batch("w", resume=result.batch_id, run_one=FakeRunner())
+    assert sorted(r["key"] for r in resumed.records) == ["0001-a", "0002-b"]
+
+
+def test_resume_keeps_an_earlier_failure_in_the_exit_code_and_summary(orch, inputs):
+    first = orch.batch("w", [inputs], run_one=FakeRunner())
+    assert first.exit_code == 1
+    resumed = orch.batch("w", resume=first.batch_id, run_one=FakeRunner())
+    assert resumed.records == [] and resumed.skipped == 6
+    summary = resumed.summary()
+    assert summary["already"] == {"failed": 1, "oom": 0, "succeeded": 5, "timeout": 0}
+    assert resumed.exit_code == 1 and summary["exit_code"] == 1
