@@ -262,16 +262,20 @@ def test_ctrl_c_records_the_running_inputs_as_cancelled(batch_project, tmp_path)
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
-    started = 0
+    running: set[str] = set()
     for line in proc.stdout:
-        started += json.loads(line)["event"] == "started"
-        if started == 2:
+        event = json.loads(line)
+        if event["event"] == "started":
+            running.add(event["key"])
+        if len(running) == 2:
             break
     time.sleep(1)  # the workers are running
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     records = _results(batch_project, batch_summary(out)["batch_id"])
-    assert len(records) == 2, records
+    # The two running inputs are cancelled, never failed; the third may have been handed
+    # out as the batch stopped (then it is cancelled too), or never started.
+    assert running <= {r["key"] for r in records}, (running, records)
     for record in records:
         assert (record["status"], record["error"]) == ("cancelled", "cancelled by SIGINT")
