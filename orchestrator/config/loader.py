@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -168,23 +169,34 @@ def load_worker(project: Project, spec: str) -> Worker:
 def _field_lines(node: yaml.Node | None, line_offset: int) -> dict[tuple[str | int, ...], int]:
     """The line of every field and list item under ``node``, by its path."""
     lines: dict[tuple[str | int, ...], int] = {}
-    pending: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(node, ())] if node else []
-    seen: set[int] = set()  # an alias names a node again (even itself): walk it once
-    while pending:
-        current, path = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current, path in _nodes(node) if node else ():
         if isinstance(current, yaml.MappingNode):
-            for key, value in current.value:
+            for key, _ in current.value:
                 if isinstance(key, yaml.ScalarNode):
                     lines[(*path, key.value)] = key.start_mark.line + 1 + line_offset
-                    pending.append((value, (*path, key.value)))
         elif isinstance(current, yaml.SequenceNode):
             for index, item in enumerate(current.value):
                 lines[(*path, index)] = item.start_mark.line + 1 + line_offset
-                pending.append((item, (*path, index)))
     return lines
+
+
+def _nodes(root: yaml.Node) -> Iterator[tuple[yaml.Node, tuple[str | int, ...]]]:
+    """Every node under ``root`` once, with its path (``("sandbox", "zones", 0)``); aliases
+    may share nodes, or even cycle back to one, so a node met again is not walked again."""
+    seen: set[int] = set()
+    pending: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(root, ())]
+    while pending:
+        node, path = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node, path
+        if isinstance(node, yaml.SequenceNode):
+            pending += [(item, (*path, i)) for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+                pending.append((value, (*path, name)))
 
 
 #: Fields whose errors leave no useful partial declaration: what the grant is computed from.
@@ -299,36 +311,27 @@ def _parse_yaml(file: Path, text: str, line_offset: int) -> tuple[Any, yaml.Node
 def _duplicate_keys(file: Path, root: yaml.Node, line_offset: int) -> list[str]:
     """One line per key given twice in a mapping, at any level, naming both lines."""
     problems: list[tuple[int, str]] = []
-    seen: set[int] = set()  # aliases may share (or even cycle back to) nodes
-    pending: list[tuple[yaml.Node, str]] = [(root, "")]
-    while pending:
-        node, path = pending.pop()
-        if id(node) in seen:
+    for node, loc in _nodes(root):
+        if not isinstance(node, yaml.MappingNode):
             continue
-        seen.add(id(node))
-        if isinstance(node, yaml.SequenceNode):
-            pending += [
-                (item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node.value)
-            ]
-        elif isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], yaml.Node] = {}
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                    ident = (key.tag, key.value)
-                    if ident in first:
-                        line = key.start_mark.line + 1 + line_offset
-                        earlier = first[ident].start_mark.line + 1 + line_offset
-                        problems.append(
-                            (
-                                line,
-                                f"{file}:{line}: {path or '(top level)'}: duplicate key "
-                                f"'{key.value}' (first at line {earlier}); keep one",
-                            )
-                        )
-                    else:
-                        first[ident] = key
-                name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
-                pending.append((value, f"{path}.{name}" if path else name))
+        path = ".".join(str(part) for part in loc) or "(top level)"
+        first: dict[tuple[str, str], yaml.Node] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            ident = (key.tag, key.value)
+            if ident not in first:
+                first[ident] = key
+                continue
+            line = key.start_mark.line + 1 + line_offset
+            earlier = first[ident].start_mark.line + 1 + line_offset
+            problems.append(
+                (
+                    line,
+                    f"{file}:{line}: {path}: duplicate key '{key.value}' (first at line "
+                    f"{earlier}); keep one",
+                )
+            )
     return [problem for _, problem in sorted(problems)]
 
 
