@@ -27,6 +27,7 @@ from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, wor
 from orchestrator.policy.grant import ZoneGrant
 from orchestrator.runtime.hostfs import DIR_FLAGS, open_entry, permits
 from orchestrator.runtime.session_folders import touch
+from orchestrator.timeouts import MAX_TIMEOUT_S, seconds_problem
 
 if TYPE_CHECKING:
     from orchestrator.runtime.inputs import InputSpec
@@ -120,6 +121,8 @@ def prepare(
     from orchestrator.runtime.inputs import check_inputs
 
     problems = _argument_problems(args, env or {})
+    if timeout is not None and (problem := seconds_problem(timeout, MAX_TIMEOUT_S)):
+        problems.append(f"timeout: {problem}; give at most {MAX_TIMEOUT_S} (a week)")
     if problems:
         raise ConfigError(problems)
     checked = check_inputs(project, worker, inputs) if inputs else ()

@@ -226,3 +226,14 @@ def test_removal_refused_by_an_answering_engine_is_tried_three_times(prepared, q
     result = run_audited(engine, prepared)
     assert result.container_removed is False
     assert engine.calls.count("remove") == 3
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 1e308, float("nan"), float("inf"), 604801])
+def test_an_out_of_range_timeout_is_a_config_error_before_anything(project, timeout):
+    from orchestrator.errors import ConfigError
+
+    project.worker("w", 'command: ["true"]')
+    loaded = load_project(project.root)
+    with pytest.raises(ConfigError, match=r"timeout: .* is not in the range 0<x<=604800"):
+        prepare(loaded, load_worker(loaded, "w"), timeout=timeout)
+    assert prepare(loaded, load_worker(loaded, "w"), timeout=604800).spec.limits.timeout_s == 604800
