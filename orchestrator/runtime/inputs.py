@@ -38,7 +38,6 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.escaping import escape
 from orchestrator.plan import INPUTS_DIR
 from orchestrator.runtime.hostfs import open_entry, permits
-from orchestrator.sandbox.hostpath import HostPathError, real_parent
 
 if TYPE_CHECKING:
     from orchestrator.config import Project, Worker
@@ -145,6 +144,8 @@ class _Refused(Exception):
 def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
     # The folders above an input are resolved, except a link in a folder a worker can
     # write (the project, a zone, the sandbox root): refused. The input itself never is.
+    from orchestrator.sandbox.hostpath import HostPathError, real_parent  # only with inputs
+
     label = f"input {shown(raw)}"
     try:
         path = real_parent(raw, guarded)
