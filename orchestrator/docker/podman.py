@@ -74,7 +74,7 @@ VAR_TMP_MASK = "ro,nosuid,nodev,noexec,size=4k,mode=1777"
 _CATATONIT_FAILED = re.compile(rb"^ERROR \(catatonit:\d+\): failed to exec pid1: (.*)$")
 EXIT_CANNOT_INVOKE = 126
 EXIT_NOT_FOUND = 127
-LOG_ATTEMPTS = 30
+LOG_ATTEMPTS = 60
 #: pid_max's own limit on 64-bit Linux, where the file cannot be read.
 DEFAULT_NPROC = 4194304
 
@@ -490,13 +490,14 @@ def exit_code_for(engine: DockerClient, container_id: str, code: int) -> int:
     """
     if code != 1 or not engine_kind(engine).podman:
         return code
+    log = b""
     for _ in range(LOG_ATTEMPTS):  # conmon may write the log a moment after the exit
         with engine_errors("reading the container's log"):
-            log: bytes = engine.api.logs(container_id, stdout=True, stderr=True, tail=2)
-        if log:
-            return init_failure(log) or code
+            log = engine.api.logs(container_id, stdout=True, stderr=True, tail=2)
+        if log.endswith(b"\n"):  # a whole line: conmon writes the log on its own time
+            break
         time.sleep(0.05)
-    return code
+    return init_failure(log) or code
 
 
 def security_opt_for(engine: DockerClient, options: list[str]) -> list[str]:

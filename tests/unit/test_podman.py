@@ -217,6 +217,17 @@ def test_catatonit_s_failure_becomes_docker_s_exit_code():
     )
 
 
+def test_the_exit_code_waits_for_catatonit_s_whole_line(monkeypatch):
+    engine = client()
+    said = [b"", b"ERROR (catatonit:6): failed to exec pid1: No su", b"ERROR (catatonit:6): "
+            b"failed to exec pid1: No such file or directory\n"]  # fmt: skip
+    monkeypatch.setattr(engine.api, "logs", lambda *_a, **_k: said.pop(0), raising=False)
+    monkeypatch.setattr(podman.time, "sleep", lambda _s: None)
+    assert podman.exit_code_for(engine, "c1", 1) == 127
+    assert said == []
+    assert podman.exit_code_for(engine, "c1", 3) == 3  # only an exit of 1 is looked at
+
+
 def test_podman_s_500_conflicts_become_409():
     response = requests.Response()
     response.status_code = 500
