@@ -71,7 +71,9 @@ _EXEC_FAILURE_MARKS = (b"exec failed", b"OCI runtime attempted to invoke", b"OCI
 VAR_TMP = "/var/tmp"
 VAR_TMP_MASK = "ro,nosuid,nodev,noexec,size=4k,mode=1777"
 #: catatonit's last words when it cannot execute the container's command.
-_CATATONIT_FAILED = re.compile(rb"^ERROR \(catatonit:\d+\): failed to exec pid1: (.*)$")
+#: Its prefix and message are two writes, which conmon may log as two lines, and the
+#: engine's log tail may hold only the second.
+_CATATONIT_FAILED = re.compile(rb"^(?:ERROR \(catatonit:\d+\): ?)?failed to exec pid1: (.*)$")
 EXIT_CANNOT_INVOKE = 126
 EXIT_NOT_FOUND = 127
 LOG_ATTEMPTS = 60
@@ -474,8 +476,7 @@ def exec_frames_for(
 
 def init_failure(log: bytes) -> int | None:
     """126/127 when ``log`` is only catatonit's report that the command could not run."""
-    lines = log.strip().splitlines()
-    match = _CATATONIT_FAILED.match(lines[0]) if len(lines) == 1 else None
+    match = _CATATONIT_FAILED.match(b"".join(log.strip().splitlines()))
     if match is None:
         return None
     return EXIT_NOT_FOUND if b"No such file" in match.group(1) else EXIT_CANNOT_INVOKE

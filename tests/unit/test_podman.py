@@ -215,6 +215,10 @@ def test_catatonit_s_failure_becomes_docker_s_exit_code():
     assert (
         podman.init_failure(b"some output\nERROR (catatonit:6): failed to exec pid1: x\n") is None
     )
+    # Two writes, which the log may hold as two lines, or (its tail) only the second.
+    split = b"ERROR (catatonit:6): \nfailed to exec pid1: No such file or directory\n"
+    assert podman.init_failure(split) == 127
+    assert podman.init_failure(b"failed to exec pid1: No such file or directory\n") == 127
 
 
 def test_the_exit_code_waits_for_catatonit_s_whole_line(monkeypatch):
