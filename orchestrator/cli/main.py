@@ -519,6 +519,8 @@ def _report(result: RunResult, as_json: bool) -> None:
                 f"change set {asked.change_id} for zone '{asked.zone}' ({asked.files} files) "
                 f"waits for approval: `orchestrator staged apply {asked.change_id}`"
             )
+    for violation in result.violations:
+        click.echo(f"orchestrator: VIOLATION: {shown(violation)}", err=True)
     removed = "container removed" if result.container_removed else "CONTAINER NOT REMOVED"
     detail = f" ({result.error})" if result.error else ""
     say(

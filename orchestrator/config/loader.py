@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.config.models import ProjectConfig, WorkerConfig, ZoneConfig
 from orchestrator.errors import ConfigError
+from orchestrator.pathwalk import PathRefused, check_path
 
 PROJECT_FILE = "orchestrator.yaml"
 WORKER_SUFFIX = ".worker"
@@ -88,16 +89,29 @@ def load_project(directory: Path | str = ".") -> Project:
     zones: dict[str, Zone] = {}
     problems: list[str] = []
     for name, declared in config.zones.items():
-        host = Path(os.path.realpath(root / Path(declared.path).expanduser()))
-        problem = _zone_path_problem(host)
+        written = root / Path(declared.path).expanduser()
+        host = Path(os.path.normpath(written))
+        problem = _zone_path_problem(host) or _link_problem(written)
         if problem:
             line = _line_of(node, ("zones", name, "path"), 0)
             problems.append(f"{file}{line}: zones.{name}.path: '{declared.path}' {problem}")
             continue
         zones[name] = Zone(name=name, host_path=host, mode=declared.mode, config=declared)
+    own = {
+        "sandbox.root": (("sandbox", "root"), config.sandbox.root),
+        "workers": (("workers",), config.workers),
+        "repo": (("repo",), config.repo),
+    }
+    folders: dict[str, Path] = {}
+    for field_name, (loc, value) in own.items():
+        written = root / Path(value).expanduser()
+        folders[field_name] = Path(os.path.normpath(written))
+        if problem := _link_problem(written):
+            line = _line_of(node, loc, 0)
+            problems.append(f"{file}{line}: {field_name}: '{value}' {problem}")
     if problems:
         raise ConfigError(problems)
-    sandbox_root = Path(os.path.realpath(root / config.sandbox.root))
+    sandbox_root = folders["sandbox.root"]
     for zone in zones.values():
         if _overlaps(zone.host_path, sandbox_root):
             line = _line_of(node, ("zones", zone.name, "path"), 0)
@@ -114,8 +128,8 @@ def load_project(directory: Path | str = ".") -> Project:
         config=config,
         zones=zones,
         sandbox_root=sandbox_root,
-        workers_dir=(root / config.workers).resolve(),
-        repo=(root / config.repo).resolve(),
+        workers_dir=folders["workers"],
+        repo=folders["repo"],
     )
 
 
@@ -422,6 +436,23 @@ HOST_ONLY = {
     "/var/lib/docker": "the engine's state",
     "/var/lib/containerd": "the engine's state",
 }
+
+
+def _link_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be used as it is written: a symbolic link on it. A worker that
+    can write a folder on the path could have planted it, and every later run would mount
+    (or read, or grant access to) wherever it points; so no link is ever followed."""
+    try:
+        check_path(path, file_ok=True)
+    except PathRefused as refused:
+        if refused.link is None:
+            return None  # not a folder: said where it is used
+        return (
+            f"leads through a symbolic link: {refused.component} -> {refused.link}; links "
+            "are never followed on these paths (a worker could have planted one): name the "
+            "real path, or remove the link if a worker made it"
+        )
+    return None
 
 
 def _zone_path_problem(host: Path) -> str | None:

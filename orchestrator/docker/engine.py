@@ -8,6 +8,7 @@ on everything it creates, retries transient failures a bounded number of times (
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -25,9 +26,11 @@ from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
     HostView,
+    engine_socket,
     engine_sockets,
     mapping_problem,
     own_container_id,
+    same_mount_namespace,
     socket_problem,
 )
 from orchestrator.errors import (
@@ -160,6 +163,21 @@ class DockerEngine(DockerClient):
                     self._host_view = HostView.from_inspect(container, inspected)
             self._host_view_read = True
         return self._host_view
+
+    _pins: bool | None = None
+
+    def pins_mounts(self) -> bool:
+        """Root, outside a container, and the engine's socket served by a process in this
+        mount namespace (its ``SO_PEERCRED`` pid): a bind mount made here is the engine's."""
+        if self._pins is None:
+            socket_path = engine_socket()
+            self._pins = (
+                os.geteuid() == 0
+                and socket_path is not None
+                and self.host_view() is None
+                and same_mount_namespace(socket_path)
+            )
+        return self._pins
 
     def create(self, spec: ContainerSpec) -> str:
         self.check_mounts(spec)

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket as sockets_
 import stat
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -105,6 +107,29 @@ def mapping_problem(view: HostView, source: str, target: str) -> str | None:
         f"mounts that folder at another path, and the engine would mount whatever is at "
         f"{source} on the host; {FIX}"
     )
+
+
+def engine_socket() -> Path | None:
+    """The unix socket of the engine in use (None: a TCP or SSH engine)."""
+    named = os.environ.get("DOCKER_HOST", "")
+    if not named:
+        return Path(DEFAULT_SOCKETS[0])
+    return Path(named.removeprefix("unix://")) if named.startswith("unix://") else None
+
+
+def same_mount_namespace(socket_path: Path) -> bool:
+    """Whether the process serving ``socket_path`` shares this process's mount namespace."""
+    try:
+        with sockets_.socket(sockets_.AF_UNIX, sockets_.SOCK_STREAM) as conn:
+            conn.settimeout(2)
+            conn.connect(str(socket_path))
+            creds = conn.getsockopt(
+                sockets_.SOL_SOCKET, sockets_.SO_PEERCRED, struct.calcsize("3i")
+            )
+        pid = struct.unpack("3i", creds)[0]
+        return os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return False
 
 
 def engine_sockets(docker_host: str | None = None) -> list[Path]:

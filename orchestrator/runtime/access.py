@@ -271,7 +271,7 @@ def trees_for(prepared: Prepared) -> list[Tree]:
             covered.append(paths.sandbox_root)
         trees.append(
             Tree(
-                Path(os.path.realpath(zone.host_path)),
+                zone.host_path,  # walked without following links (treewalk)
                 not zone.read_only,
                 f"zone '{zone.name}' ({zone.target})",
                 frozenset(_idents(covered)),

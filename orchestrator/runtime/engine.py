@@ -70,6 +70,11 @@ class Containers(Protocol):
         """The engine's runtime for ``spec``'s isolation, checked to be there: raise
         EngineError naming the set-up step when it is not."""
 
+    def pins_mounts(self) -> bool:
+        """Whether a bind mount this process makes is what the engine sees at that path
+        (it runs in this mount namespace), so mount sources can be pinned
+        (:mod:`orchestrator.runtime.mount_sources`)."""
+
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) a container for ``spec``; return its id."""
 

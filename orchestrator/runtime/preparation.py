@@ -22,10 +22,11 @@ from orchestrator.audit import AuditLog
 from orchestrator.config import Project, Worker, load_worker
 from orchestrator.config.models import Trust
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.pathwalk import PathRefused, check_path, open_path
 from orchestrator.plan import ContainerSpec, compile_plan
 from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
 from orchestrator.policy.grant import ZoneGrant
-from orchestrator.runtime.hostfs import DIR_FLAGS, open_entry, permits
+from orchestrator.runtime.hostfs import open_entry, permits
 from orchestrator.runtime.session_folders import touch
 from orchestrator.timeouts import MAX_TIMEOUT_S, seconds_problem
 
@@ -228,6 +229,29 @@ def prepare_filesystem(prepared: Prepared) -> None:
         owned_folder(paths.inputs_dir, uid, gid)  # filled by runtime.inputs.place_inputs
 
 
+def path_violations(project: Project) -> list[str]:
+    """Links on the project's zone paths and its own folders (sandbox root, workers, repo),
+    one line each: after a run, what a worker may have planted to redirect later runs."""
+    named = [(f"zone '{z.name}'", z.host_path) for z in project.zones.values()]
+    named += [
+        ("the sandbox root", project.sandbox_root),
+        ("the workers folder", project.workers_dir),
+        ("the repo", project.repo),
+    ]
+    found: list[str] = []
+    for what, path in named:
+        try:
+            check_path(path, file_ok=True)
+        except PathRefused as refused:
+            if refused.link is not None:
+                found.append(
+                    f"{what}: {refused.component} is now a symbolic link (to {refused.link}); "
+                    f"every run refuses this project until a person removes it (`rm "
+                    f"{refused.component}`) and checks what it pointed at"
+                )
+    return found
+
+
 def pristine_of(copy: Path) -> Path:
     """The snapshot beside an ``ask`` zone's private copy (``runs/<id>/ask-base/<zone>``)."""
     return copy.parent.parent / "ask-base" / copy.name
@@ -243,7 +267,7 @@ def private_copy(source: Path, target: Path, uid: int, gid: int, *, whole: bool 
     ``whole``: root running a worker whose grant reads the zone, whatever its modes say.
     """
     target.mkdir(mode=0o700, parents=True)
-    top = os.open(source, DIR_FLAGS)
+    top = open_path(source)
     try:
         _copy_folder(top, target, uid if not whole else -1, gid if not whole else -1)
     finally:
@@ -301,17 +325,20 @@ def project_owner(root: Path) -> tuple[int, int]:
 
 def owned_folder(folder: Path, uid: int, gid: int) -> None:
     """Create ``folder`` for the worker's uid, refusing to create through a symlink."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if Path(os.path.realpath(existing)) != existing:
+    try:
+        check_path(folder)
+    except PathRefused as refused:
         raise OrchestratorError(
-            f"{folder} would be created through a symlink at {existing}; refusing "
+            f"{folder} would be created through {refused.reason}; refusing "
             "(a worker may have planted it)"
-        )
+        ) from None
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if os.getuid() == 0 and folder.stat().st_uid != uid:
-        os.chown(folder, uid, gid)
+    fd = open_path(folder)  # what was made, link-free; never the path again
+    try:
+        if os.getuid() == 0 and os.fstat(fd).st_uid != uid:
+            os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 def check_zone(zone: ZoneGrant, uid: int, gid: int) -> None:
@@ -320,16 +347,22 @@ def check_zone(zone: ZoneGrant, uid: int, gid: int) -> None:
     path = zone.host_path
     label = f"zone '{zone.name}' ({zone.target})"
     try:
-        info = path.lstat()
-    except OSError:
-        raise OrchestratorError(
-            f"{label}: {path} does not exist; create it or fix the zone's path"
-        ) from None
-    real = Path(os.path.realpath(path))
-    if real != path:
-        raise OrchestratorError(
-            f"{label}: {path} leads through a symlink to {real}; refusing to mount it"
-        )
+        fd = open_path(path, file_ok=True)
+    except PathRefused as refused:
+        if refused.missing:
+            raise OrchestratorError(
+                f"{label}: {path} does not exist; create it or fix the zone's path"
+            ) from None
+        if refused.link is not None:
+            raise OrchestratorError(
+                f"{label}: {refused.reason}, on the zone's path; refusing to mount it (a "
+                f"worker may have planted it): remove it and check what it pointed at"
+            ) from None
+        raise OrchestratorError(f"{label}: {refused.reason}; fix the zone's path") from None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
     if zone.target == "/repo/.git" or zone.guard:
         return  # a file or folder, mounted read-only; its own permissions apply
     if not stat.S_ISDIR(info.st_mode):

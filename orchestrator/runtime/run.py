@@ -20,19 +20,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, Literal, Protocol
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
+from orchestrator.pathwalk import PathRefused
 from orchestrator.plan import RESERVED_ENV, ContainerSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import collect
 from orchestrator.runtime.inputs import InputInfo, InputSpec, place_inputs
-from orchestrator.runtime.preparation import Prepared, prepare_filesystem
+from orchestrator.runtime.mount_sources import MountSources
+from orchestrator.runtime.preparation import Prepared, path_violations, prepare_filesystem
 from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
@@ -92,6 +94,9 @@ class RunResult:
     """Change sets for zones with ``approval.write: ask`` (the worker wrote a private copy)."""
     egress: list[dict[str, Any]] = field(default_factory=list)
     """The egress proxy's decisions on this run's requests: host, port, allowed."""
+    violations: list[str] = field(default_factory=list)
+    """Links found on the project's zone paths or own folders after the run (a worker may
+    have planted them); each is also a ``zone.violation`` audit entry."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -196,6 +201,8 @@ class Run:
         self._access: WorkerAccess | None = None
         self._network: ManagedObject | None = None
         """The run's own network (an allowlist's), removed when the run closes."""
+        self.sources = MountSources(self.spec.run_id, pin=False)
+        """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -235,6 +242,7 @@ class Run:
         for value in self.values.values():
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
+        self._hold_sources()
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
         for obj in collect(engine).removed:
@@ -272,16 +280,72 @@ class Run:
             self._stack.enter_context(
                 delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
             )
-            self.container_id = engine.create(spec)
+            self.container_id = engine.create(self._engine_spec())
             self.outcome.removed = False
             if self.keeps_alive:
                 engine.start(self.container_id)
+                self._check_sources("once its container started")
         except Interrupted as exc:
             self.outcome.interrupted(exc)
             raise
         except OrchestratorError as exc:
             self.outcome.error = self.outcome.error or str(exc)
             raise
+
+    def _hold_sources(self) -> None:
+        """Open every mount source without following links (pinning them when the engine
+        sees this process's mounts): what was checked is what the container gets."""
+        pin = os.geteuid() == 0 and self.engine.pins_mounts()
+        self.sources = MountSources(self.spec.run_id, pin=pin)
+        try:
+            self.sources.hold((m.source, m.read_only) for m in self.spec.mounts)
+        except PathRefused as refused:
+            self._violation([f"{refused.path}: {refused.reason}"], "before its container existed")
+        except OSError as exc:
+            raise OrchestratorError(f"could not hold the run's mount sources: {exc}") from None
+
+    def _engine_spec(self) -> ContainerSpec:
+        """The plan as the engine gets it: each bind mount from its held (pinned) source."""
+        mounts = [replace(m, source=self.sources.source(m.source)) for m in self.spec.mounts]
+        return replace(self.spec, mounts=mounts)
+
+    def _check_sources(self, when: str) -> None:
+        if not self.sources.pinned and (changed := self.sources.changed()):
+            self._violation(changed, when)
+
+    def _violation(self, problems: list[str], when: str) -> None:
+        """A mount source that became a link (or another folder): audited, and the run
+        stops. The link stays, so every later run refuses until a person removes it."""
+        self.outcome.error = self.outcome.error or f"a mount source changed {when}"
+        for problem in problems:
+            self.audit.record(
+                "zone.violation",
+                allowed=False,
+                reason=problem,
+                **run_context(self.spec),
+                metadata={"when": when},
+            )
+        raise OrchestratorError(
+            f"run {self.spec.run_id}: a mount source changed {when}: {problems[0]}; a worker "
+            "may have planted a link on a zone's path: remove it and check what it pointed at"
+        )
+
+    def _after_run_violations(self) -> list[str]:
+        """Links now on the project's zone paths or own folders, each audited. The next
+        run refuses to load the project until a person removes them."""
+        if not self._opened:
+            return []
+        found = path_violations(self.prepared.project)
+        for problem in found:
+            log.warning("run %s: %s", self.spec.run_id, problem)
+            self.audit.record(
+                "zone.violation",
+                allowed=False,
+                reason=problem,
+                **run_context(self.spec),
+                metadata={"when": "after the run"},
+            )
+        return found
 
     def place_inputs(self, inputs: Sequence[InputSpec | str | os.PathLike[str]]) -> None:
         """Place inputs in an opened run's /inputs before its worker starts (a run opened
@@ -366,11 +430,13 @@ class Run:
             if self._broker is not None:
                 self._broker.close(cancel=failed)
             self._stack.close()  # secrets
+            self.sources.release()
             self._release_access()
             asked = self.staging.zones(self.prepared) if self.staging is not None else []
             egress = _egress_decisions(self.engine, spec, self._wall_start, self.audit)
             _release_network(self.engine, self._network)
             self._network = None
+            violations = self._after_run_violations()
             tails = self.tails
             self.result = RunResult(
                 run_id=spec.run_id,
@@ -389,6 +455,7 @@ class Run:
                 outbox=self.outcome.collected,
                 asked=asked,
                 egress=egress,
+                violations=violations,
             )
             if self._opened:
                 self.audit.record(
@@ -405,6 +472,7 @@ class Run:
                 )
             return self.result
         finally:
+            self.sources.release()
             self._release_access()  # on every path, and before the record could go
             # The run's own folder (broker socket, ask copies) never outlives the run; rmtree
             # walks by directory descriptors and never follows a link the worker planted.
@@ -453,6 +521,7 @@ class Run:
         except EngineError as exc:
             outcome.error = str(exc)
             raise
+        self._check_sources("once its container started")
         code = engine.wait(self.container_id, timeout=spec.limits.timeout_s)
         if code is None:
             engine.kill(self.container_id)

@@ -77,6 +77,7 @@ class Session:
             session_id=self.id,
             worker=self.worker,
             outbox=_Outbox(self),
+            identities=run.sources.identities(),
         )
         self._lock = threading.Lock()
         self._in_flight = 0

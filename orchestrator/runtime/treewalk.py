@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.pathwalk import open_path
 from orchestrator.runtime.hostfs import DIR_FLAGS, FILE_FLAGS
 
 __all__ = ["Entry", "TreeChanged", "walk"]
@@ -73,13 +74,15 @@ def walk(root: Path, visit: Callable[[Entry], bool]) -> None:
     """Call ``visit`` on ``root`` and everything under it, folders before their content.
 
     ``visit`` returns whether to go into a folder (its result is ignored for anything
-    else). ``root`` itself must not be a symlink (``OSError`` ``ELOOP``); a regular file
-    is visited alone.
+    else). No component of ``root`` may be a symlink (:class:`PathRefused`, an
+    ``OSError``): a worker could have planted one on the way; a regular file is visited
+    alone.
     """
-    if not stat.S_ISDIR(os.lstat(root).st_mode):
+    fd = open_path(root, file_ok=True)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
         _visit_file(root, visit)
         return
-    fd = os.open(root, DIR_FLAGS)
     try:
         info = os.fstat(fd)
         if not visit(Entry(fd, ".", info, "")):
@@ -123,7 +126,7 @@ def walk(root: Path, visit: Callable[[Entry], bool]) -> None:
 
 
 def _visit_file(root: Path, visit: Callable[[Entry], bool]) -> None:
-    folder = os.open(root.parent, DIR_FLAGS)
+    folder = open_path(root.parent)
     try:
         info = os.lstat(root.name, dir_fd=folder)
         if stat.S_ISLNK(info.st_mode):

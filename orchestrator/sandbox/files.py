@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError, PolicyError
+from orchestrator.pathwalk import Identity
 from orchestrator.policy import Grant, ZoneGrant, ZoneView
 from orchestrator.sandbox import nofollow
 from orchestrator.sandbox.content import ReadCaps, read_content
@@ -90,7 +91,11 @@ class SandboxFiles:
         worker: str | None = None,
         outbox: OutboxWriter | None = None,
         caps: ReadCaps | None = None,
+        identities: Mapping[str, Identity] | None = None,
     ) -> None:
+        """``identities``: the folders the container mounts, by host path (a run's
+        :attr:`~orchestrator.runtime.run.Run.sources`); a zone whose path leads elsewhere
+        is refused. Without them, each zone must stay the folder first opened."""
         self.grant = grant
         self.view = ZoneView(grant)
         self.audit = audit
@@ -99,7 +104,7 @@ class SandboxFiles:
         self.outbox = outbox
         self.caps = caps or ReadCaps()
         self._owner: Owner = owner if owner is not None and os.geteuid() == 0 else None
-        self._roots = ZoneRoots(self._owner)
+        self._roots = ZoneRoots(self._owner, identities)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -1,23 +1,26 @@
 """The open zone roots of one sandbox, and folders opened beneath them for one call.
 
-Each zone's root is opened once (``O_DIRECTORY | O_NOFOLLOW``, after checking its host path
-has no link in it) and kept until :meth:`ZoneRoots.close`: the container's bind mount holds
-the same folder, so later renames of the host path change neither. Everything below a root
-is opened per call through :mod:`orchestrator.sandbox.nofollow`.
+Each zone's root is opened per call, its host path walked from ``/`` without following a
+link, and checked to be the folder the container's bind mount holds (see
+:class:`ZoneRoots`). Everything below a root is opened per call through
+:mod:`orchestrator.sandbox.nofollow`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import threading
+from collections.abc import Mapping
 
+from orchestrator.pathwalk import Identity, PathRefused, identity, open_path
 from orchestrator.policy import ZoneGrant
 from orchestrator.sandbox import nofollow
 from orchestrator.sandbox.errors import SandboxError, SandboxNotFound
 from orchestrator.sandbox.nofollow import Owner, WalkError
-from orchestrator.staging.fsutil import DIR_FLAGS, FILE_FLAGS
+from orchestrator.staging.fsutil import FILE_FLAGS
 
 Parts = list[str]  # a path's components inside its zone
 
@@ -43,44 +46,57 @@ def os_refusal(verb: str, path: str, exc: OSError) -> SandboxError:
 
 
 class ZoneRoots:
-    """Root descriptors by zone target; ``owner`` gets the folders made on the way."""
+    """Opens zone roots for one call each; ``owner`` gets the folders made on the way.
 
-    def __init__(self, owner: Owner) -> None:
+    A root is opened on every call by walking its host path from ``/`` without following
+    any link (:func:`orchestrator.pathwalk.open_path`), and must be the folder the sandbox
+    holds: ``identities`` (the run's mount sources, by host path), or else the folder
+    first opened. A root whose path now leads through a link, or to another folder, is
+    refused: a worker racing a swap of a folder on the path gains nothing.
+    """
+
+    def __init__(self, owner: Owner, identities: Mapping[str, Identity] | None = None) -> None:
         self.owner = owner
-        self._roots: dict[str, tuple[int, bool]] = {}
+        self._known: dict[str, Identity] = dict(identities or {})
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        with self._lock:
-            for fd, _ in self._roots.values():
-                os.close(fd)
-            self._roots.clear()
+        """Nothing is held between calls (kept for the callers' ``with`` blocks)."""
 
     def root(self, verb: str, path: str, zone: ZoneGrant) -> tuple[int, bool]:
-        """The zone root's descriptor, and whether it is a folder (a guard zone may bind a
-        single file, such as the project file, read-only inside a writable zone)."""
-        with self._lock:
-            if zone.target in self._roots:
-                return self._roots[zone.target]
-            host = zone.host_path
-            try:
-                if os.path.realpath(host) != str(host):
-                    raise OSError(0, "its host path is reached through a symbolic link")
-                try:
-                    fd, folder = os.open(host, DIR_FLAGS), True
-                except NotADirectoryError:
-                    fd, folder = os.open(host, FILE_FLAGS), False
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        os.close(fd)
-                        raise OSError(0, "it is neither a folder nor a regular file") from None
-            except OSError as exc:
-                missing = isinstance(exc, FileNotFoundError)
-                error = SandboxNotFound if missing else SandboxError
-                raise error(f"Cannot {verb} '{path}': {zone.target} is not available on the "
-                            f"host ({exc.strerror}); it appears when the sandbox is prepared"
-                            ) from None  # fmt: skip
-            self._roots[zone.target] = (fd, folder)
-            return fd, folder
+        """A new descriptor for the zone's root (the caller closes it), and whether it is a
+        folder (a guard zone may bind a single file, such as the project file, read-only
+        inside a writable zone)."""
+        host = zone.host_path
+        try:
+            fd = open_path(host, file_ok=True)
+        except PathRefused as refused:
+            error = SandboxNotFound if refused.missing else SandboxError
+            why = (
+                "it appears when the sandbox is prepared"
+                if refused.missing
+                else "refusing: a worker may have planted a link on the path"
+            )
+            raise error(f"Cannot {verb} '{path}': {zone.target} is not available on the "
+                        f"host ({refused.reason}); {why}") from None  # fmt: skip
+        try:
+            with self._lock:
+                known = self._known.setdefault(str(host), identity(fd))
+            if identity(fd) != known:
+                raise SandboxError(
+                    f"Cannot {verb} '{path}': {host} is no longer the folder mounted at "
+                    f"{zone.target} (it was replaced while the sandbox is open); refusing"
+                )
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                return fd, True
+            # A single file: readable through the very inode that was checked.
+            readable = os.open(f"/proc/self/fd/{fd}", FILE_FLAGS & ~os.O_NOFOLLOW)
+            os.close(fd)
+            return readable, False
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
 
     def parent(
         self,
@@ -96,16 +112,19 @@ class ZoneRoots:
         (or for a zone's root) the folder of the path itself and ``""``. A zone that is a
         single file gives its own descriptor (a copy) for its root, and nothing below it."""
         root, folder = self.root(verb, path, zone)
-        if not folder and (parts or whole):
-            raise SandboxError(f"Cannot {verb} '{path}': {zone.target} is a file, not a folder")
-        folder_parts, name = (parts, "") if whole or not parts else (parts[:-1], parts[-1])
         try:
-            fd = nofollow.open_folder(root, folder_parts, zone.target, create=create,
-                                      owner=self.owner)  # fmt: skip
-        except WalkError as exc:
-            raise fail(verb, path, exc) from None
-        except OSError as exc:  # a name over 255 bytes, a folder removed mid-walk
-            raise os_refusal(verb, path, exc) from None
+            if not folder and (parts or whole):
+                raise SandboxError(f"Cannot {verb} '{path}': {zone.target} is a file, not a folder")
+            folder_parts, name = (parts, "") if whole or not parts else (parts[:-1], parts[-1])
+            try:
+                fd = nofollow.open_folder(root, folder_parts, zone.target, create=create,
+                                          owner=self.owner)  # fmt: skip
+            except WalkError as exc:
+                raise fail(verb, path, exc) from None
+            except OSError as exc:  # a name over 255 bytes, a folder removed mid-walk
+                raise os_refusal(verb, path, exc) from None
+        finally:
+            os.close(root)
         return Opened(fd, name)
 
     def probe(

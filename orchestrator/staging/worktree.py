@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from orchestrator.pathwalk import PathRefused, open_path
+
 __all__ = ["Entry", "UnsafePath", "WorkTree", "temp_name"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -70,7 +72,13 @@ class WorkTree:
 
         Raises FileNotFoundError when a folder is missing and ``create`` is False.
         """
-        fds = [os.open(self.root, _DIR_FLAGS)]
+        try:
+            fds = [open_path(self.root)]  # no link on the way to the root either
+        except PathRefused as refused:
+            raise UnsafePath(
+                f"{self.root}: {refused.reason}; clearance never follows links on the way "
+                "to its target (a worker may have planted it): remove it"
+            ) from None
         try:
             for index, name in enumerate(parts[:-1]):
                 where = "/".join(parts[: index + 1])

@@ -124,6 +124,9 @@ class FakeEngine:
     def image_exists(self, image: str) -> bool:
         return True
 
+    def pins_mounts(self) -> bool:
+        return False
+
     def runtime_for(self, spec: ContainerSpec) -> str:
         name = {"runc": "runc", "gvisor": "fake-runsc"}[spec.isolation]
         if name not in self.runtimes:

@@ -153,6 +153,22 @@ def test_zone_cannot_be_root_or_hold_the_docker_socket(project):
     ],
 )
 def test_zone_resolving_into_host_only_folders_is_refused(project, target):
+    (project.root / "orchestrator.yaml").write_text(
+        f"zones:\n  ok: {{path: .}}\n  direct: {{path: '{target}'}}\n"
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load_project(project.root)
+    (line,) = problems(excinfo)
+    assert line.startswith(
+        f"{project.root / 'orchestrator.yaml'}:3: zones.direct.path: '{target}' resolves to "
+        f"{target}, "
+    )
+    assert ", inside /" in line or ", which holds /var/lib/docker" in line
+    assert line.endswith(("; name a project folder", "; name a narrower folder"))
+
+
+@pytest.mark.parametrize("target", ["/proc", "/sys/kernel", "/run", "/tmp"])
+def test_a_link_on_a_zone_path_is_refused_naming_it_wherever_it_points(project, target):
     (project.root / "innocent").symlink_to(target)
     (project.root / "orchestrator.yaml").write_text(
         "zones:\n  ok: {path: .}\n  sneaky: {path: innocent/.}\n"
@@ -160,13 +176,27 @@ def test_zone_resolving_into_host_only_folders_is_refused(project, target):
     with pytest.raises(ConfigError) as excinfo:
         load_project(project.root)
     (line,) = problems(excinfo)
-    real = Path(os.path.realpath(target))
-    assert line.startswith(
-        f"{project.root / 'orchestrator.yaml'}:3: zones.sneaky.path: 'innocent/.' resolves to "
-        f"{real}, "
+    assert line == (
+        f"{project.root / 'orchestrator.yaml'}:3: zones.sneaky.path: 'innocent/.' leads "
+        f"through a symbolic link: {project.root / 'innocent'} -> {target}; links are never "
+        "followed on these paths (a worker could have planted one): name the real path, or "
+        "remove the link if a worker made it"
     )
-    assert ", inside /" in line or ", which holds /var/lib/docker" in line
-    assert line.endswith(("; name a project folder", "; name a narrower folder"))
+
+
+def test_links_on_the_project_own_folders_are_refused(project, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (project.root / "workers").rename(project.root / "workers.old")
+    (project.root / "workers").symlink_to(elsewhere)
+    (project.root / "state").symlink_to(elsewhere)
+    project.extra = "sandbox: {root: state/sb}\n"
+    project.write_project()
+    with pytest.raises(ConfigError) as excinfo:
+        load_project(project.root)
+    found = problems(excinfo)
+    assert [line.split(": ", 2)[1] for line in found] == ["sandbox.root", "workers"]
+    assert all(f"-> {elsewhere}" in line for line in found)
 
 
 def test_zone_next_to_the_engine_socket_named_by_docker_host_is_refused(project, monkeypatch):

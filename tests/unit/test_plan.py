@@ -185,9 +185,8 @@ def test_outbox_is_capped_by_the_memory_limit_and_plan_says_so(project, capsys):
 def test_plan_shows_resolved_zone_folders_and_which_leave_the_project(project, tmp_path, capsys):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    (project.root / "link").symlink_to(outside)
     project.zone("inside")
-    project.zones["ext"] = ("link", "ro", "")
+    project.zones["ext"] = ("../elsewhere", "ro", "")
     project.write_project()
     project.worker("w", 'command: ["true"]\nsandbox: {zones: [{name: inside}, {name: ext}]}')
     with pytest.raises(SystemExit):
