@@ -1,0 +1,320 @@
+"""A worker plants symbolic links on zone paths to redirect later runs: every attack tried.
+
+Each test builds a project whose zones a hostile worker can reach, a *canary* host folder
+outside every zone, and tries to make a later run, a session's host-side file API or
+``staged apply`` read or write the canary. The orchestrator runs as root (as on CI
+runners) and as a normal user of the ``docker`` group, under runc and gVisor. The canary's
+content is asserted unread (it never reaches any output) and unwritten (its listing and
+bytes are unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator.audit import AuditLog
+
+pytestmark = pytest.mark.docker
+
+USER = "orchestrator-links-test"
+PROJECT_FILE = "orchestrator.yaml"
+
+
+class Actor:
+    """Who runs the orchestrator: root, or a normal user in the ``docker`` group."""
+
+    def __init__(self, name: str, base: Path) -> None:
+        self.name = name
+        self.base = base
+
+    @property
+    def is_root(self) -> bool:
+        return self.name == "root"
+
+    def argv(self, *argv: str) -> list[str]:
+        """``argv`` (a Python command line) as this actor. The user gets the system's own
+        Python with this checkout and the venv's packages: the venv's interpreter may live
+        in root's home, out of other users' reach."""
+        if self.is_root:
+            return [sys.executable, *argv]
+        packages = sysconfig.get_paths()["purelib"]
+        return ["runuser", "-u", USER, "--", "env", "-i", "HOME=/nonexistent",
+                f"PATH={os.environ['PATH']}", f"PYTHONPATH={REPO}:{packages}",
+                PYTHON_FOR_USER, *argv]  # fmt: skip
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv("-m", "orchestrator", *args),
+            capture_output=True, text=True, timeout=timeout, check=False, cwd=self.base,
+        )  # fmt: skip
+
+    def python(self, script: str, timeout: float = 180) -> dict:
+        """Run ``script`` (which prints one JSON line last) as this actor."""
+        done = subprocess.run(
+            self.argv("-c", textwrap.dedent(script)),
+            capture_output=True, text=True, timeout=timeout, check=False, cwd=self.base,
+            env=None if not self.is_root else {**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def own(self, path: Path) -> None:
+        if not self.is_root:
+            subprocess.run(["chown", "-R", f"{USER}:{USER}", str(path)], check=True)
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: An interpreter of the venv's version that every user can run.
+PYTHON_FOR_USER = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@pytest.fixture(scope="module")
+def test_user():
+    """A throw-away user in the docker group (removed afterwards)."""
+    created = subprocess.run(["id", USER], capture_output=True, check=False).returncode != 0
+    if created:
+        subprocess.run(
+            ["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", "-G", "docker",
+             USER], check=True, capture_output=True,
+        )  # fmt: skip
+    yield USER
+    if created:
+        subprocess.run(["userdel", USER], check=False, capture_output=True)
+
+
+@pytest.fixture(params=["root", "user"])
+def actor(request, engine, test_user):
+    # /tmp itself: pytest's own folders are root's, 0700, out of a normal user's reach.
+    base = Path(tempfile.mkdtemp(prefix="orch-links-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    yield Actor(request.param, base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+class Canary:
+    """A host folder outside every zone, with a secret file and a ``nested`` folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.secret = f"CANARY-{uuid.uuid4().hex}"
+        (root / "nested").mkdir(parents=True)
+        for folder in (root, root / "nested"):
+            (folder / "secret.txt").write_text(self.secret)
+            (folder / "real.txt").write_text(self.secret)
+        self.before = self.snapshot()
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {
+            str(p.relative_to(self.root)): p.read_bytes() if p.is_file() else b"<dir>"
+            for p in sorted(self.root.rglob("*"))
+        }
+
+    def untouched(self, *outputs: str) -> None:
+        assert self.snapshot() == self.before, "the canary folder was written"
+        for output in outputs:
+            assert self.secret not in output, "the canary was read"
+
+
+def make_project(actor: Actor, isolation: str, zones: str, *, git: bool = False) -> Path:
+    root = actor.base / "project"
+    (root / "workers").mkdir(parents=True)
+    levels = ", ".join(f"{t}: {isolation}" for t in ("untrusted", "session", "workspace", "full"))
+    (root / PROJECT_FILE).write_text(f"zones:\n{zones}isolation: {{{levels}}}\n")
+    if git:
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        (root / ".gitignore").write_text(".sandbox/\n")
+    return root
+
+
+def worker(root: Path, name: str, script: str, front: str) -> None:
+    command = json.dumps(["sh", "-c", textwrap.dedent(script).strip()])
+    (root / "workers" / f"{name}.worker").write_text(f"---\ncommand: {command}\n{front}\n---\n")
+
+
+def audit_events(root: Path, kind: str) -> list:
+    return [e for e in AuditLog(root / ".sandbox" / "audit.jsonl").query() if e.operation == kind]
+
+
+def gvisor_or_runc(request, engine) -> str:
+    from tests.integration.conftest import require_gvisor
+
+    if request.param == "gvisor":
+        require_gvisor(engine)
+    return request.param
+
+
+@pytest.fixture(params=["runc", "gvisor"])
+def runtime(request, engine) -> str:
+    return gvisor_or_runc(request, engine)
+
+
+# -- 1. a persistent link, no race -------------------------------------------------------------
+
+
+def test_a_full_worker_cannot_redirect_a_zone_for_later_runs(actor, runtime):
+    """``mv /repo/output /repo/.old && ln -s CANARY /repo/output`` by a ``full`` worker: the
+    run reports the violation, and every later run refuses the project, naming the link."""
+    canary = Canary(actor.base / "canary")
+    root = make_project(
+        actor, runtime, "  output: {path: output, mode: rw, untrusted_output: true}\n", git=True
+    )
+    (root / "output").mkdir()
+    (root / "output" / "mine.txt").write_text("the zone's own file")
+    worker(root, "planter", f"mv /repo/output /repo/.old && ln -s {canary.root} /repo/output",
+           "trust: full\nsandbox: {}")  # fmt: skip
+    worker(root, "victim", "cat /output/*; echo pwned > /output/pwned.txt",
+           "trust: untrusted\nsandbox: {zones: [{name: output, mode: rw}]}")  # fmt: skip
+    actor.own(actor.base)
+
+    planted = actor.cli("run", "planter", "--project", str(root))
+    assert planted.returncode == 0, planted.stderr
+    assert os.path.islink(root / "output")  # the attack itself worked on the host
+    assert f"VIOLATION: zone 'output': {root / 'output'} is now a symbolic link" in planted.stderr
+    (violation,) = audit_events(root, "zone.violation")
+    assert violation.allowed is False and str(root / "output") in violation.reason
+
+    victim = actor.cli("run", "victim", "--project", str(root))
+    assert victim.returncode == 125, victim.stderr
+    assert f"zones.output.path: 'output' leads through a symbolic link: {root / 'output'} -> " \
+        f"{canary.root}" in victim.stderr  # fmt: skip
+    doctor = actor.cli("doctor", "--project", str(root))
+    assert doctor.returncode != 0
+    assert f"{root / 'output'} -> {canary.root}" in doctor.stdout + doctor.stderr
+    canary.untouched(victim.stdout, victim.stderr, planted.stdout)
+    assert not [e for e in audit_events(root, "run.started") if e.worker == "victim"]
+
+
+def test_an_untrusted_worker_cannot_redirect_a_nested_zone(actor, runtime):
+    """``data`` rw holds ``nested``: an untrusted worker swaps ``data/sub`` for a link."""
+    canary = Canary(actor.base / "canary")
+    zones = (
+        "  data: {path: data, mode: rw, untrusted_output: true}\n"
+        "  nested: {path: data/sub/nested, mode: rw, untrusted_output: true}\n"
+    )
+    root = make_project(actor, runtime, zones)
+    (root / "data" / "sub" / "nested").mkdir(parents=True)
+    (root / "data" / "sub" / "nested" / "real.txt").write_text("real")
+    worker(root, "planter", f"mv /data/sub /data/sub.old && ln -s {canary.root} /data/sub",
+           "trust: untrusted\nsandbox: {zones: [{name: data, mode: rw}]}")  # fmt: skip
+    worker(root, "victim", "cat /nested/*; echo pwned > /nested/pwned.txt",
+           "trust: untrusted\nsandbox: {zones: [{name: nested, mode: rw}]}")  # fmt: skip
+    actor.own(actor.base)
+
+    planted = actor.cli("run", "planter", "--project", str(root))
+    assert planted.returncode == 0, planted.stderr
+    assert f"VIOLATION: zone 'nested': {root / 'data' / 'sub'} is now a symbolic link" in (
+        planted.stderr
+    )
+    victim = actor.cli("run", "victim", "--project", str(root), "--json")
+    assert victim.returncode == 125
+    assert json.loads(victim.stdout)["error"]["kind"] == "ConfigError"
+    assert f"{root / 'data' / 'sub'} -> {canary.root}" in victim.stderr
+    canary.untouched(victim.stdout, victim.stderr)
+
+
+def test_staged_apply_refuses_a_zone_redirected_after_the_run(actor, runtime):
+    """An ``ask`` change set for ``nested``; then ``data/sub`` becomes a link: apply refuses."""
+    canary = Canary(actor.base / "canary")
+    zones = (
+        "  data: {path: data, mode: rw, untrusted_output: true}\n"
+        "  nested: {path: data/sub/nested, mode: rw}\n"
+    )
+    root = make_project(actor, runtime, zones)
+    (root / "data" / "sub" / "nested").mkdir(parents=True)
+    worker(root, "editor", "echo edited > /nested/real.txt",
+           "trust: session\nsandbox: {zones: [{name: nested, mode: rw, approval: {write: ask}}]}"
+           )  # fmt: skip
+    worker(root, "planter", f"mv /data/sub /data/sub.old && ln -s {canary.root} /data/sub",
+           "trust: untrusted\nsandbox: {zones: [{name: data, mode: rw}]}")  # fmt: skip
+    actor.own(actor.base)
+
+    edited = actor.cli("run", "editor", "--project", str(root), "--json")
+    assert edited.returncode == 0, edited.stderr
+    (asked,) = json.loads(edited.stdout)["asked"]
+    assert actor.cli("run", "planter", "--project", str(root)).returncode == 0
+    applied = actor.cli("staged", "apply", asked["change_id"], "--yes", "--project", str(root))
+    assert applied.returncode == 125, applied.stderr
+    assert f"{root / 'data' / 'sub'} -> {canary.root}" in applied.stderr
+    canary.untouched(applied.stdout, applied.stderr)
+    assert (canary.root / "nested" / "real.txt").read_text() == canary.secret
+
+
+# -- 2. racing the host-side file API ----------------------------------------------------------
+
+#: Inside the session: swap ``/data/sub`` between the real folder, a link to the canary and
+#: nothing, as fast as the shell can, for a few seconds.
+TOGGLE = """
+end=$(( $(date +%s) + {seconds} ))
+while [ $(date +%s) -lt $end ]; do
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    mv /data/sub /data/sub.real; ln -s {canary} /data/sub; rm /data/sub; mv /data/sub.real /data/sub
+  done
+done
+echo toggled
+"""
+
+#: The host side: the session API reads, lists and writes /nested in a loop meanwhile.
+SESSION_RACE = """
+import json, threading, time
+from orchestrator import Orchestrator, OrchestratorError
+orch = Orchestrator({root!r})
+seen, refused, wrote = [], 0, 0
+with orch.open_session("racer") as session:
+    toggler = threading.Thread(target=lambda: seen.append(session.exec(
+        ["sh", "-c", {toggle!r}], timeout=60).stdout))
+    toggler.start()
+    time.sleep(0.5)
+    i = 0
+    while toggler.is_alive():
+        i += 1
+        for op in (lambda: seen.append(session.read("/nested/real.txt").text),
+                   lambda: seen.append(" ".join(e.name for e in session.list("/nested").entries)),
+                   lambda: session.write(f"/nested/w{{i}}.txt", "from the host")):
+            try:
+                op()
+            except OrchestratorError as exc:
+                refused += 1
+                seen.append(str(exc))
+    toggler.join()
+print(json.dumps({{"seen": seen, "refused": refused, "rounds": i}}))
+"""
+
+
+def race_project(actor: Actor, runtime: str, canary: Canary) -> Path:
+    zones = (
+        "  data: {path: data, mode: rw, untrusted_output: true}\n"
+        "  nested: {path: data/sub/nested, mode: rw, untrusted_output: true}\n"
+    )
+    root = make_project(actor, runtime, zones)
+    (root / "data" / "sub" / "nested").mkdir(parents=True)
+    (root / "data" / "sub" / "nested" / "real.txt").write_text("the real file")
+    worker(root, "racer", "sleep infinity",
+           "trust: untrusted\nsandbox: {zones: [{name: data, mode: rw}, {name: nested, mode: rw}]}"
+           )  # fmt: skip
+    actor.own(actor.base)
+    return root
+
+
+def test_swapping_a_folder_under_the_session_file_api_reaches_nothing(actor, runtime):
+    canary = Canary(actor.base / "canary")
+    root = race_project(actor, runtime, canary)
+    toggle = TOGGLE.format(seconds=4, canary=canary.root)
+    outcome = actor.python(SESSION_RACE.format(root=str(root), toggle=toggle))
+    assert "toggled" in outcome["seen"][0] or any("toggled" in s for s in outcome["seen"])
+    canary.untouched(*outcome["seen"])
+    assert outcome["refused"] > 0, "the race was never met: the test proves nothing"
+    assert "the real file" in outcome["seen"]  # and the real folder was read meanwhile
+    denied = [e for e in audit_events(root, "sandbox.read") if e.allowed is False]
+    assert denied, "refusals are audited as denials"
+    assert not (root / "data" / "sub").is_symlink()  # the toggler put it back
