@@ -15,6 +15,7 @@ the lexical parent as long as no link was followed: and none ever is.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -51,13 +52,15 @@ def identity(fd: int) -> Identity:
     return info.st_dev, info.st_ino
 
 
-def open_path(path: Path, *, file_ok: bool = False) -> int:
+def open_path(path: Path, *, file_ok: bool = False, create: int | None = None) -> int:
     """A descriptor for the absolute ``path``, opened without following any link.
 
     Every folder on the way must be a real folder; the last component too, or a regular
     file with ``file_ok`` (opened ``O_PATH``: usable for ``fstat`` and ``/proc/self/fd``,
-    not for reading). Raises :class:`PathRefused` naming the component that is a link,
-    is not a folder, or is missing (``missing``). The caller closes the descriptor.
+    not for reading). With ``create`` (a mode), missing folders are made, each in the
+    folder descriptor above it (``mkdirat``), so never through a link either. Raises
+    :class:`PathRefused` naming the component that is a link, is not a folder, or is
+    missing (``missing``). The caller closes the descriptor.
     """
     if not path.is_absolute():
         raise ValueError(f"{path} is not absolute")
@@ -69,7 +72,7 @@ def open_path(path: Path, *, file_ok: bool = False) -> int:
             last = index == len(parts) - 1
             here = here.parent if name == ".." else here / name
             try:
-                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                child = _open_folder(fd, name, create)
             except OSError as exc:
                 child = _refuse(fd, name, here, path, exc, file_ok=file_ok and last)
             os.close(fd)
@@ -88,6 +91,17 @@ def check_path(path: Path, *, file_ok: bool = False) -> None:
     except PathRefused as refused:
         if not refused.missing:
             raise
+
+
+def _open_folder(fd: int, name: str, create: int | None) -> int:
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if create is None or name == "..":
+            raise
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, create, dir_fd=fd)
+    return os.open(name, DIR_FLAGS, dir_fd=fd)
 
 
 def _refuse(fd: int, name: str, here: Path, path: Path, exc: OSError, *, file_ok: bool) -> int:

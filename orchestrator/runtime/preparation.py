@@ -8,6 +8,7 @@ worker's uid, and refuses any mount source that leads through a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ from orchestrator.audit import AuditLog
 from orchestrator.config import Project, Worker, load_worker
 from orchestrator.config.models import Trust
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.pathwalk import PathRefused, check_path, open_path
+from orchestrator.pathwalk import DIR_FLAGS, PathRefused, check_path, open_path
 from orchestrator.plan import ContainerSpec, compile_plan
 from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
 from orchestrator.policy.grant import ZoneGrant
@@ -324,16 +325,23 @@ def project_owner(root: Path) -> tuple[int, int]:
 
 
 def owned_folder(folder: Path, uid: int, gid: int) -> None:
-    """Create ``folder`` for the worker's uid, refusing to create through a symlink."""
+    """Create ``folder`` for the worker's uid, each missing folder made in the one above
+    it, never through a symlink (a worker may have planted one on the way)."""
     try:
-        check_path(folder)
+        parent = open_path(folder.parent, create=0o777)  # as mkdir -p: the umask applies
     except PathRefused as refused:
         raise OrchestratorError(
             f"{folder} would be created through {refused.reason}; refusing "
             "(a worker may have planted it)"
         ) from None
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = open_path(folder)  # what was made, link-free; never the path again
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder.name, 0o700, dir_fd=parent)
+        fd = os.open(folder.name, DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        raise OrchestratorError(f"{folder} cannot be made a folder here: {exc.strerror}") from None
+    finally:
+        os.close(parent)
     try:
         if os.getuid() == 0 and os.fstat(fd).st_uid != uid:
             os.fchown(fd, uid, gid)

@@ -252,8 +252,20 @@ def test_staged_apply_refuses_a_zone_redirected_after_the_run(actor, runtime):
 
 # -- 2. racing the host-side file API ----------------------------------------------------------
 
-#: Inside the session: swap ``/data/sub`` between the real folder, a link to the canary and
-#: nothing, as fast as the shell can, for a few seconds.
+#: Inside the session, the attack of the issue: with the real ``/data/sub`` moved aside,
+#: make it a link to the canary and nothing, in turn, as fast as the shell can; then put
+#: the real folder back.
+TOGGLE_LINK = """
+mv /data/sub /data/sub.real
+end=$(( $(date +%s) + {seconds} ))
+while [ $(date +%s) -lt $end ]; do
+  for i in 1 2 3 4 5 6 7 8 9 10; do ln -s {canary} /data/sub; rm /data/sub; done
+done
+mv /data/sub.real /data/sub
+echo toggled
+"""
+
+#: The same, with the real folder in the cycle too (so some runs get it).
 TOGGLE = """
 end=$(( $(date +%s) + {seconds} ))
 while [ $(date +%s) -lt $end ]; do
@@ -287,6 +299,7 @@ with orch.open_session("racer") as session:
                 refused += 1
                 seen.append(str(exc))
     toggler.join()
+    seen.append(session.read("/nested/real.txt").text)  # the real folder, once back
 print(json.dumps({{"seen": seen, "refused": refused, "rounds": i}}))
 """
 
@@ -309,12 +322,55 @@ def race_project(actor: Actor, runtime: str, canary: Canary) -> Path:
 def test_swapping_a_folder_under_the_session_file_api_reaches_nothing(actor, runtime):
     canary = Canary(actor.base / "canary")
     root = race_project(actor, runtime, canary)
-    toggle = TOGGLE.format(seconds=4, canary=canary.root)
+    toggle = TOGGLE_LINK.format(seconds=4, canary=canary.root)
     outcome = actor.python(SESSION_RACE.format(root=str(root), toggle=toggle))
     assert "toggled" in outcome["seen"][0] or any("toggled" in s for s in outcome["seen"])
     canary.untouched(*outcome["seen"])
     assert outcome["refused"] > 0, "the race was never met: the test proves nothing"
-    assert "the real file" in outcome["seen"]  # and the real folder was read meanwhile
+    assert outcome["seen"][-1] == "the real file"  # the real folder, read once it is back
     denied = [e for e in audit_events(root, "sandbox.read") if e.allowed is False]
     assert denied, "refusals are audited as denials"
     assert not (root / "data" / "sub").is_symlink()  # the toggler put it back
+
+
+# -- 3. racing the engine's own lookup of a mount source (root: pinned sources) ---------------
+
+MOUNT_RACE = """
+import json, threading, time
+from orchestrator import Orchestrator, OrchestratorError
+orch = Orchestrator({root!r})
+outputs, outcomes = [], []
+with orch.open_session("racer") as session:
+    toggler = threading.Thread(target=lambda: outputs.append(session.exec(
+        ["sh", "-c", {toggle!r}], timeout=60).stdout))
+    toggler.start()
+    time.sleep(0.5)
+    while toggler.is_alive():
+        try:
+            result = orch.run("victim")
+            outputs += [result.stdout, result.stderr, result.error or ""]
+            outcomes.append(result.status)
+        except OrchestratorError as exc:
+            outputs.append(str(exc))
+            outcomes.append(type(exc).__name__)
+    toggler.join()
+print(json.dumps({{"outputs": outputs, "outcomes": outcomes}}))
+"""
+
+
+def test_swapping_a_folder_while_runs_start_never_mounts_the_canary(engine, runtime, test_user):
+    """As root every mount source is pinned: whatever the path says when the engine looks,
+    the container gets the folder that was checked (or the run is refused)."""
+    actor = Actor("root", Path(tempfile.mkdtemp(prefix="orch-links-", dir="/tmp")))
+    try:
+        canary = Canary(actor.base / "canary")
+        root = race_project(actor, runtime, canary)
+        worker(root, "victim", "cat /nested/*; ls /nested; echo pwned > /nested/pwned.txt",
+               "trust: untrusted\nsandbox: {zones: [{name: nested, mode: rw}]}")  # fmt: skip
+        toggle = TOGGLE.format(seconds=8, canary=canary.root)
+        outcome = actor.python(MOUNT_RACE.format(root=str(root), toggle=toggle), timeout=300)
+        canary.untouched(*outcome["outputs"])
+        assert "exited" in outcome["outcomes"], outcome  # runs did start meanwhile
+        assert not (canary.root / "nested" / "pwned.txt").exists()
+    finally:
+        shutil.rmtree(actor.base, ignore_errors=True)
