@@ -11,9 +11,11 @@ client to its child, and the child's exit code back. A client that goes away (ev
 gets its child terminated: SIGTERM, so the command cleans up, then SIGKILL after a grace.
 
 Security model: same uid only (the folder is 0700, the socket 0600, both checked with
-lstat by both sides, and each side checks the other's SO_PEERCRED uid); nothing of one
-command (engine connection, caches, state) reaches another, since each is a new fork of a
-process that never ran one.
+lstat by both sides, and each side checks the other's SO_PEERCRED uid), and only a client
+confined as the server is (groups, NoNewPrivs, seccomp, capabilities, namespaces: see
+:mod:`orchestrator.cli.peer`; any other runs its command itself), whose umask and resource
+limits the command takes; nothing of one command (engine connection, caches, state)
+reaches another, since each is a new fork of a process that never ran one.
 """
 
 from __future__ import annotations
