@@ -6,9 +6,11 @@ its private socket and was started from the same package files, this process pas
 command's argv, working folder, environment and its own stdin/stdout/stderr descriptors
 (SCM_RIGHTS), forwards SIGINT/SIGTERM/SIGHUP, and exits with the code the server reports.
 Anything else (no server, a refused or stale socket, a folder or socket with the wrong owner
-or modes, an outdated server) runs the command line in this process instead: silently, or
-saying why when ``ORCHESTRATOR_SERVER_DEBUG=1``. ``ORCHESTRATOR_NO_SERVER=1`` never asks.
-The wire protocol and the checks are in :mod:`orchestrator.cli.wire`.
+or modes, an outdated server, a server that does not serve this process because it is
+confined otherwise than the server: see :mod:`orchestrator.cli.peer`) runs the command line
+in this process instead: silently, or saying why when ``ORCHESTRATOR_SERVER_DEBUG=1``.
+``ORCHESTRATOR_NO_SERVER=1`` never asks. The wire protocol and the checks are in
+:mod:`orchestrator.cli.wire`.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def connect() -> tuple[socket.socket, int]:
             greeting = read_line(sock)
         except (OSError, EOFError):
             raise Unusable(f"the server (pid {pid}) did not greet") from None
+        if greeting.startswith(f"{GREETING} refused: "):
+            reason = greeting.removeprefix(f"{GREETING} refused: ")
+            raise Unusable(f"the server (pid {pid}) does not serve this process: {reason}")
         name, _, theirs = greeting.rpartition(" ")
         if name != GREETING:
             raise Unusable(f"the server (pid {pid}) speaks another protocol: {greeting!r}")
@@ -102,12 +107,15 @@ def through_server(argv: list[str]) -> int:
             except OSError:
                 pass
 
-        for sig in FORWARDED:
-            signal.signal(sig, forward)
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
         try:
             word, _, code = read_line(sock).partition(" ")
         except (OSError, EOFError):
             word, code = "", ""
+        if word == "refused":  # checked again after the request: nothing was started
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            raise Unusable(f"the server (pid {pid}) does not serve this process: {code}")
         if word != "exit" or not code.lstrip("-").isdigit():
             print(
                 f"orchestrator: the server (pid {pid}) ended the connection before the "

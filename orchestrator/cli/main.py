@@ -273,6 +273,7 @@ def gc(
     shared = engine.collect_shared(idle)
     secrets = sweep_orphaned()
     access = _restore_access(project_dir, everything)
+    folders = _remove_run_folders(project_dir, everything)  # after access: it frees some
     emptied = _remove_empty_sessions(engine, project_dir, report.removed)
     sessions = SessionPrune()
     if sessions_age is not None:
@@ -290,6 +291,8 @@ def gc(
                 "shared_removed": shared,
                 "secret_folders_removed": secrets,
                 "access_restored": access,
+                "run_folders_removed": folders.removed,
+                "run_folders_left": [{"name": n, "reason": r} for n, r in folders.left],
                 "sessions_removed": [s.session_id for s in sessions.removed],
                 "empty_sessions_removed": emptied,
                 "sessions_in_use": sessions.in_use,
@@ -305,6 +308,10 @@ def gc(
             say(f"removed {name}")
         for run_id in access:
             say(f"put back the access dead run {run_id} had given its worker")
+        for name in folders.removed:
+            say(f"removed run folder {name} of a dead run")
+        for name, reason in folders.left:
+            say(f"left run folder {name}: {reason}")
         for name in emptied:
             say(f"removed empty session folder {name} of a dead run")
         for pruned in sessions.removed:
@@ -314,7 +321,7 @@ def gc(
         for name, problem in sessions.failed:
             say(f"could not remove session {name}: {problem}")
         removed = len(report.removed) + len(shared) + len(secrets) + len(sessions.removed)
-        removed += len(emptied)
+        removed += len(emptied) + len(folders.removed)
         say(f"gc: {removed} removed, {len(report.kept)} in use by live processes")
     if report.failed or sessions.failed:
         raise SystemExit(EXIT_ERROR)
@@ -350,6 +357,22 @@ def _restore_access(project_dir: Path, everything: bool) -> list[str]:
     from orchestrator.runtime.access import sweep
 
     project = load_project(project_dir)
+    return sweep(project.sandbox_root, everything=everything, audit=open_audit(project))
+
+
+def _remove_run_folders(project_dir: Path, everything: bool) -> Any:
+    """In a project, the run folders (inputs, ``ask`` copies) of dead orchestrators."""
+    from orchestrator.config.loader import PROJECT_FILE
+    from orchestrator.runtime.run_folders import FolderSweep, sweep
+
+    if not (project_dir / PROJECT_FILE).is_file():
+        return FolderSweep()
+    from orchestrator.config import load_project
+    from orchestrator.runtime import open_audit
+
+    project = load_project(project_dir)
+    if not (project.sandbox_root / "runs").is_dir():
+        return FolderSweep()
     return sweep(project.sandbox_root, everything=everything, audit=open_audit(project))
 
 

@@ -11,9 +11,11 @@ client to its child, and the child's exit code back. A client that goes away (ev
 gets its child terminated: SIGTERM, so the command cleans up, then SIGKILL after a grace.
 
 Security model: same uid only (the folder is 0700, the socket 0600, both checked with
-lstat by both sides, and each side checks the other's SO_PEERCRED uid); nothing of one
-command (engine connection, caches, state) reaches another, since each is a new fork of a
-process that never ran one.
+lstat by both sides, and each side checks the other's SO_PEERCRED uid), and only a client
+confined as the server is (groups, NoNewPrivs, seccomp, capabilities, namespaces: see
+:mod:`orchestrator.cli.peer`; any other runs its command itself), whose umask and resource
+limits the command takes; nothing of one command (engine connection, caches, state)
+reaches another, since each is a new fork of a process that never ran one.
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from orchestrator.cli import wire
+from orchestrator.cli import peer, wire
 from orchestrator.errors import OrchestratorError
 
 #: What a command imports before its first engine call, loaded once by the server.
@@ -205,6 +207,7 @@ class ForkServer:
         self.path = path
         self.inode = os.lstat(path).st_ino
         self.fingerprint = wire.fingerprint()
+        self.confinement = peer.confinement("self")
         self.commands: dict[int, Command] = {}
         self.stopping = False
         self.selector = selectors.DefaultSelector()
@@ -265,10 +268,13 @@ class ForkServer:
         except BlockingIOError:
             return
         fds: list[int] = []
+        pidfd = -1
         try:
             conn.settimeout(REQUEST_WAIT_S)
-            if wire.peer_uid_pid(conn)[0] != os.getuid():
+            uid, client = wire.peer_uid_pid(conn)
+            if uid != os.getuid():
                 raise ValueError("another uid")
+            pidfd, seen = self._check(conn, client)
             conn.sendall(f"{wire.GREETING} {self.fingerprint}\n".encode())
             header, fds, _flags, _addr = socket.recv_fds(conn, wire.HEADER.size, 3)
             while header and len(header) < wire.HEADER.size:
@@ -283,19 +289,68 @@ class ForkServer:
                     raise ValueError("short request")
                 payload += chunk
             argv, cwd, env = wire.decode_request(bytes(payload))
-            pid = self._fork(conn, fds, argv, cwd, env)
-        except (OSError, ValueError):  # a client gone or confused
+            taken = self._recheck(conn, client, pidfd, seen)
+            os.close(pidfd)  # not the child's
+            pidfd = -1
+            pid = self._fork(conn, fds, argv, cwd, env, taken)
+        except (OSError, ValueError, peer.Unreadable):  # a client gone, confused or refused
             conn.close()
             return
         finally:
             for fd in fds:
                 os.close(fd)
+            if pidfd >= 0:
+                os.close(pidfd)
         conn.setblocking(False)
         self.commands[pid] = Command(conn, pid)
         self.selector.register(conn, selectors.EVENT_READ, pid)
 
+    def _check(self, conn: socket.socket, client: int) -> tuple[int, dict[str, str]]:
+        """Before the greeting: a pidfd of the client and what confines it, the server's
+        own; else the client is told why it must run its command itself (ValueError)."""
+        try:
+            pidfd = peer.peer_pidfd(conn, client)
+        except (OSError, peer.Unreadable) as exc:
+            _refuse(conn, f"{wire.GREETING} refused:", str(exc))
+        try:
+            seen = peer.confinement(client)
+            if not peer.still_running(pidfd):
+                raise peer.Unreadable(f"the process that connected (pid {client}) is gone")
+        except peer.Unreadable as exc:
+            os.close(pidfd)
+            _refuse(conn, f"{wire.GREETING} refused:", str(exc))
+        differ = peer.differences(seen, self.confinement)
+        try:
+            differ += peer.unmatched_limits(peer.taken(client), self.confinement.get("CapEff", ""))
+        except peer.Unreadable as exc:
+            differ.append(str(exc))
+        if differ:
+            os.close(pidfd)
+            _refuse(conn, f"{wire.GREETING} refused:", "; ".join(differ))
+        return pidfd, seen
+
+    def _recheck(
+        self, conn: socket.socket, client: int, pidfd: int, seen: dict[str, str]
+    ) -> peer.Taken:
+        """After the request: the client's umask and limits, once it is checked to be the
+        same process, confined as it was (else it is refused: ValueError)."""
+        try:
+            now = peer.confinement(client)
+            taken = peer.taken(client)
+        except peer.Unreadable as exc:
+            _refuse(conn, "refused", str(exc))
+        if not peer.still_running(pidfd):
+            raise ValueError("the client is gone")
+        differ = peer.differences(now, seen)
+        if differ:
+            _refuse(conn, "refused", "it changed since it connected: " + "; ".join(differ))
+        above = peer.unmatched_limits(taken, self.confinement.get("CapEff", ""))
+        if above:
+            _refuse(conn, "refused", "; ".join(above))
+        return taken
+
     def _fork(self, conn: socket.socket, fds: list[int], argv: list[str], cwd: str,
-              env: dict[str, str]) -> int:  # fmt: skip
+              env: dict[str, str], taken: peer.Taken) -> int:  # fmt: skip
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
         server = os.getpid()
         pid = os.fork()
@@ -311,7 +366,7 @@ class ForkServer:
                 self._close_inherited()
                 conn.close()
                 os.setsid()  # out of the server's terminal and process group
-                code = _run_command(self.entry, argv, cwd, env, fds) if same_uid else 125
+                code = _run_command(self.entry, argv, cwd, env, fds, taken) if same_uid else 125
             except BaseException:  # noqa: BLE001 - nothing may unwind into the server's loop
                 code = 125
             os._exit(code)
@@ -383,6 +438,14 @@ class ForkServer:
                 self._disconnect(command)
 
 
+def _refuse(conn: socket.socket, word: str, reason: str) -> NoReturn:
+    """Tell a client why it must run its command itself (one line), then give up on it."""
+    with contextlib.suppress(OSError):
+        line = f"{word} {' '.join(reason.split())}"[: wire.LINE_LIMIT - 1]
+        conn.sendall(f"{line}\n".encode(errors="replace"))
+    raise ValueError(reason)
+
+
 def _end_with(server: int) -> None:
     """In a child: get SIGTERM when the server dies (Linux PR_SET_PDEATHSIG), so that a
     command never outlives the server that relays for its client."""
@@ -401,12 +464,17 @@ def _kill(pid: int, signum: int) -> None:
 
 
 def _run_command(
-    entry: Entry, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]
+    entry: Entry, argv: list[str], cwd: str, env: dict[str, str], fds: list[int], taken: peer.Taken
 ) -> int:
     """In a fresh child: become the client's command, run it, return its exit code."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    try:
+        peer.apply(taken)  # the client's umask and resource limits
+    except (OSError, ValueError) as exc:
+        print(f"orchestrator: error: cannot take the caller's limits: {exc}", file=sys.stderr)
+        return 125
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["orchestrator", *argv]

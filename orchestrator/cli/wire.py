@@ -2,10 +2,14 @@
 
 Standard library only: :mod:`orchestrator.launcher` (the console entry point) imports it
 before anything else. One unix stream connection per command: the server greets with
-``orchestrator-server 1 FINGERPRINT\\n``; the client sends an 8-byte big-endian length with
+``orchestrator-server 2 FINGERPRINT\\n``; the client sends an 8-byte big-endian length with
 its three descriptors, then that many bytes of request (:func:`encode_request`); meanwhile it
 may send one byte per signal to forward; the server ends with ``exit CODE\\n``. Both sides
-check the socket's folder and the socket (:func:`check_private`) and the peer's uid.
+check the socket's folder and the socket (:func:`check_private`) and the peer's uid. A
+client the server will not serve (:mod:`orchestrator.cli.peer`: confined otherwise than the
+server) gets ``orchestrator-server 2 refused: REASON\\n`` instead of the greeting, or
+``refused REASON\\n`` instead of the exit code; nothing was started, and the client runs
+the command itself.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import struct
 import sys
 import zlib
 
-GREETING = "orchestrator-server 1"
+GREETING = "orchestrator-server 2"
+#: The longest line either side sends (a refusal names every difference).
+LINE_LIMIT = 8192
 SOCKET_NAME = "server.sock"
 #: Signals a client passes on to the command running for it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -122,7 +128,7 @@ def peer_uid_pid(sock: socket.socket) -> tuple[int, int]:
     return uid, pid
 
 
-def read_line(sock: socket.socket, limit: int = 200) -> str:
+def read_line(sock: socket.socket, limit: int = LINE_LIMIT) -> str:
     """One ``\\n``-ended line, read byte by byte (nothing after it is consumed)."""
     data = b""
     while not data.endswith(b"\n"):

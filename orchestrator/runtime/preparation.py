@@ -27,6 +27,7 @@ from orchestrator.pathwalk import DIR_FLAGS, PathRefused, check_path, open_path
 from orchestrator.plan import ContainerSpec, compile_plan
 from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
 from orchestrator.policy.grant import ZoneGrant
+from orchestrator.runtime import run_folders
 from orchestrator.runtime.hostfs import open_entry, permits
 from orchestrator.runtime.session_folders import touch
 from orchestrator.timeouts import MAX_TIMEOUT_S, seconds_problem
@@ -206,6 +207,8 @@ def prepare_filesystem(prepared: Prepared) -> None:
     # As root, folders made for the worker belong to the project folder's owner, and the
     # worker's uid gets its access for the run only (runtime.access, when the run opens).
     owner = (uid, gid) if os.geteuid() != 0 else project_owner(prepared.project.root)
+    if uses_run_dir(prepared):  # its owner first, so that gc can tell when it is left over
+        run_folders.claim(paths.run_dir, prepared.spec.labels)
     for zone in prepared.grant.zones:
         if zone.outbox:
             continue  # a tmpfs inside the container
@@ -251,6 +254,15 @@ def path_violations(project: Project) -> list[str]:
                     f"{refused.component}`) and checks what it pointed at"
                 )
     return found
+
+
+def uses_run_dir(prepared: Prepared) -> bool:
+    """Whether the run keeps something in its own folder: ``ask`` copies, a broker's socket
+    or inputs (a swarm run's results are claimed by the swarm; an access record holds its
+    owner itself)."""
+    grant = prepared.grant
+    asks = any(zone.ask_base is not None for zone in grant.zones)
+    return asks or bool(grant.children) or prepared.spec.inputs is not None
 
 
 def pristine_of(copy: Path) -> Path:

@@ -26,6 +26,7 @@ from orchestrator.docker.engine import start_failure_code
 from orchestrator.docker.images import PROXY_IMAGE
 from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.plan import ContainerSpec
+from orchestrator.runtime import run_folders
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.inputs import place_inputs
 from orchestrator.runtime.preparation import Prepared, prepare_filesystem
@@ -142,6 +143,7 @@ def execute_swarm(
             place_inputs(prepared, prepared.inputs)
         results = results_folder(prepared) if spec.outbox is not None else None
         if results is not None:
+            run_folders.claim(prepared.paths.run_dir, spec.labels)  # gc: whose folder it is
             results.mkdir(parents=True, mode=0o700)
             if os.geteuid() == 0:
                 os.chown(results, prepared.uid, prepared.gid)

@@ -127,7 +127,8 @@ def test_exit_codes_and_odd_names(batch_project, tmp_path):
     assert bad.returncode == 125 and "matches nothing" in bad.stderr
 
 
-def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_path, engine):
+def sigkilled_batch(project, tmp_path) -> tuple[subprocess.Popen, str]:
+    """A batch of 12 slow inputs, SIGKILLed after 3 have finished; the process, the batch id."""
     folder = tmp_path / "in"
     folder.mkdir()
     for n in range(12):
@@ -145,7 +146,7 @@ def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_pat
             "2",
             "--json",
             "--project",
-            str(batch_project.root),
+            str(project.root),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -162,7 +163,15 @@ def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_pat
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert batch_id
-    assert 3 <= len(_results(batch_project, batch_id)) < 12
+    assert 3 <= len(_results(project, batch_id)) < 12
+    return proc, batch_id
+
+
+def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_path, engine):
+    proc, batch_id = sigkilled_batch(batch_project, tmp_path)
+    runs = batch_project.root / ".sandbox" / "runs"
+    killed = sorted(os.listdir(runs))  # the killed runs' folders, with their inputs' copies
+    assert killed and all((runs / name / "inputs").is_dir() for name in killed)
     done = cli(
         "batch",
         "w",
@@ -178,9 +187,37 @@ def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_pat
     assert summary["skipped"] >= 3 and summary["skipped"] + summary["succeeded"] == 12
     gc = cli("gc", "--project", str(batch_project.root))
     assert gc.returncode == 0, gc.stderr
+    assert not runs.exists() or os.listdir(runs) == []  # (as root, the access sweeps took them)
     time.sleep(0.5)
     left = [o for o in engine.list_managed() if o.labels.get(labels.OWNER_PID) == str(proc.pid)]
     assert left == []
+
+
+def test_gc_removes_the_run_folders_of_a_sigkilled_batch(batch_project, tmp_path, engine):
+    if os.geteuid() == 0:  # the project's owner runs the workers: nothing to open up for
+        for folder, _dirs, files in os.walk(batch_project.root):  # them (no access records)
+            for name in (".", *files):
+                os.chown(os.path.join(folder, name), 1000, 1000, follow_symlinks=False)
+    proc, _batch_id = sigkilled_batch(batch_project, tmp_path)
+    runs = batch_project.root / ".sandbox" / "runs"
+    killed = sorted(os.listdir(runs))
+    assert killed and all((runs / name / "inputs").is_dir() for name in killed)
+    assert not any((runs / name / "access.json").exists() for name in killed)
+    owners = [json.loads((runs / name / "owner.json").read_text()) for name in killed]
+    assert {o[labels.OWNER_PID] for o in owners} == {str(proc.pid)}
+    assert [o[labels.RUN_ID] for o in owners] == killed
+    (runs / "unknown").mkdir()  # no owner recorded: left, and said so
+    gc = cli("gc", "--project", str(batch_project.root), "--json")
+    assert gc.returncode == 0, gc.stderr
+    assert sorted(gc.json()["run_folders_removed"]) == killed
+    assert gc.json()["run_folders_left"] == [{"name": "unknown", "reason": "no owner recorded"}]
+    assert os.listdir(runs) == ["unknown"]
+    audit = batch_project.root / ".sandbox" / "audit.jsonl"
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    removed = [e["run_id"] for e in entries if e["operation"] == "gc.run_folder_removed"]
+    assert sorted(removed) == killed
+    again = cli("gc", "--project", str(batch_project.root))
+    assert "left run folder unknown: no owner recorded" in again.stderr
 
 
 def test_trust_env_and_args_reach_every_run(engine, project, tmp_path):

@@ -258,3 +258,59 @@ def test_stopping_the_server_ends_its_commands_cleanly(engine, runc_project):
             process.kill()
             process.communicate()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def wrapped(wrapper: list[str], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*wrapper, sys.executable, "-m", "orchestrator", *args],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, **env},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "reason"),
+    [
+        (["setpriv", "--no-new-privs"], "its NoNewPrivs (1;"),
+        (["unshare", "--net"], "its net namespace"),
+    ],
+    ids=["no-new-privs", "netns"],
+)
+def test_a_client_confined_otherwise_runs_its_run_itself(server, runc_project, wrapper, reason):
+    if wrapper[0] == "unshare" and os.getuid() != 0:
+        pytest.skip("unshare --net needs root")
+    python_worker(runc_project, "w", "import sys; print('out'); sys.exit(3)")
+    root = str(runc_project.root)
+    refused = wrapped(wrapper, "run", "w", "--project", root, env=DEBUG)
+    alone = wrapped(wrapper, "run", "w", "--project", root, env=LOCAL)
+    said = f"not using the server: the server (pid {server.pid}) does not serve this process"
+    assert said in refused.stderr and reason in refused.stderr, refused.stderr
+    assert "through the server" not in refused.stderr
+    assert (refused.returncode, refused.stdout) == (alone.returncode, alone.stdout) == (3, "out\n")
+
+
+def test_a_run_through_the_server_has_the_clients_umask_and_limits(server, engine, runc_project):
+    python_worker(runc_project, "w", "import time; print('started', flush=True); time.sleep(120)")
+    process = subprocess.Popen(
+        ["prlimit", "--nofile=64:64", "sh", "-c", 'umask 077; exec "$@"', "sh",
+         sys.executable, "-m", "orchestrator", "run", "w", "--project", str(runc_project.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **DEBUG}, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None and process.stdout is not None
+        assert f"through the server (pid {server.pid})" in process.stderr.readline()
+        run_id = process.stderr.readline().split()[2].rstrip(":")
+        assert process.stdout.readline() == "started\n"
+        (container,) = [o for o in engine.list_managed() if o.labels.get(labels.RUN_ID) == run_id]
+        owner = int(container.labels[labels.OWNER_PID])  # the server's child
+        assert owner not in {process.pid, server.pid}
+        with open(f"/proc/{owner}/status") as status:
+            assert "Umask:\t0077\n" in status.readlines()
+        import resource
+
+        assert resource.prlimit(owner, resource.RLIMIT_NOFILE) == (64, 64)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130
+    finally:
+        process.kill()
+        process.communicate()
+    assert run_id not in run_ids(engine)

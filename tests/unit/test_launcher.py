@@ -1,7 +1,9 @@
 """The entry point's client side (``orchestrator.launcher``) and the server's start and stop,
 without an engine: which folders and servers it refuses (and says why with the debug
 variable), that it imports nothing but the standard library, that an outdated server is
-not used, and that every server started here is stopped."""
+not used, that a client confined otherwise than the server (groups, NoNewPrivs, seccomp,
+namespaces) runs its command itself while the server's command takes its client's umask and
+limits, and that every server started here is stopped."""
 
 from __future__ import annotations
 
@@ -232,3 +234,139 @@ def test_a_stale_socket_is_skipped_then_replaced_by_a_new_server(runtime):
         assert "through the server" in orchestrator(runtime, "--version", **DEBUG).stderr
     finally:
         stop_server(runtime, process)
+
+
+# -- who the server serves: a client confined otherwise than the server runs by itself --
+
+#: A server whose commands only say that it ran them, with the umask and the limits they got.
+TELLING_SERVER = """
+import os, resource
+from orchestrator.cli import server
+
+def entry(argv):
+    mask = os.umask(0)
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print(f"served by the server: umask {mask:04o} nofile {nofile[0]}:{nofile[1]}", flush=True)
+    raise SystemExit(0)
+
+server._serve(entry, False)
+"""
+
+#: Runs the rest of its command line under a seccomp filter that allows everything (mode 2).
+SECCOMP = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint32)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+allow = (Insn * 1)(Insn(0x06, 0, 0, 0x7FFF0000))  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
+if os.geteuid() != 0 and libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+    raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+if libc.prctl(22, 2, ctypes.byref(Prog(1, allow)), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+    raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+ROOT = os.getuid() == 0
+#: How each client is confined: (the wrapper, what the server names, whether it needs root).
+CONFINED = {
+    "no new privileges": (["setpriv", "--no-new-privs"], "its NoNewPrivs (1;", False),
+    "other groups": (["setpriv", "--groups", "4242"], "its supplementary groups (4242;", True),
+    "network namespace": (["unshare", "--net"], "its net namespace", True),
+    "mount namespace": (["unshare", "--mount"], "its mnt namespace", True),
+    "user namespace": (["unshare", "--user"], "its user namespace", False),
+    "seccomp filter": ([sys.executable, "-c", SECCOMP], "its seccomp mode (2;", False),
+}
+
+
+@pytest.fixture
+def telling_server(runtime: Path) -> Iterator[subprocess.Popen[str]]:
+    process = start_server(runtime, TELLING_SERVER)
+    yield process
+    stop_server(runtime, process)
+
+
+def confined(runtime: Path, wrapper: list[str], *args: str, **env: str):
+    full = {k: v for k, v in os.environ.items() if k != launcher.NO_SERVER}
+    full.update(XDG_RUNTIME_DIR=str(runtime), **env)
+    return subprocess.run(
+        [*wrapper, sys.executable, "-m", "orchestrator", *args],
+        capture_output=True, text=True, timeout=60, env=full, check=False,
+    )  # fmt: skip
+
+
+def test_a_client_confined_as_the_server_is_served(runtime, telling_server):
+    done = orchestrator(runtime, "--version", **DEBUG)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("served by the server")
+    assert f"through the server (pid {telling_server.pid})" in done.stderr
+    cleared = confined(runtime, ["setpriv", "--clear-groups"] if ROOT else [], "--version")
+    assert cleared.stdout.startswith("served by the server")  # root's groups: none either way
+
+
+@pytest.mark.parametrize("how", list(CONFINED))
+def test_a_client_confined_otherwise_runs_the_command_itself(runtime, telling_server, how):
+    wrapper, reason, needs_root = CONFINED[how]
+    if needs_root and not ROOT:
+        pytest.skip(f"needs root: {' '.join(wrapper)}")
+    if shutil.which(wrapper[0]) is None:
+        pytest.skip(f"no {wrapper[0]} here")
+    probe = subprocess.run([*wrapper, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot confine a process here: {probe.stderr.strip()}")
+    done = confined(runtime, wrapper, "--version", **DEBUG)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("orchestrator, version")  # its own, not the server's
+    assert "served by the server" not in done.stdout
+    assert "through the server" not in done.stderr
+    said = (
+        f"not using the server: the server (pid {telling_server.pid}) does not serve this process"
+    )
+    assert said in done.stderr and reason in done.stderr, done.stderr
+    quiet = confined(runtime, wrapper, "--version")
+    assert (quiet.returncode, quiet.stderr) == (0, "")  # silent without the debug variable
+    assert quiet.stdout.startswith("orchestrator, version")
+
+
+def test_the_command_takes_the_clients_umask_and_limits(runtime, telling_server):
+    if shutil.which("prlimit") is None:
+        pytest.skip("no prlimit here")
+    plain = orchestrator(runtime, "--version")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert plain.stdout.startswith(f"served by the server: umask {mask:04o}")
+    done = confined(
+        runtime, ["prlimit", "--nofile=64:64", "sh", "-c", 'umask 077; exec "$@"', "sh"],
+        "--version", **DEBUG,
+    )  # fmt: skip
+    assert done.stdout == "served by the server: umask 0077 nofile 64:64\n", done.stderr
+    assert f"through the server (pid {telling_server.pid})" in done.stderr
+
+
+def test_a_hard_limit_above_the_servers_is_refused_without_the_capability(runtime):
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard < 128:
+        pytest.skip("no finite hard limit on open files to lower")
+    lowered = start_server_limited(runtime, hard - 1)
+    try:
+        done = orchestrator(runtime, "--version", **DEBUG)
+        with open(f"/proc/{lowered.pid}/status") as status:
+            capable = any(
+                line.startswith("CapEff:") and int(line.split()[1], 16) >> 24 & 1 for line in status
+            )
+        if capable:  # CAP_SYS_RESOURCE: the child can raise it again
+            assert done.stdout.startswith("served by the server"), done.stderr
+        else:
+            assert done.stdout.startswith("orchestrator, version")
+            assert "its hard RLIMIT_NOFILE above the server's" in done.stderr
+    finally:
+        stop_server(runtime, lowered)
+
+
+def start_server_limited(runtime: Path, nofile: int) -> subprocess.Popen[str]:
+    code = f"import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile}))\n"
+    return start_server(runtime, code + TELLING_SERVER)
