@@ -261,6 +261,7 @@ def gc(
     """Remove what dead orchestrators left, and shared proxies/networks no run uses."""
     from orchestrator.docker import DockerEngine
     from orchestrator.runtime import collect
+    from orchestrator.runtime.mount_sources import sweep_pins
     from orchestrator.runtime.secrets import sweep_orphaned
     from orchestrator.runtime.session_folders import SessionPrune, human_age, prune_old_sessions
 
@@ -272,6 +273,7 @@ def gc(
     report.failed[:0] = swarm.failed
     shared = engine.collect_shared(idle)
     secrets = sweep_orphaned()
+    pins = sweep_pins()  # once their containers are gone
     access = _restore_access(project_dir, everything)
     folders = _remove_run_folders(project_dir, everything)  # after access: it frees some
     emptied = _remove_empty_sessions(engine, project_dir, report.removed)
@@ -290,6 +292,7 @@ def gc(
                 "removed": [{"kind": o.kind, "name": o.name} for o in report.removed],
                 "shared_removed": shared,
                 "secret_folders_removed": secrets,
+                "mount_pins_removed": pins,
                 "access_restored": access,
                 "run_folders_removed": folders.removed,
                 "run_folders_left": [{"name": n, "reason": r} for n, r in folders.left],
@@ -306,6 +309,8 @@ def gc(
             say(f"removed {obj.kind} {obj.name}")
         for name in (*shared, *secrets):
             say(f"removed {name}")
+        for run_id in pins:
+            say(f"unmounted the pinned mount sources of dead run {run_id}")
         for run_id in access:
             say(f"put back the access dead run {run_id} had given its worker")
         for name in folders.removed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,13 @@ def engine():
     for obj in leftovers:
         eng.remove_object(obj)
     assert not leftovers, f"tests left labelled objects behind: {leftovers}"
+    # Nor any pinned mount source (runtime.mount_sources) of a finished run.
+    from orchestrator.runtime.mount_sources import PIN_ROOT, sweep_pins
+
+    pins = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if f" {PIN_ROOT}/" in line]  # fmt: skip
+    sweep_pins()
+    assert not pins, f"tests left pinned mount sources behind: {pins}"
 
 
 #: The isolation runtimes the key tests run under (``isolation`` fixture).

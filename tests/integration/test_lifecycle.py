@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from orchestrator import labels
 from orchestrator.config import load_project
+from orchestrator.runtime.mount_sources import PIN_ROOT
 from tests.integration.conftest import cli, containers_of
 
 pytestmark = pytest.mark.docker
@@ -135,6 +138,11 @@ def test_sigkilled_orchestrator_leaves_only_what_gc_removes(engine, project):
     assert containers_of(engine, process.pid) == []  # ...gc does
     assert result.json()["empty_sessions_removed"] == [session]  # as the run would have
     assert sorted(p.name for p in sessions.iterdir()) == ["kept"]
+    if os.geteuid() == 0:  # its pinned mount sources stayed mounted until gc unmounted them
+        run_id = orphans[0].labels[labels.RUN_ID]
+        assert run_id in result.json()["mount_pins_removed"]
+        assert f"{PIN_ROOT}/{run_id}" not in Path("/proc/self/mountinfo").read_text()
+        assert not (PIN_ROOT / run_id).exists()
 
 
 def test_help_does_not_import_docker_or_pydantic():
