@@ -9,12 +9,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from pathlib import Path
 import subprocess
 import sys
 import textwrap
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
