@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -372,5 +373,51 @@ def test_swapping_a_folder_while_runs_start_never_mounts_the_canary(engine, runt
         canary.untouched(*outcome["outputs"])
         assert "exited" in outcome["outcomes"], outcome  # runs did start meanwhile
         assert not (canary.root / "nested" / "pwned.txt").exists()
+    finally:
+        shutil.rmtree(actor.base, ignore_errors=True)
+
+
+# -- 4. the same race, by an agent through MCP (read, write, exec only) -------------------------
+
+
+def test_an_mcp_agent_swapping_a_folder_under_its_own_reads_reaches_nothing(engine, runtime):
+    from types import SimpleNamespace
+
+    import anyio
+
+    from tests.integration.test_mcp import serve
+
+    actor = Actor("root", Path(tempfile.mkdtemp(prefix="orch-links-", dir="/tmp")))
+    try:
+        canary = Canary(actor.base / "canary")
+        root = race_project(actor, runtime, canary)
+        (root / "workers" / "racer.worker").rename(root / "workers" / "w.worker")
+        toggle = TOGGLE_LINK.format(seconds=4, canary=canary.root)
+        background = f"nohup sh -c '{toggle}' >/dev/null 2>&1 &"
+
+        async def script(client):
+            seen, refused = [], 0
+            started = await client.call_tool("exec", {"command": background})
+            assert not started.is_error
+            end = time.monotonic() + 5
+            i = 0
+            while time.monotonic() < end:
+                i += 1
+                for name, args in (
+                    ("read", {"path": "/nested/real.txt"}),
+                    ("list", {"path": "/nested"}),
+                    ("write", {"path": f"/nested/m{i}.txt", "content": "from the agent"}),
+                ):
+                    answer = await client.call_tool(name, args)
+                    refused += answer.is_error
+                    seen.append(json.dumps(answer.structured_content) + answer.content[0].text)
+                await anyio.sleep(0)
+            return seen, refused
+
+        seen, refused = serve(SimpleNamespace(root=root), script)
+        canary.untouched(*seen)
+        assert refused > 0, "the race was never met: the test proves nothing"
+        denied = [e for e in audit_events(root, "sandbox.write") if e.allowed is False]
+        assert denied
     finally:
         shutil.rmtree(actor.base, ignore_errors=True)
