@@ -331,21 +331,7 @@ class Run:
         )
 
     def _after_run_violations(self) -> list[str]:
-        """Links now on the project's zone paths or own folders, each audited. The next
-        run refuses to load the project until a person removes them."""
-        if not self._opened:
-            return []
-        found = path_violations(self.prepared.project)
-        for problem in found:
-            log.warning("run %s: %s", self.spec.run_id, problem)
-            self.audit.record(
-                "zone.violation",
-                allowed=False,
-                reason=problem,
-                **run_context(self.spec),
-                metadata={"when": "after the run"},
-            )
-        return found
+        return after_run_violations(self.prepared, self.audit) if self._opened else []
 
     def place_inputs(self, inputs: Sequence[InputSpec | str | os.PathLike[str]]) -> None:
         """Place inputs in an opened run's /inputs before its worker starts (a run opened
@@ -581,6 +567,23 @@ class Run:
             staging=self.staging,
             secrets=self.values,
         )
+
+
+def after_run_violations(prepared: Prepared, audit: AuditLog) -> list[str]:
+    """Links now on the project's zone paths or own folders (a worker may have planted
+    them), each audited as a ``zone.violation``. The next run refuses to load the project
+    until a person removes them."""
+    found = path_violations(prepared.project)
+    for problem in found:
+        log.warning("run %s: %s", prepared.spec.run_id, problem)
+        audit.record(
+            "zone.violation",
+            allowed=False,
+            reason=problem,
+            **run_context(prepared.spec),
+            metadata={"when": "after the run"},
+        )
+    return found
 
 
 def _egress_decisions(

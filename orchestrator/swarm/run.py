@@ -35,6 +35,7 @@ from orchestrator.runtime.run import (
     OutputSink,
     RunResult,
     Status,
+    after_run_violations,
     audit_decisions,
     run_context,
     start_metadata,
@@ -219,6 +220,7 @@ def execute_swarm(
             if staging is not None and opened:
                 asked = staging.zones(prepared)
         finally:
+            violations = after_run_violations(prepared, audit) if opened else []
             result = RunResult(
                 run_id=spec.run_id,
                 worker=spec.worker,
@@ -232,6 +234,7 @@ def execute_swarm(
                 outbox=outbox,
                 asked=asked,
                 egress=egress,
+                violations=violations,
             )
             if opened:
                 audit.record(
