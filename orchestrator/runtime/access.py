@@ -51,6 +51,7 @@ from typing import Any
 from orchestrator import labels
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError
+from orchestrator.pathwalk import PathRefused
 from orchestrator.runtime import acl
 from orchestrator.runtime.access_record import RECORD, Ident, Record, Saved, Tree, snapshot
 from orchestrator.runtime.access_record import restore as restore_saved
@@ -434,6 +435,13 @@ def _walk(tree: Tree, visit: Callable[[Entry], bool]) -> None:
     except TreeChanged as exc:
         raise OrchestratorError(
             f"{tree.label}: {exc.strerror} (another run of the same uid moving folders?); run again"
+        ) from None
+    except PathRefused as exc:
+        if exc.missing:
+            return  # nothing there to open up
+        raise OrchestratorError(
+            f"{tree.label}: {exc.reason}, on its path; refusing to change access through it "
+            "(a worker may have planted it): remove it and check what it pointed at"
         ) from None
     except OSError as exc:
         if exc.errno == errno.ENOENT:
