@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -146,7 +147,7 @@ class MountSources:
 
     def _pin(self, fd: int, folder: bool, read_only: bool, index: int) -> Path:
         if not self._pins:
-            PIN_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _private_pin_root()
             self._folder.mkdir(mode=0o700)
             owner = labels.current_owner()
             (self._folder / _OWNER).write_text(
@@ -171,6 +172,27 @@ class MountSources:
                 _remove(target)
             raise
         return target
+
+
+def _private_pin_root() -> None:
+    """Make :data:`PIN_ROOT` a private mount point (once per boot), so that pins never
+    propagate into other mount namespaces, whatever ``/run``'s propagation is."""
+    PIN_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if _is_mount_point(PIN_ROOT):
+        return
+    lock = os.open(PIN_ROOT.parent / "mounts.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_mount_point(PIN_ROOT):
+            _mount(str(PIN_ROOT), str(PIN_ROOT), _MS_BIND)
+            _mount("", str(PIN_ROOT), _MS_PRIVATE)
+    finally:
+        os.close(lock)
+
+
+def _is_mount_point(path: Path) -> bool:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+        return any(line.split()[4] == str(path) for line in table if len(line.split()) > 4)
 
 
 def _remove(target: Path) -> None:

@@ -296,9 +296,16 @@ class Run:
         """Open every mount source without following links (pinning them when the engine
         sees this process's mounts): what was checked is what the container gets."""
         pin = os.geteuid() == 0 and self.engine.pins_mounts()
+        sources = [(m.source, m.read_only) for m in self.spec.mounts]
         self.sources = MountSources(self.spec.run_id, pin=pin)
         try:
-            self.sources.hold((m.source, m.read_only) for m in self.spec.mounts)
+            try:
+                self.sources.hold(sources)
+            except PermissionError as exc:  # root without CAP_SYS_ADMIN: checked paths only
+                log.warning("run %s: cannot pin mount sources (%s)", self.spec.run_id, exc)
+                self.sources.release()
+                self.sources = MountSources(self.spec.run_id, pin=False)
+                self.sources.hold(sources)
         except PathRefused as refused:
             self._violation([f"{refused.path}: {refused.reason}"], "before its container existed")
         except OSError as exc:
