@@ -94,8 +94,12 @@ class MountSources:
 
     def hold(self, sources: Iterable[tuple[str, bool]]) -> None:
         """Open each ``(host path, read_only)`` without following links (:class:`PathRefused`
-        names a link on the way) and, when pinning, pin it."""
+        names a link on the way) and, when pinning, pin it (read-only when every mount of
+        that path is: the engine makes each mount read-only or not on its own)."""
+        wanted: dict[str, bool] = {}
         for path, read_only in sources:
+            wanted[path] = wanted.get(path, True) and read_only
+        for path, read_only in wanted.items():
             if path in self._held:
                 continue
             fd = open_path(Path(path), file_ok=True)
