@@ -27,6 +27,13 @@ from orchestrator.runtime import RunResult, execute, open_audit, prepare
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def unavailable(message: str) -> NoReturn:
     """Skip a test whose means are missing here; under CI=true that is a failure."""
     if IN_CI:
@@ -56,13 +63,17 @@ def engine():
     for obj in leftovers:
         eng.remove_object(obj)
     assert not leftovers, f"tests left labelled objects behind: {leftovers}"
-    # Nor any pinned mount source (runtime.mount_sources) of a finished run.
+    # Nor any pinned mount source (runtime.mount_sources) of a finished or killed run of
+    # this suite (pins of other live processes on the machine are theirs).
     from orchestrator.runtime.mount_sources import PIN_ROOT, sweep_pins
 
-    pins = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
-            if f" {PIN_ROOT}/" in line]  # fmt: skip
-    sweep_pins()
-    assert not pins, f"tests left pinned mount sources behind: {pins}"
+    swept = sweep_pins()
+    mine = [
+        folder.name
+        for folder in (PIN_ROOT.iterdir() if PIN_ROOT.is_dir() else [])
+        if f'"pid": {os.getpid()},' in _read_or_empty(folder / "owner.json")
+    ]
+    assert not swept and not mine, f"tests left pinned mount sources behind: {swept + mine}"
 
 
 #: The isolation runtimes the key tests run under (``isolation`` fixture).

@@ -79,12 +79,22 @@ def test_tmp_larger_than_memory_is_refused(project):
 
 
 def test_zone_resolving_into_proc_is_refused(project):
+    (project.root / "orchestrator.yaml").write_text("zones:\n  stats: {path: /proc/self}\n")
+    project.worker("w", 'command: ["true"]')
+    (line,) = refused(plan(project))
+    assert "orchestrator.yaml:2: zones.stats.path: '/proc/self' resolves to /proc/self" in line
+    assert "inside /proc" in line
+
+
+def test_a_link_on_a_zone_path_is_refused_naming_it(project):
     (project.root / "stats").symlink_to("/proc/self")
     (project.root / "orchestrator.yaml").write_text("zones:\n  stats: {path: stats}\n")
     project.worker("w", 'command: ["true"]')
     (line,) = refused(plan(project))
-    assert "orchestrator.yaml:2: zones.stats.path: 'stats' resolves to /proc/" in line
-    assert "inside /proc" in line
+    assert (
+        f"orchestrator.yaml:2: zones.stats.path: 'stats' leads through a symbolic link: "
+        f"{project.root / 'stats'} -> /proc/self; links are never followed" in line
+    )
 
 
 def test_plan_marks_a_zone_outside_the_project(project, tmp_path):
