@@ -3,9 +3,13 @@
 # On a fresh Debian/Ubuntu machine: installs docker.io, mmdebstrap, git, python3-venv,
 # runsc (gVisor) and podman (with catatonit and uidmap) with apt (only those missing) and
 # starts dockerd. Packages come from the host's own apt configuration.
-#   --gvisor PYTHON   then also declare the gVisor runtimes untrusted workers run under:
-#                     `PYTHON -m orchestrator engine setup --gvisor` as root (idempotent;
-#                     reloads dockerd with SIGHUP, never restarts it)
+#   --gvisor PYTHON   then `PYTHON -m orchestrator engine setup --gvisor` as root (idempotent):
+#                     checks that runsc runs everyday tools (`runsc do ls -l`, `stat`) and,
+#                     if not (Debian 12's own runsc), installs runsc alone from the release's
+#                     backports suite through the host's apt, adding that suite for the
+#                     host's own archives when missing; fails in one line if no working
+#                     runsc can be had. Then declares the gVisor runtimes untrusted workers
+#                     run under (reloads dockerd with SIGHUP, never restarts it)
 set -euo pipefail
 
 gvisor_python=""

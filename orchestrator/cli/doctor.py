@@ -32,11 +32,15 @@ _MARK = {"pass": "ok", "warn": "WARN", "fail": "FAIL"}
 )
 @click.option(
     "--no-egress", "egress", is_flag=True, flag_value=False, default=True,
-    help="Skip the egress self-test (no containers are started).",
+    help="Skip the egress self-test (its test servers and workers).",
+)  # fmt: skip
+@click.option(
+    "--no-tools", "tools", is_flag=True, flag_value=False, default=True,
+    help="Skip running everyday tools (ls, stat, cp, tar, git...) in one gVisor worker.",
 )  # fmt: skip
 @project_option
 @json_option()
-def doctor(fix: bool, egress: bool, project_dir: Path, as_json: bool) -> None:
+def doctor(fix: bool, egress: bool, tools: bool, project_dir: Path, as_json: bool) -> None:
     """Check the engine, the host and the network sandbox; exit 1 when a check fails."""
     from orchestrator.doctor import diagnose
     from orchestrator.runtime import Interrupted
@@ -47,7 +51,7 @@ def doctor(fix: bool, egress: bool, project_dir: Path, as_json: bool) -> None:
 
     try:
         with signals_interrupt():
-            report = diagnose(project_dir, fix=fix, egress=egress, progress=progress)
+            report = diagnose(project_dir, fix=fix, egress=egress, tools=tools, progress=progress)
     except Interrupted as exc:
         click.echo("orchestrator: doctor interrupted; what it started is removed", err=True)
         raise SystemExit(128 + exc.signum) from None

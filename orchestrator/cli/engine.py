@@ -1,7 +1,9 @@
 """``orchestrator engine setup``: prepare the local Docker engine for the orchestrator.
 
-Today that is one step, ``--gvisor``: declare the gVisor runtimes untrusted workers run
-under (see :mod:`orchestrator.docker.runtimes`). Errors are left for the main command to
+Today that is ``--gvisor``: make sure runsc runs everyday tools, installing it from the
+release's backports through the host's apt when it does not (:mod:`orchestrator.docker.runsc`),
+then declare the gVisor runtimes untrusted workers run under
+(:mod:`orchestrator.docker.runtimes`). Errors are left for the main command to
 turn into one line and exit code 125.
 """
 
@@ -21,24 +23,37 @@ def engine() -> None:
 @click.option(
     "--gvisor",
     is_flag=True,
-    help="Declare the gVisor (runsc) runtimes in /etc/docker/daemon.json and reload dockerd "
-    "with SIGHUP (no restart, running containers keep running). Idempotent.",
+    help="Check that runsc runs everyday tools (`runsc do ls -l`, `stat`); if not, install "
+    "runsc alone from the release's backports suite with the host's apt (adding the suite "
+    "for the host's own archives when missing). Then declare the gVisor runtimes in "
+    "/etc/docker/daemon.json and reload dockerd with SIGHUP (no restart, running containers "
+    "keep running). Idempotent.",
 )
 @json_option()
 def setup(gvisor: bool, as_json: bool) -> None:
     """Set up what runs need from the engine; say what was done."""
     import json
 
+    from orchestrator.docker import runsc
     from orchestrator.docker.client import DockerClient
     from orchestrator.docker.runtimes import setup_gvisor
 
     if not gvisor:
         raise click.UsageError("say what to set up: --gvisor")
-    result = setup_gvisor(DockerClient())
+
+    def say(line: str) -> None:
+        if not as_json:
+            click.echo(f"orchestrator: {line}", err=True)
+
+    working = runsc.ensure_working(say=say)
+    result = setup_gvisor(DockerClient(), runsc=working.path)
     if as_json:
         data = {
             "runtimes": list(result.runtimes),
             "runsc": result.runsc,
+            "runsc_version": working.version,
+            "runsc_installed": working.installed,
+            "apt_source_written": str(working.source_written) if working.source_written else None,
             "changed": result.changed,
             "reloaded": result.reloaded,
             "backup": str(result.backup) if result.backup else None,
@@ -46,12 +61,13 @@ def setup(gvisor: bool, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     names = ", ".join(result.runtimes)
+    checked = "installed from backports; " if working.installed else ""
+    say(f"{working.version} ({working.path}): {checked}runs ls -l and stat under gVisor")
     if not result.changed and not result.reloaded:
         click.echo(f"orchestrator: gVisor runtimes already set up ({names})", err=True)
         return
     if result.changed:
         kept = f" (previous file: {result.backup})" if result.backup else ""
-        say = f"orchestrator: declared {names} ({result.runsc}) in daemon.json{kept}"
-        click.echo(say, err=True)
+        say(f"declared {names} ({result.runsc}) in daemon.json{kept}")
     if result.reloaded:
         click.echo("orchestrator: dockerd reloaded its configuration (SIGHUP); verified", err=True)

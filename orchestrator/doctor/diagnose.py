@@ -42,6 +42,7 @@ def diagnose(
     *,
     fix: bool = False,
     egress: bool = True,
+    tools: bool = True,
     progress: Progress = lambda _: None,
     engine: DockerEngine | None = None,
 ) -> Report:
@@ -113,6 +114,8 @@ def diagnose(
             "isolations": project.isolations,
         },
     }
+    if tools:
+        report.checks.append(_everyday(facts, WORKER_IMAGE, images, progress))
     if egress:
         from orchestrator.doctor.selftest import egress_selftest
 
@@ -120,6 +123,21 @@ def diagnose(
             engine, image=WORKER_IMAGE, isolations=project.isolations, progress=progress
         )
     return report
+
+
+def _everyday(facts: EngineFacts, image: str, images: dict[str, bool], progress: Progress) -> Check:
+    """Everyday tools in one gVisor worker (:mod:`.tools`), when gVisor can run at all."""
+    from orchestrator.docker import runsc
+    from orchestrator.docker.runtimes import GVISOR_NONE
+    from orchestrator.doctor.tools import NAME, everyday_check
+
+    path = facts.runtimes.get(GVISOR_NONE)
+    if path is None:
+        return Check(NAME, "pass", "not checked: gVisor is not registered (see runtimes)")
+    if not images.get(image, False):
+        return Check(NAME, "pass", f"not checked: no {image} (see images)")
+    version = runsc.version(str(path)) if facts.local else f"runsc at {path}"
+    return everyday_check(image=image, runsc_version=version, progress=progress)
 
 
 def _apply_fixes(facts: EngineFacts, done: list[str]) -> list[Check]:

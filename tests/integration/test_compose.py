@@ -27,6 +27,7 @@ import yaml
 
 from orchestrator import labels
 from orchestrator.docker.images import ORCHESTRATOR_IMAGE
+from tests.tracked import copy_tracked
 
 from .conftest import unavailable
 
@@ -101,9 +102,10 @@ class Compose:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
-    """A checkout holding a copy of the triage example (the repo's own stays clean)."""
+    """A checkout holding the triage example as a fresh clone has it (the repo's own
+    stays clean, and what a run left in it is not copied)."""
     root = tmp_path / "checkout"
-    shutil.copytree(REPO / "examples" / "triage", root / "examples" / "triage")
+    copy_tracked("examples/triage", root / "examples" / "triage")
     return root
 
 

@@ -302,3 +302,21 @@ def test_a_killed_doctor_is_cleaned_up_by_gc(engine, project):
         egress_gc.remove_egress(engine, key)
         for folder in _temp_folders() - folders:  # the killed doctor's throw-away project
             subprocess.run(["rm", "-rf", folder], check=False)
+
+
+def test_everyday_tools_run_in_one_gvisor_worker_and_name_the_runsc_version(engine, project):
+    from orchestrator.docker import runsc
+    from orchestrator.doctor.everyday import OPERATIONS
+    from tests.integration.conftest import require_gvisor
+
+    require_gvisor(engine)
+    done = cli("doctor", "--json", "--no-egress", "--project", str(project.root))
+    row = rows(one_json_object(done.stdout))["everyday tools (gvisor)"]
+    path = runsc.find()
+    assert path is not None
+    assert row["status"] == "pass", row
+    assert runsc.version(path) in row["detail"]
+    for operation in OPERATIONS:
+        assert operation in row["detail"]
+    skipped = cli("doctor", "--json", "--no-egress", "--no-tools", "--project", str(project.root))
+    assert "everyday tools (gvisor)" not in rows(one_json_object(skipped.stdout))

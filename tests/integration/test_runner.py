@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,13 +15,15 @@ import pytest
 import orchestrator
 from orchestrator import Orchestrator
 from orchestrator.errors import ConfigError
+from tests.tracked import copy_tracked
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def examples_copy(tmp_path: Path) -> Path:
-    """A folder holding a fresh copy of examples/triage, as the examples expect."""
-    shutil.copytree(REPO / "examples" / "triage", tmp_path / "examples" / "triage")
+    """A folder holding examples/triage as a fresh clone has it (not the output or audit
+    log a run left in the checkout), as the examples expect."""
+    copy_tracked("examples/triage", tmp_path / "examples" / "triage")
     return tmp_path
 
 

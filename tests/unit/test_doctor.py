@@ -445,3 +445,44 @@ def test_engine_facts_are_named_in_our_terms(monkeypatch):
     assert got.to_dict()["warnings"] == ["WARNING: No swap limit support"]
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.9:2376")
     assert not inspection.engine_facts(type("Client", (), {"api": _Api()})()).local
+
+
+# -- everyday tools -----------------------------------------------------------------------
+
+
+def test_the_everyday_probe_passes_on_this_host_and_reports_every_operation(tmp_path: Path):
+    from orchestrator.doctor import everyday
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    for rel, text in everyday.FILES.items():
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_text(text)
+    out.mkdir()
+    rows = everyday.main({"data": str(data), "out": str(out), "git": ["git"]})
+    assert [row[0] for row in rows] == list(everyday.OPERATIONS)
+    assert {row[1] for row in rows} <= {"ok", "skipped: no git in the image"}, rows
+    assert (out / "tree" / "sub" / "deep" / "file.bin").read_text() == everyday.FILES[
+        "sub/deep/file.bin"
+    ]
+
+
+def test_a_failing_tool_names_the_operation_the_runsc_version_and_the_fix():
+    from orchestrator.doctor import tools
+
+    rows = [
+        ["ls -l", "failed: exit 2: ls: cannot access '/data': Invalid argument", ""],
+        ["stat", "failed: exit 1: stat: cannot statx '/data/notes.txt': Invalid argument", ""],
+        ["sort", "ok", "apple\n"],
+        ["git status", "skipped: no git in the image", ""],
+    ]
+    stdout = "noise\n" + json.dumps(rows) + "\n"
+    check = tools.judge(tools.parse(stdout), "runsc version 0.0~20221219.0")
+    assert check.status == "fail"
+    assert "ls -l (exit 2: ls: cannot access '/data': Invalid argument)" in check.detail
+    assert "stat (" in check.detail and "0.0~20221219.0" in check.detail
+    assert "worked: sort" in check.detail and "skipped: git status" in check.detail
+    assert check.fix and "engine setup --gvisor" in check.fix and "0.0~20240729" in check.fix
+    passed = tools.judge([["sort", "ok", ""]], "runsc version 0.0~20240729.0")
+    assert passed.status == "pass" and "0.0~20240729.0" in passed.detail
+    silent = tools.judge(tools.parse("Traceback ...\n"), "runsc version X", "boom")
+    assert silent.status == "fail" and "did not report" in silent.detail and "boom" in silent.detail

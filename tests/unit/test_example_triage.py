@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.tracked import copy_tracked
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "triage"
 SCRIPT = EXAMPLE / "tools" / "triage.py"
@@ -59,7 +60,7 @@ def triaged(tmp_path_factory: pytest.TempPathFactory) -> Run:
     (host / "secret.txt").write_text(f"{SECRET}\n")
 
     src = base / "downloads"
-    shutil.copytree(EXAMPLE / "downloads", src)
+    copy_tracked("examples/triage/downloads", src)
     (src / "passwords.txt").symlink_to(host / "secret.txt")
     (src / "hostdir").symlink_to(host, target_is_directory=True)
     os.mkfifo(src / "pipe.fifo")
