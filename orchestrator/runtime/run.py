@@ -203,6 +203,7 @@ class Run:
         """The run's own network (an allowlist's), removed when the run closes."""
         self.sources = MountSources(self.spec.run_id, pin=False)
         """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
+        self._pin = False
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -242,7 +243,6 @@ class Run:
         for value in self.values.values():
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
-        self._hold_sources()
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
         for obj in collect(engine).removed:
@@ -252,6 +252,8 @@ class Run:
         metadata = start_metadata(prepared, self.depth)
         metadata["inputs"] = [info.to_dict() for info in self.inputs]
         metadata["runtime"] = runtime
+        self._pin = os.geteuid() == 0 and bool(spec.mounts) and engine.pins_mounts()
+        metadata["pinned_mounts"] = self._pin
         self.audit.record("run.started", **run_context(spec), metadata=metadata)
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
         self._started = time.monotonic()
@@ -280,6 +282,7 @@ class Run:
             self._stack.enter_context(
                 delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
             )
+            self._hold_sources()  # last: every source exists now (the secrets folder too)
             self.container_id = engine.create(self._engine_spec())
             self.outcome.removed = False
             if self.keeps_alive:
@@ -295,9 +298,8 @@ class Run:
     def _hold_sources(self) -> None:
         """Open every mount source without following links (pinning them when the engine
         sees this process's mounts): what was checked is what the container gets."""
-        pin = os.geteuid() == 0 and self.engine.pins_mounts()
         sources = [(m.source, m.read_only) for m in self.spec.mounts]
-        self.sources = MountSources(self.spec.run_id, pin=pin)
+        self.sources = MountSources(self.spec.run_id, pin=self._pin)
         try:
             try:
                 self.sources.hold(sources)

@@ -9,6 +9,7 @@ import pytest
 from mypy import api as mypy_api
 
 from orchestrator import labels
+from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import EngineError, ImageMissing, StartFailure
 from orchestrator.runtime import Interrupted, ManagedObject, collect, execute, open_audit, prepare
@@ -237,3 +238,20 @@ def test_an_out_of_range_timeout_is_a_config_error_before_anything(project, time
     with pytest.raises(ConfigError, match=r"timeout: .* is not in the range 0<x<=604800"):
         prepare(loaded, load_worker(loaded, "w"), timeout=timeout)
     assert prepare(loaded, load_worker(loaded, "w"), timeout=604800).spec.limits.timeout_s == 604800
+
+
+def test_a_run_with_secrets_holds_its_secrets_folder_once_it_exists(project, monkeypatch):
+    """The secrets folder is made just before the container: holding the mount sources
+    comes after it, so a run with secrets is never taken for a planted link."""
+    monkeypatch.setenv("API_TOKEN", "tok-unit-secret-value-1234")
+    project.extra = "credentials:\n  api: {source: env, env: API_TOKEN}\n"
+    project.write_project()
+    project.worker("w", 'command: ["true"]\ntrust: session\nsecrets: [api]')
+    loaded = load_project(project.root)
+    prepared = prepare(loaded, load_worker(loaded, "w"))
+    result = execute(
+        FakeEngine(exit_code=0), prepared, audit=open_audit(loaded), staging=None,
+        secrets={"api": "tok-unit-secret-value-1234"},
+    )  # fmt: skip
+    assert (result.status, result.error, result.violations) == ("exited", None, [])
+    assert not open_audit(loaded).query(AuditFilter(operation="zone.violation"))
