@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 from orchestrator.audit.redact import MIN_SECRET_LENGTH
 from orchestrator.config.models import CredentialConfig
 from orchestrator.errors import CredentialError
+from orchestrator.pathwalk import PathRefused, open_path
 
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog
@@ -108,8 +109,24 @@ def _from_file(name: str, path: Path, base: Path | None) -> str:
     if not path.is_absolute() and base is not None:
         path = base / path
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(_MAX_FILE)
+        # Never through a link: the file may sit in a folder a worker can rename and
+        # replace with a link to any file root can read.
+        held = open_path(Path(os.path.normpath(path)), file_ok=True)
+        try:
+            with open(f"/proc/self/fd/{held}", "rb") as handle:
+                raw = handle.read(_MAX_FILE)
+        finally:
+            os.close(held)
+    except PathRefused as refused:
+        if refused.missing:
+            raise CredentialError(
+                f"credential '{name}': cannot read {path}: {refused.component} does not "
+                "exist; fix 'path' in the project's credentials"
+            ) from None
+        raise CredentialError(
+            f"credential '{name}': cannot read {path}: {refused.reason}; name the real path "
+            "in the project's credentials (a link there could have been planted)"
+        ) from None
     except OSError as exc:
         raise CredentialError(
             f"credential '{name}': cannot read {path}: {exc.strerror}; "

@@ -138,8 +138,8 @@ def policy_paths(project: Project) -> tuple[Path, ...]:
                 paths.append(real)
     for credential in project.config.credentials.values():
         if credential.source == "file" and credential.path:
-            path = project.root / Path(credential.path).expanduser()
-            paths.append(Path(os.path.realpath(path.parent)) / path.name)
+            # read without following links (credentials.resolve): the path as written
+            paths.append(Path(os.path.normpath(project.root / Path(credential.path).expanduser())))
     return tuple(dict.fromkeys(paths))
 
 
@@ -372,6 +372,9 @@ def _policy_guards(zones: list[ZoneGrant], paths: RunPaths, problems: list[str])
                     "approval.write ask, or another folder"
                 )
             elif policy.is_relative_to(zone.host_path):
+                # Its top folder in the zone, not just the file: a worker could otherwise
+                # rename the folder holding a guarded file and put its own in its place.
+                policy = zone.host_path / policy.relative_to(zone.host_path).parts[0]
                 target = f"{zone.target}/{policy.relative_to(zone.host_path).as_posix()}"
                 if target in targets:
                     continue  # already mounted there (the repo's .git)

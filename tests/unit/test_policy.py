@@ -80,7 +80,8 @@ def test_policy_files_are_read_only_inside_every_writable_zone(project):
     g = grant(project, "w")
     guards = {z.target: z for z in g.zones if z.guard}
     for where in ("/repo", "/top"):
-        for rel in ("orchestrator.yaml", "workers", "keys/token"):
+        # keys/token: its whole folder, which a worker could otherwise rename and replace
+        for rel in ("orchestrator.yaml", "workers", "keys"):
             assert guards[f"{where}/{rel}"].read_only
     assert guards["/top/.git"].read_only  # /repo/.git is the standard zone's own
     assert targets(g)["/repo/.git"] == "ro"
