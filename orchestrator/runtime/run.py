@@ -38,6 +38,7 @@ from orchestrator.runtime.preparation import Prepared, path_violations, prepare_
 from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
+from orchestrator.runtime.setid import SetidSweep, refuse_setid, walk_needed
 from orchestrator.runtime.supervised import (
     KILL_ALL,
     TOOL_ENV,
@@ -203,6 +204,7 @@ class Run:
         """The run's own network (an allowlist's), removed when the run closes."""
         self.sources = MountSources(self.spec.run_id, pin=False)
         """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
+        self._setid: SetidSweep | None = None
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -243,6 +245,9 @@ class Run:
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
         self._hold_sources()
+        if walk_needed(spec, pinned=self.sources.pinned):
+            why = "the plan has no no-new-privileges and its mounts are not nosuid"
+            refuse_setid(prepared, why=why)
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
         for obj in collect(engine).removed:
@@ -268,6 +273,8 @@ class Run:
                 self.audit.record(
                     "access.granted", **run_context(spec), metadata=self._access.summary()
                 )
+            self._setid = SetidSweep(prepared)
+            self._setid.before()  # after the grant: what it changed is put back after ours
             if prepared.grant.children:
                 self._broker = Broker(
                     prepared,
@@ -431,6 +438,7 @@ class Run:
                 self._broker.close(cancel=failed)
             self._stack.close()  # secrets
             self.sources.release()
+            self._strip_setid()
             self._release_access()
             asked = self.staging.zones(self.prepared) if self.staging is not None else []
             egress = _egress_decisions(self.engine, spec, self._wall_start, self.audit)
@@ -473,12 +481,20 @@ class Run:
             return self.result
         finally:
             self.sources.release()
+            self._strip_setid()
             self._release_access()  # on every path, and before the record could go
             # The run's own folder (broker socket, ask copies) never outlives the run; rmtree
             # walks by directory descriptors and never follows a link the worker planted.
             remove_run_dir(self.prepared.paths.run_dir)
             if self.prepared.fresh_session and self.depth == 0:
                 remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
+
+    def _strip_setid(self) -> None:
+        """Strip the set-id bits the run left in its writable folders, each audited
+        (:mod:`orchestrator.runtime.setid`); before the worker's access is put back."""
+        sweep, self._setid = self._setid, None
+        if sweep is not None:
+            sweep.after(self.audit, **run_context(self.spec))
 
     def _release_access(self) -> None:
         """Put back what the worker's uid was given and hand its files to the project
