@@ -71,7 +71,8 @@ def setuid_cp(path: Path) -> Path:
 
 
 def audited(project_root: Path, operation: str) -> list[dict]:
-    lines = (project_root / ".sandbox" / "audit.jsonl").read_text().splitlines()
+    log = project_root / ".sandbox" / "audit.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
     entries = [json.loads(line) for line in lines if line.strip()]
     return [e for e in entries if e["operation"] == operation]
 
@@ -159,7 +160,7 @@ def _services() -> set[str]:
 def test_on_swarm_a_setuid_file_mounted_is_refused_before_any_service(
     as_root, swarm_project, tmp_path, where
 ):
-    out, given = attack_project(swarm_project, tmp_path)
+    _, given = attack_project(swarm_project, tmp_path)
     script_worker(swarm_project, "print('ran')", ZONES)
     if where == "input":
         os.chmod(swarm_project.root / "tools" / "cp", 0o755)  # only the input is set-id
