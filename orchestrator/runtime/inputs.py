@@ -10,8 +10,9 @@ listed at once, one line each.
 :func:`place_inputs` fills the run's inputs folder (``<sandbox>/runs/<run id>/inputs``,
 which the plan mounts read-only at ``/inputs``) when the run opens, or later for a run
 opened ahead of need (a pooled container's mounts are fixed when it is created, not its
-folder's content). Each file is hard-linked when it is on the same file system and the
-worker's uid can read it, otherwise copied; either way it is opened without following a
+folder's content). Each file is hard-linked when it is on the same file system, the
+worker's uid can read it and it has no setuid or setgid bit, otherwise copied (a copy
+never has those bits); either way it is opened without following a
 link or waiting on a FIFO and checked on the open descriptor, so a path swapped after the
 check is refused, never followed. Its sha256 is computed from that descriptor.
 
@@ -363,7 +364,9 @@ class _Placer:
         fd, st = opened
         try:
             linked = False
-            if st.st_dev == self.device and permits(st, self.uid, self.gid, "r"):
+            # A set-id file is copied: a link would keep its owner and bits in /inputs.
+            plain = not st.st_mode & (stat.S_ISUID | stat.S_ISGID)
+            if plain and st.st_dev == self.device and permits(st, self.uid, self.gid, "r"):
                 linked = _link_descriptor(fd, target)
             digest, size = hashlib.sha256(), 0
             with os.fdopen(os.dup(fd), "rb") as src:
@@ -377,7 +380,7 @@ class _Placer:
                             digest.update(chunk)
                             size += len(chunk)
                             out.write(chunk)
-                    os.chmod(target, (st.st_mode & 0o555) | 0o400)
+                    os.chmod(target, (st.st_mode & 0o555) | 0o400)  # no set-id bit
                     if self.as_root:
                         os.chown(target, self.uid, self.gid)
             return digest.hexdigest(), size

@@ -38,6 +38,7 @@ from orchestrator.runtime.preparation import Prepared, path_violations, prepare_
 from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
+from orchestrator.runtime.setid import SetidSweep, refuse_setid, walk_needed
 from orchestrator.runtime.supervised import (
     KILL_ALL,
     TOOL_ENV,
@@ -204,6 +205,7 @@ class Run:
         self.sources = MountSources(self.spec.run_id, pin=False)
         """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
         self._pin = False
+        self._setid: SetidSweep | None = None
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -243,6 +245,10 @@ class Run:
         for value in self.values.values():
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
+        self._pin = os.geteuid() == 0 and bool(spec.mounts) and engine.pins_mounts()
+        if walk_needed(spec, pinned=self._pin):
+            why = "the plan has no no-new-privileges and its mounts are not nosuid"
+            refuse_setid(prepared, why=why)
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
         for obj in collect(engine).removed:
@@ -252,7 +258,6 @@ class Run:
         metadata = start_metadata(prepared, self.depth)
         metadata["inputs"] = [info.to_dict() for info in self.inputs]
         metadata["runtime"] = runtime
-        self._pin = os.geteuid() == 0 and bool(spec.mounts) and engine.pins_mounts()
         metadata["pinned_mounts"] = self._pin
         self.audit.record("run.started", **run_context(spec), metadata=metadata)
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
@@ -270,6 +275,8 @@ class Run:
                 self.audit.record(
                     "access.granted", **run_context(spec), metadata=self._access.summary()
                 )
+            self._setid = SetidSweep(prepared)
+            self._setid.before()  # after the grant: what it changed is put back after ours
             if prepared.grant.children:
                 self._broker = Broker(
                     prepared,
@@ -426,6 +433,7 @@ class Run:
                 self._broker.close(cancel=failed)
             self._stack.close()  # secrets
             self.sources.release()
+            self._strip_setid()
             self._release_access()
             asked = self.staging.zones(self.prepared) if self.staging is not None else []
             egress = _egress_decisions(self.engine, spec, self._wall_start, self.audit)
@@ -468,12 +476,20 @@ class Run:
             return self.result
         finally:
             self.sources.release()
+            self._strip_setid()
             self._release_access()  # on every path, and before the record could go
             # The run's own folder (broker socket, ask copies) never outlives the run; rmtree
             # walks by directory descriptors and never follows a link the worker planted.
             remove_run_dir(self.prepared.paths.run_dir)
             if self.prepared.fresh_session and self.depth == 0:
                 remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
+
+    def _strip_setid(self) -> None:
+        """Strip the set-id bits the run left in its writable folders, each audited
+        (:mod:`orchestrator.runtime.setid`); before the worker's access is put back."""
+        sweep, self._setid = self._setid, None
+        if sweep is not None:
+            sweep.after(self.audit, **run_context(self.spec))
 
     def _release_access(self) -> None:
         """Put back what the worker's uid was given and hand its files to the project

@@ -35,8 +35,14 @@ __all__ = [
 #: What a service spec on Engine API 1.41 has no field for, although the plan asks for it.
 NOT_ENFORCED = {
     "no-new-privileges": "no-new-privileges: service specs on Engine API 1.41 have no field "
-    "for it (Privileges holds only CredentialSpec and SELinuxContext); the worker image has "
-    "no setuid or setgid file, and no capability is left, so nothing can raise privileges",
+    "for it (Privileges holds only CredentialSpec and SELinuxContext), so a setuid or setgid "
+    "program the task can reach would run with its owner's rights; instead, a run whose "
+    "zones or inputs hold a setuid or setgid file is refused before anything exists, and "
+    "the set-id bits a task leaves in writable zones are stripped after it (audited as "
+    "zone.setid_stripped)",
+    "nosuid": "nosuid,nodev on zone, input and results binds: a swarm bind mount takes no "
+    "mount options (Docker runs as root mount pinned nosuid,nodev folders); the refusal "
+    "and the after-run strip above replace it",
     "seccomp": "the project's seccomp profile (io_uring blocked): not settable per service on "
     "1.41; the engine's default profile applies (on 20.10 it still allows io_uring_setup)",
     "swap": "memory+swap cap: a service sets only the memory limit; the engine lets the task "
@@ -95,6 +101,8 @@ def not_enforced(spec: ContainerSpec) -> list[str]:
     found = []
     if spec.no_new_privileges:
         found.append(NOT_ENFORCED["no-new-privileges"])
+    if spec.mounts or spec.outbox is not None:
+        found.append(NOT_ENFORCED["nosuid"])
     if spec.seccomp is not None:
         found.append(NOT_ENFORCED["seccomp"])
     found.append(NOT_ENFORCED["swap"])  # the plan never allows swap beyond its memory

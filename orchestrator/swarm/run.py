@@ -42,6 +42,7 @@ from orchestrator.runtime.run import (
 )
 from orchestrator.runtime.secrets import Redactor
 from orchestrator.runtime.session_folders import remove_if_empty
+from orchestrator.runtime.setid import SetidSweep, refuse_setid
 from orchestrator.swarm import nodes, render
 from orchestrator.swarm.egress import proxy_task_template
 from orchestrator.swarm.engine import SwarmEngine, collect
@@ -104,6 +105,8 @@ def execute_swarm(
     ``outbox_dir(spec, folder)`` and a ``zones(prepared)`` (a StagingReader or a batch's)."""
     spec = prepared.spec
     check(engine, prepared)
+    # Neither nosuid binds nor no-new-privileges here: a set-id file mounted is refused.
+    refuse_setid(prepared, why="swarm cannot set no-new-privileges, and its binds are not nosuid")
     given = secrets or {}
     values = {name: given[name] for name in prepared.grant.secrets if name in given}
     missing = sorted(set(prepared.grant.secrets) - set(values))
@@ -132,6 +135,7 @@ def execute_swarm(
     asked: list[Any] = []
     made: list[tuple[str, str]] = []  # (kind, id), removed in reverse
     access: WorkerAccess | None = None
+    setid: SetidSweep | None = None
     service_id: str | None = None
     proxy_id: str | None = None
     egress: list[dict[str, Any]] = []
@@ -159,6 +163,8 @@ def execute_swarm(
         if access.trees:
             access.grant()
             audit.record("access.granted", **run_context(spec), metadata=access.summary())
+        setid = SetidSweep(prepared)
+        setid.before()
         network = f"orchestrator-run-{spec.run_id}"
         made.append(("network", engine.create_network(network, spec.labels)))
         if spec.network.mode == "allowlist":
@@ -207,6 +213,8 @@ def execute_swarm(
         raise
     finally:
         removed = _remove(engine, made)
+        if setid is not None:  # what the task left: set-id bits stripped, each audited
+            setid.after(audit, **run_context(spec))
         if access is not None and access.trees:
             access.release()
             audit.record("access.released", **run_context(spec), metadata=access.summary())

@@ -222,7 +222,8 @@ def test_plan_states_what_the_swarm_does_not_enforce(project):
     assert done.returncode == 0, done.stderr
     swarm = done.json()["swarm"]
     text = " ".join(swarm["not_enforced"])
-    assert "no-new-privileges" in text and "seccomp" in text
+    assert "no-new-privileges" in text and "seccomp" in text and "nosuid" in text
+    assert "setuid or setgid file is refused" in text and "stripped" in text
     assert "gVisor" in swarm["refused"]
 
 

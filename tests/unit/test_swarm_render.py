@@ -71,6 +71,7 @@ def test_masks_stay_read_only_tmpfs(spec):
 def test_what_the_swarm_cannot_enforce_is_stated(spec):
     lines = " ".join(render.not_enforced(spec))
     assert "no-new-privileges" in lines and "seccomp" in lines and "swap" in lines
+    assert "nosuid" in lines and "refused" in lines and "zone.setid_stripped" in lines
 
 
 def test_gvisor_and_full_network_are_refused_with_their_way_out(spec):
