@@ -18,7 +18,7 @@ from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.runtime.inputs import shown
 from orchestrator.runtime.removal import Interrupted, remove_run
-from orchestrator.runtime.run import RunResult, execute
+from orchestrator.runtime.run import RunResult, collect_garbage, execute
 
 if TYPE_CHECKING:
     from orchestrator.config import Worker
@@ -284,7 +284,21 @@ def _pool(
         return None
     if importlib.util.find_spec("orchestrator.runtime.inputs") is None:
         return None  # inputs cannot be placed into a pooled run: cold starts
-    return orch.pool(worker, size=max(1, min(concurrency, len(todo))), input_slot=True, **options)
+    # What dead owners left is removed once here, not as each run opens; no run is opened
+    # beyond the inputs; a worker without an outbox runs as its container's own process
+    # (create ahead; then start, wait, remove: no idling supervisor, no execs), and its
+    # output, which a batch keeps none of, is not attached to.
+    collect_garbage(orch.engine, orch.audit)
+    return orch.pool(
+        worker,
+        size=max(1, min(concurrency, len(todo))),
+        total=len(todo),
+        keep_alive=False,
+        gc=False,
+        output=False,
+        input_slot=True,
+        **options,
+    )
 
 
 def _pooled(pool: WarmPool) -> RunOne:
