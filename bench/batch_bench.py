@@ -76,7 +76,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "p"
         (project / "workers").mkdir(parents=True)
-        (project / "orchestrator.yaml").write_text("zones: {}\n")
+        # An untrusted worker runs under gVisor by default: runc is the project's explicit
+        # opt-out, so that both sides run the same runtime.
+        runc = "" if gvisor else "isolation: {untrusted: runc}\n"
+        (project / "orchestrator.yaml").write_text(f"zones: {{}}\n{runc}")
         isolation = "isolation: gvisor\n" if gvisor else ""
         (project / "workers" / "noop.worker").write_text(
             f'---\ncommand: ["true"]\n{isolation}---\n'
