@@ -222,11 +222,16 @@ class Orchestrator:
         _OPEN_SESSIONS.add(session)
         return session
 
-    def open_keep_alive(self, prepared: Prepared) -> Run:
+    def open_keep_alive(
+        self, prepared: Prepared, *, keep_alive: bool = True, gc: bool = True, output: bool = True
+    ) -> Run:
         """Open a run whose container only idles (started, work arrives by exec): what a
         session and a warm pool hold. A worker without an outbox still gets an idling
-        supervisor process. On failure everything it made is removed before raising."""
-        if prepared.spec.supervisor_user is None:  # no outbox: still an idling container
+        supervisor process, unless ``keep_alive`` is False: its container is then created,
+        not started, and its worker runs as the container's own process (``run_worker``).
+        ``gc`` and ``output`` are :class:`Run`'s. On failure everything it made is removed
+        before raising."""
+        if keep_alive and prepared.spec.supervisor_user is None:  # no outbox: still idling
             spec = replace(prepared.spec, supervisor_user=supervisor_for(prepared.uid))
             prepared = replace(prepared, spec=spec)
         run = Run(
@@ -235,6 +240,8 @@ class Orchestrator:
             audit=self.audit,
             staging=self.staging,
             secrets=self.secrets_for(prepared),
+            gc=gc,
+            output=output,
         )
         try:
             run.open()

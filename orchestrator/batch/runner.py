@@ -8,6 +8,7 @@ import importlib.util
 import os
 import signal
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.batch.engine import DONE, Batch, BatchResult, Event, RunOne
@@ -15,8 +16,9 @@ from orchestrator.batch.folder import BatchFolder
 from orchestrator.batch.inputs import BatchInput, expand, file_sha256
 from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.runtime.inputs import shown
 from orchestrator.runtime.removal import Interrupted, remove_run
-from orchestrator.runtime.run import RunResult, execute
+from orchestrator.runtime.run import RunResult, collect_garbage, execute
 
 if TYPE_CHECKING:
     from orchestrator.config import Worker
@@ -68,17 +70,12 @@ def run_batch(
             },
         )
     else:
-        if inputs:
-            raise ConfigError(["--resume runs the batch's own inputs; drop --inputs"])
         folder = BatchFolder.open(sandbox, resume)
-        if folder.meta.get("worker") != name:
-            raise ConfigError(
-                [
-                    f"batch {resume} ran worker '{folder.meta.get('worker')}', not '{name}'; "
-                    "resume it with that worker"
-                ]
-            )
-        items = folder.inputs
+        try:
+            items = _resumed_inputs(folder, name, inputs, sandbox)
+        except BaseException:
+            folder.close()
+            raise
         _known_staged(folder)
     emit = _emitter(on_event)
     try:
@@ -133,6 +130,56 @@ def run_batch(
         return result
     finally:
         folder.close()
+
+
+def _resumed_inputs(
+    folder: BatchFolder,
+    name: str,
+    inputs: Sequence[str | os.PathLike[str]],
+    sandbox: Path,
+) -> list[BatchInput]:
+    """The batch's own inputs, once the worker (and ``inputs``, when given) match it."""
+    if folder.meta.get("worker") != name:
+        raise ConfigError(
+            [
+                f"batch {folder.batch_id} ran worker '{folder.meta.get('worker')}', not "
+                f"'{name}'; resume it with that worker"
+            ]
+        )
+    items = folder.inputs
+    if inputs:  # the killed command re-typed with --resume: the same inputs, or refused
+        _same_inputs(folder.batch_id, items, expand(inputs, sandbox_root=sandbox))
+    return items
+
+
+def _same_inputs(batch_id: str, items: list[BatchInput], given: list[BatchInput]) -> None:
+    """Refuse ``--inputs`` that do not name the batch's own inputs (the same files in the
+    same order: keys follow the order), naming the first differences. Contents may have
+    changed: resuming re-runs those inputs."""
+    ours, theirs = [i.path for i in items], [i.path for i in given]
+    if ours == theirs:
+        return
+    extra = [p for p in theirs if p not in set_ours] if (set_ours := set(ours)) else theirs
+    missing = [p for p in ours if p not in set(theirs)]
+    parts = []
+    if extra:
+        parts.append(f"--inputs also names {_listed(extra)}")
+    if missing:
+        parts.append(f"the batch also has {_listed(missing)}")
+    if not parts:
+        parts.append("--inputs names the same files in another order (keys follow the order)")
+    raise ConfigError(
+        [
+            f"--resume {batch_id}: {'; '.join(parts)}; give the batch's own --inputs "
+            f"({len(ours)} files) or none"
+        ]
+    )
+
+
+def _listed(paths: list[Path], most: int = 3) -> str:
+    shown_ = ", ".join(shown(p) for p in paths[:most])
+    more = f" and {len(paths) - most} more" if len(paths) > most else ""
+    return f"{shown_}{more}"
 
 
 def _todo(
@@ -237,7 +284,21 @@ def _pool(
         return None
     if importlib.util.find_spec("orchestrator.runtime.inputs") is None:
         return None  # inputs cannot be placed into a pooled run: cold starts
-    return orch.pool(worker, size=max(1, min(concurrency, len(todo))), input_slot=True, **options)
+    # What dead owners left is removed once here, not as each run opens; no run is opened
+    # beyond the inputs; a worker without an outbox runs as its container's own process
+    # (create ahead; then start, wait, remove: no idling supervisor, no execs), and its
+    # output, which a batch keeps none of, is not attached to.
+    collect_garbage(orch.engine, orch.audit)
+    return orch.pool(
+        worker,
+        size=max(1, min(concurrency, len(todo))),
+        total=len(todo),
+        keep_alive=False,
+        gc=False,
+        output=False,
+        input_slot=True,
+        **options,
+    )
 
 
 def _pooled(pool: WarmPool) -> RunOne:

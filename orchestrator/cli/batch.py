@@ -39,7 +39,11 @@ from orchestrator.cli.options import (
     help="A file, a folder (its files) or a glob pattern; repeat for more.",
 )
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True)
-@click.option("--resume", metavar="ID", help="Run only what batch ID has not finished.")
+@click.option(
+    "--resume",
+    metavar="ID",
+    help="Run only what batch ID has not finished (--inputs, if given, must name its inputs).",
+)
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failure.")
 @click.option("--timeout", type=timeout_seconds, help="Seconds per input (at most a week).")
 @worker_options[0]

@@ -66,8 +66,21 @@ class WarmPool:
     """``size`` opened runs of one worker, each handed out once. Close it after use."""
 
     def __init__(
-        self, orchestrator: Orchestrator, worker: str | Worker, *, size: int, **options: Any
+        self,
+        orchestrator: Orchestrator,
+        worker: str | Worker,
+        *,
+        size: int,
+        total: int | None = None,
+        keep_alive: bool = True,
+        gc: bool = True,
+        output: bool = True,
+        **options: Any,
     ) -> None:
+        """``total``: how many runs will be taken, if known (a batch's inputs): no more are
+        opened ahead than are still wanted, so none is made only to be discarded (a take
+        beyond it still gets one, opened then). ``keep_alive``, ``gc`` and ``output`` are
+        :meth:`~orchestrator.Orchestrator.open_keep_alive`'s; ``options`` ``prepare``'s."""
         if size < 1:
             raise PoolError(f"a warm pool holds at least one run, not {size}; use size=1 or more")
         if options.get("session_id"):
@@ -78,6 +91,8 @@ class WarmPool:
         self.orchestrator = orchestrator
         self.size = size
         self.options = options
+        self.wanted = total
+        self.run_options = {"keep_alive": keep_alive, "gc": gc, "output": output}
         first = orchestrator.prepare(worker, **options)  # refused here, before any thread
         self.worker: Worker = first.worker
         self._cond = threading.Condition()
@@ -110,6 +125,9 @@ class WarmPool:
                 if self._ready:
                     run = self._ready.popleft()
                     break
+                if self.wanted is not None and self._opening == 0 and self._error is None:
+                    self.wanted += 1  # more takes than announced (a retry): open one now
+                    self._fill()
                 if self._error is not None and self._opening == 0:
                     error, self._error = self._error, None
                     self._fill()  # the next take tries again
@@ -122,6 +140,8 @@ class WarmPool:
                     )
                 self._cond.wait(remaining)
             self.handed_out += 1
+            if self.wanted is not None:
+                self.wanted = max(0, self.wanted - 1)
             self._fill()
         run.on_output = on_output
         run.handed_out()
@@ -136,6 +156,8 @@ class WarmPool:
     ) -> Session:
         """A pooled run handed out as a live session (see
         :meth:`orchestrator.Orchestrator.open_session`; its limits count from now)."""
+        if not self.run_options["keep_alive"]:
+            raise PoolError("this warm pool's runs are not kept alive: open it with keep_alive")
         run = self.take(timeout=timeout)
         return self.orchestrator.open_session(
             run, idle_timeout=idle_timeout, max_lifetime=max_lifetime
@@ -194,7 +216,8 @@ class WarmPool:
     def _fill(self, first: Prepared | None = None) -> None:
         """Start openers until ``size`` runs are ready or being opened (lock held)."""
         while not self._closed and self._error is None:
-            if len(self._ready) + self._opening >= self.size:
+            target = self.size if self.wanted is None else min(self.size, self.wanted)
+            if len(self._ready) + self._opening >= target:
                 return
             self._opening += 1
             thread = threading.Thread(
@@ -213,7 +236,7 @@ class WarmPool:
         try:
             if prepared is None:
                 prepared = self.orchestrator.prepare(self.worker, **self.options)
-            run = self.orchestrator.open_keep_alive(prepared)
+            run = self.orchestrator.open_keep_alive(prepared, **self.run_options)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the next take()
             error = exc
         with self._cond:

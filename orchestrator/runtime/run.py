@@ -62,7 +62,7 @@ EXIT_TIMEOUT = 124
 EXIT_OOM = 137
 TAIL_BYTES = 64 << 10
 
-__all__ = ["Interrupted", "Run", "RunResult", "Staging", "execute"]
+__all__ = ["Interrupted", "Run", "RunResult", "Staging", "collect_garbage", "execute"]
 
 
 class Staging(Protocol):
@@ -175,6 +175,8 @@ class Run:
         secrets: Mapping[str, str] | None = None,
         depth: int = 0,
         on_output: OutputSink | None = None,
+        gc: bool = True,
+        output: bool = True,
     ) -> None:
         self.engine = engine
         self.prepared = prepared
@@ -185,6 +187,11 @@ class Run:
         self.values = _granted_secrets(prepared, secrets or {})
         self.redactor = Redactor(list(self.values.values()))
         self.on_output = on_output
+        self.gc = gc
+        """Whether :meth:`open` first removes what dead owners left (a batch does it once)."""
+        self.output = output
+        """Whether the worker's output is read (False: no attach, empty stdout and stderr,
+        unless ``on_output`` wants it; a batch keeps none of it)."""
         self.container_id: str | None = None
         self.outcome = _Outcome()
         self.tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
@@ -251,8 +258,8 @@ class Run:
             refuse_setid(prepared, why=why)
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
-        for obj in collect(engine).removed:
-            self.audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
+        if self.gc:
+            collect_garbage(engine, self.audit)
         if spec.network.mode != "none":
             self._network = engine.prepare_network(spec)
         metadata = start_metadata(prepared, self.depth)
@@ -523,7 +530,8 @@ class Run:
         engine, spec, outcome = self.engine, self.spec, self.outcome
         assert self.container_id is not None
         # Joined in close(), once the container is gone and its output has surely ended.
-        self._reader = _start_reader(engine.attach(self.container_id), self.tails, sink)
+        if self.output or sink is not None:
+            self._reader = _start_reader(engine.attach(self.container_id), self.tails, sink)
         try:
             engine.start(self.container_id)
         except StartFailure as exc:  # the worker's command cannot run: its failure
@@ -592,6 +600,12 @@ class Run:
             staging=self.staging,
             secrets=self.values,
         )
+
+
+def collect_garbage(engine: Engine, audit: AuditLog) -> None:
+    """Remove what dead owners left (:func:`~orchestrator.runtime.gc.collect`), audited."""
+    for obj in collect(engine).removed:
+        audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
 
 
 def after_run_violations(prepared: Prepared, audit: AuditLog) -> list[str]:

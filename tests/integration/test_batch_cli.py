@@ -316,3 +316,32 @@ def test_ctrl_c_records_the_running_inputs_as_cancelled(batch_project, tmp_path)
     assert running <= {r["key"] for r in records}, (running, records)
     for record in records:
         assert (record["status"], record["error"]) == ("cancelled", "cancelled by SIGINT")
+
+
+def test_resume_accepts_the_same_inputs_and_names_a_difference(batch_project, tmp_path):
+    folder = tmp_path / "in"
+    first = batch_of_docs(batch_project, folder, 3)
+    project = str(batch_project.root)
+    (folder / "d01.txt").write_text("changed\n")  # a changed content is the same input
+    same = cli(
+        "batch", "w", "--inputs", str(folder), "--resume", first["batch_id"], "--json",
+        "--project", project, timeout=120,
+    )  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    summary = batch_summary(same.stdout)
+    assert (summary["batch_id"], summary["succeeded"], summary["skipped"]) == (
+        first["batch_id"], 1, 2,
+    )  # fmt: skip
+    (folder / "d99.txt").write_text("new")
+    os.unlink(folder / "d00.txt")
+    other = cli(
+        "batch", "w", "--inputs", str(folder), "--resume", first["batch_id"],
+        "--project", project,
+    )  # fmt: skip
+    assert other.returncode == 125, other.stderr
+    assert f"--resume {first['batch_id']}: --inputs also names {folder / 'd99.txt'}" in (
+        other.stderr
+    )
+    assert f"the batch also has {folder / 'd00.txt'}" in other.stderr
+    results = batch_project.root / ".sandbox" / "batches" / first["batch_id"] / "results.jsonl"
+    assert len(results.read_text().splitlines()) == 4  # the refused resume ran nothing

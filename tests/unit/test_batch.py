@@ -250,3 +250,20 @@ def test_resume_keeps_an_earlier_failure_in_the_exit_code_and_summary(orch, inpu
     summary = resumed.summary()
     assert summary["already"] == {"failed": 1, "oom": 0, "succeeded": 5, "timeout": 0}
     assert resumed.exit_code == 1 and summary["exit_code"] == 1
+
+
+def test_resume_takes_the_batchs_own_inputs_and_refuses_others(orch, inputs, tmp_path):
+    first = orch.batch("w", [inputs / "doc0.txt", inputs / "doc1.txt"], run_one=FakeRunner())
+    again = FakeRunner()
+    resumed = orch.batch(
+        "w", [inputs / "doc0.txt", inputs / "doc1.txt"], resume=first.batch_id, run_one=again
+    )
+    assert again.calls == [] and resumed.skipped == 2
+    with pytest.raises(ConfigError, match="another order"):
+        orch.batch("w", [inputs / "doc1.txt", inputs / "doc0.txt"], resume=first.batch_id)
+    with pytest.raises(ConfigError, match=r"the batch also has .*doc1\.txt; give"):
+        orch.batch("w", [inputs / "doc0.txt"], resume=first.batch_id)
+    with pytest.raises(ConfigError, match=r"--inputs also names .*doc2\.txt, .*doc3\.txt, "):
+        orch.batch("w", [inputs], resume=first.batch_id)
+    # a refusal leaves the batch free to resume (its lock was let go)
+    assert orch.batch("w", resume=first.batch_id, run_one=FakeRunner()).skipped == 2
