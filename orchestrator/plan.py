@@ -19,9 +19,9 @@ from typing import Any, Literal
 from orchestrator import labels
 from orchestrator.config import Project, Worker
 from orchestrator.config.models import ENV_NAME, Isolation
+from orchestrator.egress import PROXY_VARIABLES, network_env
 from orchestrator.errors import ConfigError
 from orchestrator.policy import Grant
-from orchestrator.policy.network import PROXY_VARIABLES, network_env
 
 INSTRUCTIONS_ENV = "ORCHESTRATOR_INSTRUCTIONS"
 BROKER_DIR = "/run/orchestrator"

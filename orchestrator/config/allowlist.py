@@ -1,8 +1,8 @@
 """Egress allowlists: parsing and normalising ``network: {allow: [...]}`` entries. Pure.
 
 An allowlisted worker reaches the outside only through an egress proxy (see
-``orchestrator.docker.egress`` and docs/network.md); the proxy enforces exactly the
-normalised entries built here.
+``orchestrator.egress`` and docs/network.md); the proxy enforces exactly the normalised
+entries built here.
 """
 
 from __future__ import annotations
@@ -167,8 +167,3 @@ def allowlist_key(allow: Iterable[AllowEntry]) -> str:
     """The short hash naming the proxy and network of a normalised allowlist."""
     text = "\n".join(str(entry) for entry in sorted(set(allow)))
     return hashlib.sha256(text.encode()).hexdigest()[:_KEY_LENGTH]
-
-
-def allow_text(allow: Iterable[AllowEntry]) -> str:
-    """The allowlist as the proxy image reads it (and as the label shows it)."""
-    return " ".join(str(entry) for entry in sorted(set(allow)))

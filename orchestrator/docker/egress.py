@@ -1,4 +1,4 @@
-"""Allowlisted egress: a run's own internal network whose only way out is a logging proxy.
+"""Allowlisted egress under Docker: the proxy of :mod:`orchestrator.egress` as a shared container.
 
 A worker with ``network: {allow: [...]}`` is attached to an *internal* Docker network (no
 route out) of its own (:mod:`.networks` creates and removes it with the run). The only
@@ -13,7 +13,9 @@ named after a hash of both (the *key*), and is shared by every run with that all
 :func:`ensure_egress` creates it or reuses what is already up and healthy, and is safe to
 call from several processes at once. Shared objects outlive the run that created them, so
 they do not carry the per-process owner labels; :mod:`.egress_gc` removes them once no run
-uses them. See docs/network.md.
+uses them. What the proxy is given and answers (its image, environment, limits, health
+check and decision log) is the engine-neutral contract in :mod:`orchestrator.egress`;
+this module only renders it for Docker. See docs/network.md.
 """
 
 from __future__ import annotations
@@ -29,30 +31,39 @@ import docker.types
 from docker import errors as docker_errors
 
 from orchestrator import labels
-from orchestrator.config.allowlist import (
-    DEFAULT_PORTS,
-    AllowEntry,
-    allow_text,
-    allowlist_key,
-    validate_allowlist,
-)
+from orchestrator.config.allowlist import AllowEntry, allowlist_key, validate_allowlist
 from orchestrator.docker import podman
 from orchestrator.docker.client import DockerClient, engine_errors, is_transient, retrying
-from orchestrator.docker.images import PROXY_IMAGE, build_image
+from orchestrator.docker.images import build_image
 from orchestrator.docker.netnames import is_run_network
 from orchestrator.docker.podman import security_opt_for, tmpfs_for, ulimits_for
 from orchestrator.docker.seccomp import default_security_opt
+from orchestrator.egress import (
+    PROXY_ALIAS,
+    PROXY_HEALTH,
+    PROXY_IMAGE,
+    PROXY_LOG_OPTIONS,
+    PROXY_MEMORY,
+    PROXY_NANO_CPUS,
+    PROXY_NOFILE,
+    PROXY_PIDS,
+    PROXY_TMP,
+    PROXY_TMP_SIZE,
+    PROXY_URL,
+    PROXY_VERSION,
+    READY_MARK,
+    Decision,
+    allow_text,
+    network_env,
+    parse_decisions,
+    proxy_environment,
+)
 from orchestrator.errors import EngineError, ImageMissing
-from orchestrator.policy.network import PROXY_ALIAS, PROXY_PORT, egress_key, network_env
-from orchestrator.runtime.engine import EgressDecision
+from orchestrator.policy.network import egress_key
 
 __all__ = [
-    "DEFAULT_PORTS",
     "OUTSIDE_NETWORK",
-    "PROXY_IMAGE",
-    "PROXY_PORT",
     "AllowEntry",
-    "Decision",
     "Egress",
     "allowlist_key",
     "attach",
@@ -60,7 +71,6 @@ __all__ = [
     "decisions",
     "ensure_egress",
     "ensure_outside_network",
-    "parse_decisions",
     "proxy_env",
     "validate_allowlist",
 ]
@@ -83,32 +93,12 @@ SHARED = labels.SHARED
 EGRESS_KEY = f"{labels.PREFIX}.egress-key"
 EGRESS_ROLE = f"{labels.PREFIX}.egress-role"
 EGRESS_ALLOW = f"{labels.PREFIX}.egress-allow"
+#: The proxy's configuration version (:data:`orchestrator.egress.PROXY_VERSION`).
 EGRESS_VERSION = f"{labels.PREFIX}.egress-version"
-#: The proxy's configuration contract: what the orchestrator passes it and what it must do
-#: (environment, networks, health check, rules). Bump it whenever that changes: a proxy
-#: carrying another version (or none: made before the label existed) is replaced when no
-#: run of an older version still uses it. 2: per-run networks, EGRESS_EXCLUDE, the
-#: health check, EGRESS_REACH (private destinations other than these refused).
-PROXY_VERSION = "2"
 
-#: Proxy hardening and limits.
-PROXY_MEMORY = 128 << 20
-PROXY_PIDS = 64
-PROXY_NANO_CPUS = 1_000_000_000
-PROXY_NOFILE = 4096
-PROXY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,size=16m,mode=1777"}
-PROXY_LOG_CONFIG = {"max-size": "10m", "max-file": "3"}
-#: The proxy's health check (CIS 5.27): squid must answer a request on loopback. A proxy
-#: the engine reports ``unhealthy`` (3 failures 30 s apart) is replaced on its next use.
-PROXY_HEALTH_TEST = ["CMD", "/usr/local/bin/egress-proxy", "--health"]
-PROXY_HEALTH_INTERVAL = 30.0
-PROXY_HEALTH_TIMEOUT = 5.0
-PROXY_HEALTH_RETRIES = 3
-PROXY_HEALTH_START = 10.0
+#: The proxy's /tmp (:data:`orchestrator.egress.PROXY_TMP_SIZE`), never executable.
+PROXY_TMPFS = {PROXY_TMP: f"rw,nosuid,nodev,noexec,size={PROXY_TMP_SIZE >> 20}m,mode=1777"}
 
-#: squid's line once its listening socket is open.
-_READY_MARK = b"Accepting HTTP Socket connections"
-_DECISION_MARK = "EGRESS "
 #: A proxy started longer ago than this is taken to be ready without reading its log.
 _READY_GRACE = timedelta(seconds=60)
 #: A proxy container still in state ``created`` after this long was abandoned by its
@@ -135,28 +125,6 @@ class Egress:
     key: str
     allow: tuple[AllowEntry, ...] = field(default=())
     services: tuple[str, ...] = field(default=())
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One request the proxy decided on.
-
-    ``time`` is when the proxy received the request (aware, UTC); ``status`` is the HTTP
-    status the proxy answered (403 for a denial, 200 for an opened tunnel, 0 when the
-    client went away first); ``client`` is the address the request came from.
-    """
-
-    host: str
-    port: int
-    allowed: bool
-    time: datetime
-    method: str
-    status: int = 0
-    client: str = ""
-
-    def as_egress(self) -> EgressDecision:
-        """As the runtime records it (host, port, allowed, method)."""
-        return EgressDecision(self.host, self.port, self.allowed, self.method)
 
 
 def proxy_env(egress: Egress) -> dict[str, str]:
@@ -442,7 +410,7 @@ def _egress_from(
     if any(network not in attached for network in (OUTSIDE_NETWORK, *services)):
         return None
     return Egress(
-        proxy_url=f"http://{PROXY_ALIAS}:{PROXY_PORT}",
+        proxy_url=PROXY_URL,
         proxy_container=str(info["Id"]),
         key=key,
         allow=entries,
@@ -579,7 +547,7 @@ def _create(
                 docker.types.Ulimit(name="core", soft=0, hard=0),
             ],
         ),
-        log_config=docker.types.LogConfig(type="json-file", config=dict(PROXY_LOG_CONFIG)),
+        log_config=docker.types.LogConfig(type="json-file", config=dict(PROXY_LOG_OPTIONS)),
     )
     name = PROXY_PREFIX + key
     with engine_errors(f"creating the egress proxy {name}"):
@@ -587,16 +555,7 @@ def _create(
             created = engine.api.create_container(
                 image=PROXY_IMAGE,
                 name=name,
-                environment={
-                    "EGRESS_ALLOW": allowed,
-                    "EGRESS_PORT": str(PROXY_PORT),
-                    # Its only other networks are the runs' own: every client there is
-                    # served, nothing on the outside or a service network ever is.
-                    "EGRESS_EXCLUDE": " ".join(excluded),
-                    # The only private destinations: everything else there may be a
-                    # run's network, which the proxy joins and must never bridge.
-                    "EGRESS_REACH": " ".join(excluded),
-                },
+                environment=proxy_environment(entries, excluded),
                 labels={**shared_labels("proxy", key, allowed), EGRESS_VERSION: PROXY_VERSION},
                 host_config=host_config,
                 healthcheck=_healthcheck(),
@@ -619,7 +578,7 @@ def _create(
                 engine.api.connect_container_to_network(container, service)
             retrying(lambda: engine.api.start(container))
         _wait_ready(engine, container, deadline)
-        egress = Egress(f"http://{PROXY_ALIAS}:{PROXY_PORT}", container, key, entries, services)
+        egress = Egress(PROXY_URL, container, key, entries, services)
         for network in carried:  # the runs a replaced proxy served keep their way out
             try:
                 attach(engine, egress, network)
@@ -642,11 +601,11 @@ def _create(
 def _healthcheck() -> dict[str, Any]:
     second = 1_000_000_000
     return {
-        "test": list(PROXY_HEALTH_TEST),
-        "interval": int(PROXY_HEALTH_INTERVAL * second),
-        "timeout": int(PROXY_HEALTH_TIMEOUT * second),
-        "retries": PROXY_HEALTH_RETRIES,
-        "start_period": int(PROXY_HEALTH_START * second),
+        "test": list(PROXY_HEALTH.test),
+        "interval": int(PROXY_HEALTH.interval * second),
+        "timeout": int(PROXY_HEALTH.timeout * second),
+        "retries": PROXY_HEALTH.retries,
+        "start_period": int(PROXY_HEALTH.start_period * second),
     }
 
 
@@ -667,7 +626,7 @@ def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
         with engine_errors("reading the egress proxy's log"):
             try:
                 text = engine.api.logs(container, stdout=False, stderr=True)
-                if _READY_MARK in text:
+                if READY_MARK in text:
                     return
                 state = engine.api.inspect_container(container)["State"]
             except docker_errors.NotFound:
@@ -687,39 +646,6 @@ def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
 
 
 # -- decisions --------------------------------------------------------------------------
-
-
-def parse_decisions(text: str) -> list[Decision]:
-    """Parse the proxy's decision lines (other lines are ignored).
-
-    A line reads ``EGRESS <start> <method> <host> <port> <allow|-> <status> <squid code>
-    <client>`` (older proxies omit the client); requests squid could not parse (no host)
-    are reported with host ``-`` and port 0.
-    """
-    found: list[Decision] = []
-    for line in text.splitlines():
-        if not line.startswith(_DECISION_MARK):
-            continue
-        fields = line.split()
-        if len(fields) < 7:
-            continue
-        _, start, method, host, port, verdict, status = fields[:7]
-        try:
-            moment = datetime.fromtimestamp(float(start), UTC)
-        except (ValueError, OverflowError):
-            continue
-        found.append(
-            Decision(
-                host=host.lower(),
-                port=int(port) if port.isdigit() else 0,
-                allowed=verdict == "allow",
-                time=moment,
-                method=method,
-                status=int(status) if status.isdigit() else 0,
-                client=fields[8] if len(fields) > 8 else "",
-            )
-        )
-    return found
 
 
 def decisions(engine: DockerClient, egress: Egress, since: datetime) -> list[Decision]:

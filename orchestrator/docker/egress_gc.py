@@ -22,13 +22,13 @@ from orchestrator.docker.egress import (
     network_users,
     networks_named,
     now,
-    parse_decisions,
     parse_docker_time,
     remove_container,
     remove_network,
     shared_labels,
 )
 from orchestrator.docker.netnames import is_run_network
+from orchestrator.egress import parse_decisions
 from orchestrator.errors import EngineError
 
 __all__ = ["egress_keys", "is_idle", "remove_egress", "remove_idle_egress"]

@@ -27,12 +27,12 @@ from docker import errors as docker_errors
 
 from orchestrator import labels
 from orchestrator.docker.client import DockerClient, engine_errors
+from orchestrator.egress import PROXY_IMAGE
 from orchestrator.errors import ImageBuildError
 
 Progress = Callable[[str], None]
 
 WORKER_IMAGE = "orchestrator/worker:latest"
-PROXY_IMAGE = "orchestrator/proxy:latest"
 ORCHESTRATOR_IMAGE = "orchestrator/orchestrator:latest"
 BASE_REPOSITORY = "orchestrator/base"
 BASE_PACKAGES = ("python3", "ca-certificates")

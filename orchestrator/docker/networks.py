@@ -143,7 +143,11 @@ def network_decisions(
         return []
     allow = validate_allowlist(spec.network.allow)
     egress = ensure_egress(engine, allow, services=spec.network.services)
-    return [d.as_egress() for d in decisions(engine, egress, since) if _in_any(d.client, subnets)]
+    return [
+        EgressDecision(d.host, d.port, d.allowed, d.method)
+        for d in decisions(engine, egress, since)
+        if _in_any(d.client, subnets)
+    ]
 
 
 def _run_subnets(engine: DockerClient, network: str) -> list[ipaddress.IPv4Network]:

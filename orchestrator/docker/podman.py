@@ -38,10 +38,10 @@ from docker.types import Ulimit
 
 from orchestrator.docker.client import DockerClient, api_version, engine_errors
 from orchestrator.docker.netnames import network_name
+from orchestrator.egress import PROXY_ALIAS
 from orchestrator.errors import EngineError
 from orchestrator.labels import PREFIX as LABEL_PREFIX
 from orchestrator.plan import ContainerSpec
-from orchestrator.policy.network import PROXY_ALIAS
 from orchestrator.runtime.engine import Stream
 
 Flavour = Literal["docker", "podman"]

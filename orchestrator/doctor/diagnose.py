@@ -48,9 +48,10 @@ def diagnose(
 ) -> Report:
     """Check this machine for running ``project_dir``'s workers; see :class:`Report`."""
     from orchestrator.docker import DockerEngine
-    from orchestrator.docker.images import PROXY_IMAGE, WORKER_IMAGE
+    from orchestrator.docker.images import WORKER_IMAGE
     from orchestrator.docker.inspection import engine_facts, images_present
     from orchestrator.docker.runtimes import GVISOR_NETWORK, GVISOR_NONE, setup_command
+    from orchestrator.egress import PROXY_IMAGE
 
     engine = engine or DockerEngine()
     facts = engine_facts(engine)  # no engine: the doctor itself cannot run

@@ -5,7 +5,8 @@ egress proxy of its allowlist as its only other member and only way out; ``full`
 per-project network with outbound access and inter-container traffic off, never the
 engine's default one. No run shares a network segment with another run. The plan states
 the mode; each engine adapter names and builds the networks (the Docker adapter's names
-are in :mod:`orchestrator.docker.netnames`). See docs/network.md.
+are in :mod:`orchestrator.docker.netnames`); the proxy itself is described in
+:mod:`orchestrator.egress`. See docs/network.md.
 """
 
 from __future__ import annotations
@@ -16,29 +17,8 @@ from collections.abc import Iterable
 from orchestrator.config.allowlist import AllowEntry, allowlist_key, validate_allowlist
 from orchestrator.config.models import Allowlist
 
-#: The port the proxy listens on, and its DNS name on every internal network.
-PROXY_PORT = 3128
-PROXY_ALIAS = "proxy"
-PROXY_URL = f"http://{PROXY_ALIAS}:{PROXY_PORT}"
-#: Proxy variables a worker file may not set itself.
-PROXY_VARIABLES = (
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "NO_PROXY",
-    "no_proxy",
-)
-
 #: A network grant: "none", "full", or a normalised allowlist.
 NetworkGrant = str | tuple[AllowEntry, ...]
-
-
-def network_env(proxy_url: str = PROXY_URL) -> dict[str, str]:
-    """The environment that sends a worker's HTTP(S) clients through the proxy."""
-    no_proxy = "localhost,127.0.0.1"
-    values = (proxy_url, proxy_url, proxy_url, proxy_url, no_proxy, no_proxy)
-    return dict(zip(PROXY_VARIABLES, values, strict=True))
 
 
 def egress_key(allow: Iterable[AllowEntry], services: Iterable[str] = ()) -> str:

@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from orchestrator.egress import PROXY_PORT
 from orchestrator.plan import BROKER_DIR, INPUTS_DIR, SECRETS_DIR, ContainerSpec, Tmpfs
-from orchestrator.policy.network import PROXY_PORT
 
 VolumeMode = Literal["pvc", "hostpath"]
 VOLUME_MODES: tuple[VolumeMode, ...] = ("pvc", "hostpath")

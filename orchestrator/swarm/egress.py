@@ -5,36 +5,41 @@ worker task's only network), an outside overlay network of its own (not internal
 way out is the node's ``docker_gwbridge``) and one proxy service (``images/proxy``, one
 replica) on both, with the alias ``proxy`` on the internal one, and on the project's
 local service networks (``network.services``, which must be swarm-scoped overlays). The
-proxy is configured exactly as under Docker (``EGRESS_ALLOW``, ``EGRESS_EXCLUDE``,
-``EGRESS_REACH``), is as hardened as a service can be, and its health check gates the
-task's ``running`` state, so the worker starts only once squid answers. Its decision
-lines are read back from its log after the run. Everything is the run's own (owner
+proxy is the one :mod:`orchestrator.egress` describes, configured exactly as under Docker
+(:func:`~orchestrator.egress.proxy_environment`), is as hardened as a service can be,
+and its health check gates the task's ``running`` state, so the worker starts only once
+squid answers. Its decision lines are read back from its log after the run
+(:func:`~orchestrator.egress.parse_decisions`). Everything is the run's own (owner
 labels) and is removed with it, or by ``orchestrator gc``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from orchestrator.config.allowlist import allow_text, validate_allowlist
-from orchestrator.docker.egress import (
-    PROXY_HEALTH_RETRIES,
-    PROXY_HEALTH_TEST,
-    PROXY_HEALTH_TIMEOUT,
+from orchestrator.config.allowlist import validate_allowlist
+from orchestrator.egress import (
+    PROXY_ALIAS,
+    PROXY_HEALTH,
     PROXY_IMAGE,
+    PROXY_LOG_OPTIONS,
     PROXY_MEMORY,
     PROXY_NANO_CPUS,
     PROXY_NOFILE,
     PROXY_PIDS,
+    PROXY_TMP,
+    PROXY_TMP_SIZE,
+    proxy_environment,
 )
-from orchestrator.policy.network import PROXY_ALIAS, PROXY_PORT
 
 __all__ = ["proxy_task_template"]
 
 _SECOND = 1_000_000_000
 
-#: The proxy's /tmp, as under Docker (``docker.egress.PROXY_TMPFS``: 16 MiB, noexec).
-PROXY_TMP_SIZE = 16 << 20
+#: The health check gates the task's ``running`` state, so check soon after start and
+#: give squid longer to come up than a shared Docker proxy gets.
+SWARM_HEALTH = replace(PROXY_HEALTH, interval=1.0, start_period=30.0)
 
 
 def proxy_task_template(
@@ -52,10 +57,8 @@ def proxy_task_template(
         "ContainerSpec": {
             "Image": PROXY_IMAGE,
             "Env": [
-                f"EGRESS_ALLOW={allow_text(validate_allowlist(egress))}",
-                f"EGRESS_PORT={PROXY_PORT}",
-                f"EGRESS_EXCLUDE={' '.join(private)}",
-                f"EGRESS_REACH={' '.join(private)}",
+                f"{name}={value}"
+                for name, value in proxy_environment(validate_allowlist(egress), private).items()
             ],
             "ReadOnly": True,
             "CapabilityDrop": ["ALL"],
@@ -63,7 +66,7 @@ def proxy_task_template(
             "Mounts": [
                 {
                     "Type": "tmpfs",
-                    "Target": "/tmp",
+                    "Target": PROXY_TMP,
                     "TmpfsOptions": {"SizeBytes": PROXY_TMP_SIZE, "Mode": 0o1777},
                 }
             ],
@@ -72,11 +75,11 @@ def proxy_task_template(
                 {"Name": "core", "Soft": 0, "Hard": 0},
             ],
             "Healthcheck": {
-                "Test": list(PROXY_HEALTH_TEST),
-                "Interval": int(1 * _SECOND),  # gates `running`: check soon after start
-                "Timeout": int(PROXY_HEALTH_TIMEOUT * _SECOND),
-                "Retries": PROXY_HEALTH_RETRIES,
-                "StartPeriod": int(30 * _SECOND),
+                "Test": list(SWARM_HEALTH.test),
+                "Interval": int(SWARM_HEALTH.interval * _SECOND),
+                "Timeout": int(SWARM_HEALTH.timeout * _SECOND),
+                "Retries": SWARM_HEALTH.retries,
+                "StartPeriod": int(SWARM_HEALTH.start_period * _SECOND),
             },
             "StopGracePeriod": 0,
         },
@@ -89,5 +92,5 @@ def proxy_task_template(
             {"Target": outside},
             *({"Target": name} for name in services),
         ],
-        "LogDriver": {"Name": "json-file", "Options": {"max-size": "10m", "max-file": "3"}},
+        "LogDriver": {"Name": "json-file", "Options": dict(PROXY_LOG_OPTIONS)},
     }

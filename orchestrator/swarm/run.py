@@ -21,13 +21,13 @@ from typing import Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.docker import DockerEngine
-from orchestrator.docker.egress import parse_decisions
 from orchestrator.docker.engine import start_failure_code
-from orchestrator.docker.images import PROXY_IMAGE
+from orchestrator.egress import PROXY_IMAGE, parse_decisions
 from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
+from orchestrator.runtime.engine import EgressDecision
 from orchestrator.runtime.inputs import place_inputs
 from orchestrator.runtime.preparation import Prepared, prepare_filesystem
 from orchestrator.runtime.removal import Interrupted
@@ -204,7 +204,9 @@ def execute_swarm(
             engine.remove("service", service_id)  # tunnels are logged when they close
             engine.remove_containers(service_id)
             found = parse_decisions(engine.service_stdout(proxy_id))
-            egress = audit_decisions([d.as_egress() for d in found], spec, audit)
+            egress = audit_decisions(
+                [EgressDecision(d.host, d.port, d.allowed, d.method) for d in found], spec, audit
+            )
     except Interrupted as exc:
         status, exit_code, error = "interrupted", 128 + exc.signum, str(exc)
         raise

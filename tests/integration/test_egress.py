@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from orchestrator import egress as contract
 from orchestrator import labels
 from orchestrator.docker import egress as eg
 from orchestrator.docker import egress_gc as eg_gc
@@ -50,7 +51,7 @@ TEST_LABEL = f"{labels.PREFIX}.test"
 ALLOW = ["allowed.test"]
 
 
-# -- pure: the allowlist and the decision log -------------------------------------------
+# -- pure: the allowlist and the worker's proxy variables -------------------------------------------
 
 
 def test_allowlist_entries_are_normalised():
@@ -125,25 +126,6 @@ def test_every_invalid_entry_is_listed_and_empty_lists_are_refused():
         eg.validate_allowlist([])
     with pytest.raises(ValueError, match="list"):
         eg.validate_allowlist("allowed.test")
-
-
-def test_decision_lines_are_parsed():
-    text = (
-        "egress-proxy: allowing allowed.test:80\n"
-        "EGRESS 1700000000.250 GET allowed.test 80 allow 200 TCP_MISS\n"
-        "EGRESS 1700000001.000 CONNECT Denied.Test 443 - 403 TCP_DENIED\n"
-        "EGRESS 1700000002.000 NONE - - - 400 NONE_NONE\n"
-        "EGRESS 1700000003.000 GET allowed.test 80 allow 200 TCP_MISS 172.30.0.2\n"
-        "EGRESS garbage\n"
-    )
-    got = eg.parse_decisions(text)
-    assert [(d.host, d.port, d.allowed, d.method, d.status, d.client) for d in got] == [
-        ("allowed.test", 80, True, "GET", 200, ""),
-        ("denied.test", 443, False, "CONNECT", 403, ""),
-        ("-", 0, False, "NONE", 400, ""),
-        ("allowed.test", 80, True, "GET", 200, "172.30.0.2"),
-    ]
-    assert got[0].time == datetime.fromtimestamp(1700000000.25, UTC)
 
 
 def test_proxy_env_points_every_client_at_the_proxy():
@@ -489,7 +471,7 @@ def test_allowlisted_host_is_reachable_and_everything_else_is_refused(
         ["resolve", "dns_allowed", "allowed.test"],
         ["fetch", "via_proxy_from_outside", "http://allowed.test/"],
     ]
-    outside_env = {"http_proxy": f"http://{proxy_outside_ip}:{eg.PROXY_PORT}"}
+    outside_env = {"http_proxy": f"http://{proxy_outside_ip}:{contract.PROXY_PORT}"}
     code, output = run_probe(engine, eg.OUTSIDE_NETWORK, probe_script(control), env=outside_env)
     c = last_json(output)
     assert c["direct_allowed"] == ["connected"] and c["direct_ipweb"] == ["connected"]
@@ -537,9 +519,9 @@ def test_the_proxy_is_hardened_and_shared_not_owned(engine, egress):
     assert "no-new-privileges:true" in host["SecurityOpt"]
     assert any(opt.startswith("seccomp=") for opt in host["SecurityOpt"])
     ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]}
-    assert ulimits == {"nofile": (eg.PROXY_NOFILE, eg.PROXY_NOFILE), "core": (0, 0)}
-    assert host["Memory"] == host["MemorySwap"] == eg.PROXY_MEMORY
-    assert host["PidsLimit"] == eg.PROXY_PIDS
+    assert ulimits == {"nofile": (contract.PROXY_NOFILE, contract.PROXY_NOFILE), "core": (0, 0)}
+    assert host["Memory"] == host["MemorySwap"] == contract.PROXY_MEMORY
+    assert host["PidsLimit"] == contract.PROXY_PIDS
     assert host["Privileged"] is False
     users = {
         row[1] for row in engine.api.top(egress.proxy_container, ps_args="-o pid,user")["Processes"]
@@ -555,7 +537,7 @@ def test_the_proxy_is_hardened_and_shared_not_owned(engine, egress):
     # Between runs the proxy sits on the outside network only; each run's network is the
     # run's own, joined by the proxy for the run's duration.
     assert set(info["NetworkSettings"]["Networks"]) == {eg.OUTSIDE_NETWORK}
-    assert info["Config"]["Healthcheck"]["Test"] == eg.PROXY_HEALTH_TEST
+    assert info["Config"]["Healthcheck"]["Test"] == list(contract.PROXY_HEALTH.test)
     with run_net(engine, egress) as net:
         network = engine.api.inspect_network(net)
         assert network["Internal"] is True
@@ -996,10 +978,10 @@ def test_an_unhealthy_proxy_is_replaced_and_serves_the_runs_of_the_old_one(
     engine, internet, monkeypatch
 ):
     # Production checks every 30 s; here every second, so the test stays short.
-    monkeypatch.setattr(eg, "PROXY_HEALTH_INTERVAL", 1.0)
-    monkeypatch.setattr(eg, "PROXY_HEALTH_TIMEOUT", 1.0)
-    monkeypatch.setattr(eg, "PROXY_HEALTH_START", 0.0)
-    monkeypatch.setattr(eg, "PROXY_HEALTH_RETRIES", 2)
+    short = dataclasses.replace(
+        contract.PROXY_HEALTH, interval=1.0, timeout=1.0, start_period=0.0, retries=2
+    )
+    monkeypatch.setattr(eg, "PROXY_HEALTH", short)
     allow = eg.validate_allowlist(["allowed.test"])
     key = eg.allowlist_key(allow)
     internet["keys"].add(key)
@@ -1166,9 +1148,9 @@ def _old_style_proxy(engine, allow, key):
         options={"com.docker.network.bridge.name": f"{eg.BRIDGE_PREFIX}{key[:11]}"},
     )
     subnet = engine.api.inspect_network(network)["IPAM"]["Config"][0]["Subnet"]
-    allowed = eg.allow_text(allow)
+    allowed = contract.allow_text(allow)
     created = engine.api.create_container(
-        image=eg.PROXY_IMAGE,
+        image=contract.PROXY_IMAGE,
         name=eg.PROXY_PREFIX + key,
         environment={"EGRESS_ALLOW": allowed, "EGRESS_PORT": "3128", "EGRESS_CLIENTS": subnet},
         labels=eg.shared_labels("proxy", key, allowed),
@@ -1205,8 +1187,8 @@ def test_a_proxy_made_by_an_older_version_is_replaced(engine, internet, project)
         assert not engine.api.containers(all=True, filters={"id": old})
         assert not engine.api.networks(names=[old_network])
         info = engine.api.inspect_container(eg.PROXY_PREFIX + key)
-        assert info["Config"]["Labels"][eg.EGRESS_VERSION] == eg.PROXY_VERSION
-        assert info["Config"]["Healthcheck"]["Test"] == eg.PROXY_HEALTH_TEST
+        assert info["Config"]["Labels"][eg.EGRESS_VERSION] == contract.PROXY_VERSION
+        assert info["Config"]["Healthcheck"]["Test"] == list(contract.PROXY_HEALTH.test)
     finally:
         eg_gc.remove_egress(engine, key)  # the old proxy and its network too, if left
 

@@ -10,7 +10,8 @@ from docker import errors as docker_errors
 
 from orchestrator.docker import networks
 from orchestrator.docker.client import DockerClient
-from orchestrator.docker.egress import Decision, Egress
+from orchestrator.docker.egress import Egress
+from orchestrator.egress import Decision
 from orchestrator.plan import ContainerSpec, Limits, Network
 
 RUN = "orchestrator-run-r1"
