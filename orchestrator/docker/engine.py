@@ -287,6 +287,18 @@ class DockerEngine(DockerClient):
             )
         return ExitState(exit_code=code, oom_killed=oom)
 
+    def memory_peaked(self, container_id: str) -> bool:
+        """From the engine's one-shot stats: the memory cgroup's high-water mark against its
+        limit (cgroup v1 reports it; under cgroup v2 there is none, so False)."""
+        with engine_errors("reading the container's memory use"):
+            try:
+                stats = self.api.stats(container_id, stream=False, one_shot=True)
+            except docker_errors.NotFound:
+                return False
+        memory = stats.get("memory_stats") or {}
+        peak, limit = memory.get("max_usage"), memory.get("limit")
+        return isinstance(peak, int) and isinstance(limit, int) and 0 < limit <= peak
+
     def _late_oom_event(self, container_id: str, started_at: str) -> bool:
         """Whether the engine reports an OOM of this container, waiting briefly for it.
 

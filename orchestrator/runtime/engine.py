@@ -91,6 +91,10 @@ class Containers(Protocol):
     def exit_state(self, container_id: str) -> ExitState:
         """How a stopped container ended (its exit code; whether it was OOM-killed)."""
 
+    def memory_peaked(self, container_id: str) -> bool:
+        """Whether a running container's memory use has reached its limit at some point
+        (the cgroup's high-water mark); False when the engine cannot tell."""
+
     def kill(self, container_id: str) -> None:
         """SIGKILL the container; no error when it has already stopped."""
 

@@ -587,6 +587,11 @@ class Run:
             engine, self.container_id, spec.supervisor_user or spec.user
         ):
             outcome.oom(spec)
+        elif code and spec.isolation == "gvisor" and engine.memory_peaked(self.container_id):
+            # gVisor keeps a sandbox within its limit by failing allocations (ENOMEM: a
+            # MemoryError, a failed malloc) rather than by a kill: a worker that failed
+            # once its sandbox had reached the limit ran out of memory.
+            outcome.oom(spec, killed=False)
         else:
             outcome.status, outcome.exit_code = "exited", code if code is not None else 125
         self._worker_gone = True  # run_worker_exec killed every process of the worker
@@ -689,9 +694,14 @@ class _Outcome:
         self.status, self.exit_code = "timeout", EXIT_TIMEOUT
         self.error = f"timed out after {spec.limits.timeout_s:g} s; the worker was killed"
 
-    def oom(self, spec: ContainerSpec) -> None:
+    def oom(self, spec: ContainerSpec, *, killed: bool = True) -> None:
         self.status, self.exit_code = "oom", EXIT_OOM
-        self.error = f"killed for exceeding its memory limit ({spec.limits.memory} bytes)"
+        self.error = (
+            f"killed for exceeding its memory limit ({spec.limits.memory} bytes)"
+            if killed
+            else f"ran out of memory at its limit ({spec.limits.memory} bytes): the sandbox "
+            "refused its allocations"
+        )
 
     def interrupted(self, exc: Interrupted) -> None:
         self.status, self.exit_code = "interrupted", 128 + exc.signum

@@ -175,6 +175,9 @@ class FakeEngine:
             made.code = made.program.code if made.program is not None else self.exit_code
         return made.code if made.code is not None else self.exit_code
 
+    def memory_peaked(self, container_id: str) -> bool:
+        return self.oom
+
     def exit_state(self, container_id: str) -> ExitState:
         made = self._made.get(container_id)
         code = made.code if made is not None and made.code is not None else self.exit_code
