@@ -609,6 +609,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except OrchestratorError as exc:
         fail([f"error: {exc}"], exc, exc.exit_code)
     except OSError as exc:  # a host file or folder the orchestrator itself could not use
-        where = f" {exc.filename}" if exc.filename else ""
-        fail([f"error:{where}: {exc.strerror or exc}"], exc, EXIT_ERROR)
+        where = f" {exc.filename}:" if exc.filename else ""
+        fail([f"error:{where} {exc.strerror or exc}"], exc, EXIT_ERROR)
     raise SystemExit(code if isinstance(code, int) else 0)

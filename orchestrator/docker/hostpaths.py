@@ -118,7 +118,8 @@ def engine_socket() -> Path | None:
 
 
 def same_mount_namespace(socket_path: Path) -> bool:
-    """Whether the process serving ``socket_path`` shares this process's mount namespace."""
+    """Whether the process serving ``socket_path`` shares this process's mount namespace
+    (under socket activation the listener is init: the engine's pid file names it)."""
     try:
         with sockets_.socket(sockets_.AF_UNIX, sockets_.SOCK_STREAM) as conn:
             conn.settimeout(2)
@@ -127,8 +128,12 @@ def same_mount_namespace(socket_path: Path) -> bool:
                 sockets_.SOL_SOCKET, sockets_.SO_PEERCRED, struct.calcsize("3i")
             )
         pid = struct.unpack("3i", creds)[0]
-        return os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
-    except OSError:
+        if pid == 1:  # a socket systemd activated: the engine is not its listener
+            pid = int(Path("/run/docker.pid").read_text().strip() or "0")
+        ours = os.stat("/proc/self/ns/mnt")
+        theirs = os.stat(f"/proc/{pid}/ns/mnt")
+        return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+    except (OSError, ValueError):
         return False
 
 

@@ -29,6 +29,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -134,13 +135,15 @@ class MountSources:
 
     def release(self) -> None:
         """Unmount the pins and close what was held (safe twice)."""
+        left = False
         for target in self._pins.values():
             try:
                 _umount(str(target))
                 _remove(target)
             except OSError as exc:
+                left = True
                 log.warning("run %s: could not remove the pin %s: %s", self.run_id, target, exc)
-        if self._pins:
+        if self._pins and not left:  # else the owner stays, for gc to sweep the rest
             with contextlib.suppress(OSError):
                 (self._folder / _OWNER).unlink()
                 self._folder.rmdir()
@@ -154,9 +157,10 @@ class MountSources:
             _private_pin_root()
             self._folder.mkdir(mode=0o700)
             owner = labels.current_owner()
-            (self._folder / _OWNER).write_text(
-                json.dumps({"pid": owner.pid, "start": owner.start, "pid_ns": owner.pid_ns})
-            )
+            record = json.dumps({"pid": owner.pid, "start": owner.start, "pid_ns": owner.pid_ns})
+            partial = self._folder / f".{_OWNER}"
+            partial.write_text(record)
+            partial.rename(self._folder / _OWNER)  # whole or absent, even after a SIGKILL
         target = self._folder / str(index)
         if folder:
             target.mkdir(mode=0o700)
@@ -216,7 +220,12 @@ def sweep_pins() -> list[str]:
         try:
             owner = json.loads((folder / _OWNER).read_text())
         except (OSError, ValueError):
-            owner = {}
+            owner = None
+        if owner is None:  # killed before its owner was written: nothing was pinned yet
+            if not any(_is_mount_point(target) for target in folder.iterdir()):
+                shutil.rmtree(folder, ignore_errors=True)  # no mount in it: nothing to cross
+                swept.append(folder.name)
+            continue
         state = labels.owner_state(
             {
                 labels.OWNER_PID: str(owner.get("pid", "")),

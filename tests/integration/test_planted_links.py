@@ -328,6 +328,7 @@ def test_swapping_a_folder_under_the_session_file_api_reaches_nothing(actor, run
     assert "toggled" in outcome["seen"][0] or any("toggled" in s for s in outcome["seen"])
     canary.untouched(*outcome["seen"])
     assert outcome["refused"] > 0, "the race was never met: the test proves nothing"
+    assert any("is a symbolic link" in seen for seen in outcome["seen"]), "never met the link"
     assert outcome["seen"][-1] == "the real file"  # the real folder, read once it is back
     denied = [e for e in audit_events(root, "sandbox.read") if e.allowed is False]
     assert denied, "refusals are audited as denials"
@@ -372,6 +373,8 @@ def test_swapping_a_folder_while_runs_start_never_mounts_the_canary(engine, runt
         outcome = actor.python(MOUNT_RACE.format(root=str(root), toggle=toggle), timeout=300)
         canary.untouched(*outcome["outputs"])
         assert "exited" in outcome["outcomes"], outcome  # runs did start meanwhile
+        started = [e for e in audit_events(root, "run.started") if e.worker == "victim"]
+        assert started and all(e.metadata["pinned_mounts"] for e in started)  # as root
         assert not (canary.root / "nested" / "pwned.txt").exists()
     finally:
         shutil.rmtree(actor.base, ignore_errors=True)
