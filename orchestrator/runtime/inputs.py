@@ -118,8 +118,8 @@ def check_inputs(
             f"{worker.file}: inputs.max_count is {accepts.max_count}, {len(given)} inputs "
             f"given; give at most {accepts.max_count}"
         )
-    sandbox = Path(os.path.realpath(project.sandbox_root))
-    guarded = [project.root, sandbox, *(zone.host_path for zone in project.zones.values())]
+    sandbox = project.sandbox_root  # link-free: checked at load
+    guarded = guarded_folders(project)
     found: dict[str, InputSpec] = {}
     for raw in given:
         try:
@@ -140,6 +140,11 @@ def check_inputs(
 
 class _Refused(Exception):
     pass
+
+
+def guarded_folders(project: Project) -> list[Path]:
+    """Folders a worker can write: a link in them is never followed on an input's path."""
+    return [project.root, project.sandbox_root, *(z.host_path for z in project.zones.values())]
 
 
 def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
@@ -265,7 +270,7 @@ def place_inputs(prepared: Prepared, inputs: Sequence[InputSpec | InputPath]) ->
         raise OrchestratorError(f"{folder} is not the run's own folder; refusing to fill it")
     sources = [item.source if isinstance(item, InputSpec) else item for item in inputs]
     checked = check_inputs(prepared.project, prepared.worker, sources)
-    placer = _Placer(prepared.uid, prepared.gid, info.st_dev)
+    placer = _Placer(prepared.uid, prepared.gid, info.st_dev, guarded_folders(prepared.project))
     return [placer.place(spec, folder / spec.name) for spec in checked]
 
 
@@ -293,26 +298,38 @@ class _Changed(OrchestratorError):
 
 
 class _Placer:
-    def __init__(self, uid: int, gid: int, device: int) -> None:
+    def __init__(self, uid: int, gid: int, device: int, guarded: list[Path]) -> None:
         self.uid, self.gid, self.device = uid, gid, device
+        self.guarded = guarded
         self.as_root = os.getuid() == 0
 
     def place(self, spec: InputSpec, target: Path) -> InputInfo:
+        """Copy (or link) the input, reached again the way it was checked: its folder walked
+        without following a link a worker could have planted since, then the input opened
+        in that folder's descriptor (never its whole path again)."""
+        from orchestrator.sandbox.hostpath import HostPathError, open_parent
+
         label = f"input {shown(spec.source)}"
         try:
-            info = spec.source.lstat()
+            parent, name = open_parent(spec.source, self.guarded, follow_last=False)
+        except HostPathError as exc:
+            raise _Changed(f"{label}: {shown(str(exc))}") from None
+        try:
+            info = os.lstat(name, dir_fd=parent)
             if spec.kind == "file":
-                digest, size = self._file(None, spec.source, target, info, label)
+                digest, size = self._file(parent, name, target, info, label)
             else:
-                digest, size = self._top_folder(spec.source, target, info, label)
+                digest, size = self._top_folder(parent, name, target, info, label)
         except FileNotFoundError:
             raise OrchestratorError(f"{label}: disappeared while being placed") from None
+        finally:
+            os.close(parent)
         return InputInfo(spec.name, digest, size, spec.kind, str(spec.source))
 
     def _top_folder(
-        self, source: Path, target: Path, info: os.stat_result, label: str
+        self, parent: int, name: str, target: Path, info: os.stat_result, label: str
     ) -> tuple[str, int]:
-        opened = open_entry(None, source, info) if stat.S_ISDIR(info.st_mode) else None
+        opened = open_entry(parent, name, info) if stat.S_ISDIR(info.st_mode) else None
         if opened is None:
             raise _Changed(f"{label}: changed while being placed; refusing")
         fd, _ = opened
