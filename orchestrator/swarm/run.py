@@ -217,9 +217,15 @@ def execute_swarm(
         removed = _remove(engine, made)
         if setid is not None:  # what the task left: set-id bits stripped, each audited
             setid.after(audit, **run_context(spec))
-        if access is not None and access.trees:
-            access.release()
-            audit.record("access.released", **run_context(spec), metadata=access.summary())
+        if access is not None and access.trees:  # recorded as a Docker run records it
+            problems = access.release()
+            audit.record(
+                "access.released",
+                allowed=not problems,
+                reason="; ".join(problems) or None,
+                **run_context(spec),
+                metadata={"entries": access.summary()["entries"], "kept_for_gc": bool(problems)},
+            )
         if stdout or stderr:
             _echo(on_output, redactor, stdout, stderr)
         try:
