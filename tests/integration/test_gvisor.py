@@ -204,11 +204,15 @@ def test_engine_setup_is_idempotent_and_needs_root(engine):
     before = runtimes.DAEMON_JSON.read_bytes()
     done = cli("engine", "setup", "--gvisor", "--json")
     assert done.returncode == 0, done.stderr
-    assert done.json() | {"runsc": None} == {
+    assert done.json()["runsc_version"].startswith("runsc version ")
+    assert done.json() | {"runsc": None, "runsc_version": None} == {
+        "apt_source_written": None,  # a working runsc: nothing installed, no source written
         "backup": None,
         "changed": False,
         "reloaded": False,
         "runsc": None,
+        "runsc_installed": False,
+        "runsc_version": None,
         "runtimes": [runtimes.GVISOR_NONE, runtimes.GVISOR_NETWORK],
     }
     assert runtimes.DAEMON_JSON.read_bytes() == before  # not rewritten, not even touched
