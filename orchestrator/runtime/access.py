@@ -10,7 +10,7 @@ after it. This covers each host folder the grant mounts (zones, ``/session``,
 the worker's uid:
 
 - **Before the container exists**, the tree is walked, never following anything (see
-  :mod:`~orchestrator.runtime.treewalk`). What each entry to change has (owner, mode,
+  :mod:`~orchestrator.hostfs.walk`). What each entry to change has (owner, mode,
   every extended attribute) is written and fsynced to the run's folder first (see
   :mod:`~orchestrator.runtime.access_record`). Then, under runc, the entry gets a named
   ACL entry for the worker's uid (:mod:`~orchestrator.runtime.acl`); gVisor checks
@@ -51,12 +51,12 @@ from typing import Any
 from orchestrator import labels
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError
-from orchestrator.pathwalk import PathRefused
+from orchestrator.hostfs.paths import PathRefused
+from orchestrator.hostfs.walk import Entry, TreeChanged, walk
 from orchestrator.runtime import acl
 from orchestrator.runtime.access_record import RECORD, Ident, Record, Saved, Tree, snapshot
 from orchestrator.runtime.access_record import restore as restore_saved
 from orchestrator.runtime.preparation import Prepared
-from orchestrator.runtime.treewalk import Entry, TreeChanged, walk
 
 __all__ = ["RECORD", "WorkerAccess", "remove_run_dir", "sweep", "trees_for"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.pathwalk import PathRefused, open_path
+from orchestrator.hostfs.paths import PathRefused, open_path
 
 __all__ = ["Entry", "UnsafePath", "WorkTree", "temp_name"]
 
