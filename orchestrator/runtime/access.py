@@ -37,9 +37,7 @@ of the same uid shares its access: a uid nothing else on the host runs as is bes
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -51,6 +49,7 @@ from typing import Any
 from orchestrator import labels
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError
+from orchestrator.hostfs.files import locked
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.hostfs.walk import Entry, TreeChanged, walk
 from orchestrator.runtime import acl
@@ -447,17 +446,6 @@ def _walk(tree: Tree, visit: Callable[[Entry], bool]) -> None:
         if exc.errno == errno.ENOENT:
             return  # nothing there to open up
         raise
-
-
-@contextlib.contextmanager
-def locked(lock_file: Path) -> Iterator[None]:
-    """Hold the project's access lock (an exclusive ``flock``; the file is made if needed)."""
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _records(sandbox_root: Path, *, exclude: Path | None = None) -> list[Record]:
