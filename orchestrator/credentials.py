@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 from orchestrator.audit.redact import MIN_SECRET_LENGTH
 from orchestrator.config.models import CredentialConfig
 from orchestrator.errors import CredentialError
-from orchestrator.pathwalk import PathRefused, open_path
+from orchestrator.hostfs.paths import PathRefused, open_path
 
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.runtime.inputs import kind_phrase, shown
+from orchestrator.hostfs.entries import kind_phrase
+from orchestrator.runtime.inputs import shown
 
 __all__ = ["BatchInput", "expand", "file_sha256", "key_for"]
 

@@ -379,7 +379,7 @@ def _guarded(project_dir: Path) -> list[Path]:
 def _parent(path: Path, guarded: list[Path], verb: str, *, follow_last: bool) -> Iterator[Any]:
     """The folder holding ``path`` (no link a worker could have made followed) and the
     name in it; one clear error otherwise."""
-    from orchestrator.sandbox.hostpath import HostPathError, open_parent
+    from orchestrator.hostfs.hostpath import HostPathError, open_parent
 
     try:
         fd, name = open_parent(path, guarded, follow_last=follow_last)
@@ -415,8 +415,9 @@ def _read_host(path: Path, limit: int, guarded: list[Path]) -> bytes:
 def _write_host(path: Path, name: str, data: bytes, guarded: list[Path]) -> Path:
     """Write ``data`` to the host file ``path`` (or ``path/name`` for a folder), never
     through a link: the new content replaces the file by rename, a link is refused."""
-    from orchestrator.sandbox.hostpath import HostPathError
-    from orchestrator.sandbox.nofollow import WalkError, lookup, replace_file
+    from orchestrator.hostfs.entries import lookup
+    from orchestrator.hostfs.hostpath import HostPathError
+    from orchestrator.sandbox.nofollow import WalkError, replace_file
 
     with _parent(path, guarded, "write", follow_last=False) as (folder, last):
         info = lookup(folder, last) if last else os.fstat(folder)
@@ -447,8 +448,8 @@ def _write_host(path: Path, name: str, data: bytes, guarded: list[Path]) -> Path
 
 def _enter(fd: int, name: str, shown: Path) -> int:
     """The folder ``name`` in ``fd`` (never through a link); ``fd`` is closed."""
-    from orchestrator.sandbox.hostpath import HostPathError
-    from orchestrator.staging.fsutil import DIR_FLAGS
+    from orchestrator.hostfs.flags import DIR_FLAGS
+    from orchestrator.hostfs.hostpath import HostPathError
 
     try:
         child = os.open(name, DIR_FLAGS, dir_fd=fd)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.config.models import ProjectConfig, WorkerConfig, ZoneConfig
 from orchestrator.errors import ConfigError
-from orchestrator.pathwalk import PathRefused, check_path
+from orchestrator.hostfs.paths import PathRefused, check_path
 
 PROJECT_FILE = "orchestrator.yaml"
 WORKER_SUFFIX = ".worker"

@@ -10,7 +10,7 @@ after it. This covers each host folder the grant mounts (zones, ``/session``,
 the worker's uid:
 
 - **Before the container exists**, the tree is walked, never following anything (see
-  :mod:`~orchestrator.runtime.treewalk`). What each entry to change has (owner, mode,
+  :mod:`~orchestrator.hostfs.walk`). What each entry to change has (owner, mode,
   every extended attribute) is written and fsynced to the run's folder first (see
   :mod:`~orchestrator.runtime.access_record`). Then, under runc, the entry gets a named
   ACL entry for the worker's uid (:mod:`~orchestrator.runtime.acl`); gVisor checks
@@ -37,9 +37,7 @@ of the same uid shares its access: a uid nothing else on the host runs as is bes
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -51,12 +49,13 @@ from typing import Any
 from orchestrator import labels
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError
-from orchestrator.pathwalk import PathRefused
+from orchestrator.hostfs.files import locked
+from orchestrator.hostfs.paths import PathRefused
+from orchestrator.hostfs.walk import Entry, TreeChanged, walk
 from orchestrator.runtime import acl
 from orchestrator.runtime.access_record import RECORD, Ident, Record, Saved, Tree, snapshot
 from orchestrator.runtime.access_record import restore as restore_saved
 from orchestrator.runtime.preparation import Prepared
-from orchestrator.runtime.treewalk import Entry, TreeChanged, walk
 
 __all__ = ["RECORD", "WorkerAccess", "remove_run_dir", "sweep", "trees_for"]
 
@@ -447,17 +446,6 @@ def _walk(tree: Tree, visit: Callable[[Entry], bool]) -> None:
         if exc.errno == errno.ENOENT:
             return  # nothing there to open up
         raise
-
-
-@contextlib.contextmanager
-def locked(lock_file: Path) -> Iterator[None]:
-    """Hold the project's access lock (an exclusive ``flock``; the file is made if needed)."""
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _records(sandbox_root: Path, *, exclude: Path | None = None) -> list[Record]:

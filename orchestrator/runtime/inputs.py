@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from orchestrator.config.models import human_size
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.escaping import escape
+from orchestrator.hostfs.entries import kind_phrase, open_entry, permits
 from orchestrator.plan import INPUTS_DIR
-from orchestrator.runtime.hostfs import open_entry, permits
 
 if TYPE_CHECKING:
     from orchestrator.config import Project, Worker
@@ -150,7 +150,7 @@ def guarded_folders(project: Project) -> list[Path]:
 def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
     # The folders above an input are resolved, except a link in a folder a worker can
     # write (the project, a zone, the sandbox root): refused. The input itself never is.
-    from orchestrator.sandbox.hostpath import HostPathError, real_parent  # only with inputs
+    from orchestrator.hostfs.hostpath import HostPathError, real_parent  # only with inputs
 
     label = f"input {shown(raw)}"
     try:
@@ -229,19 +229,6 @@ def _check_folder(path: Path, label: str, suffixes: tuple[str, ...] | None, work
 
 def _raise(error: OSError) -> None:
     raise _Refused(f"input {shown(error.filename or '')}: {error.strerror}") from None
-
-
-def kind_phrase(mode: int) -> str:
-    """What a special file is, for a message: "a FIFO", "a socket", "a device file"."""
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device file"
-    return "a special file"
 
 
 # -- placing -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ A bind mount names its source by path, and the engine resolves that path itself,
 following every link on it. A worker of another run that can write a folder on the path
 (an rw zone holding a nested zone, ``/repo`` for a ``full`` worker) could swap that folder
 for a link in between, and the engine would mount wherever the link points. So each
-source is opened through :func:`orchestrator.pathwalk.open_path` (no link followed) and
+source is opened through :func:`orchestrator.hostfs.paths.open_path` (no link followed) and
 its descriptor is held for the run:
 
 - **As root, with the engine in this mount namespace** (a local Docker or Podman), the
@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator import labels
-from orchestrator.pathwalk import Identity, PathRefused, identity, open_path
+from orchestrator.hostfs.paths import Identity, PathRefused, identity, open_path
 
 __all__ = ["PIN_ROOT", "MountSources", "sweep_pins"]
 

@@ -23,12 +23,13 @@ from orchestrator.audit import AuditLog
 from orchestrator.config import Project, Worker, load_worker
 from orchestrator.config.models import Trust
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.pathwalk import DIR_FLAGS, PathRefused, check_path, open_path
+from orchestrator.hostfs.entries import open_entry, permits
+from orchestrator.hostfs.flags import DIR_FLAGS
+from orchestrator.hostfs.paths import PathRefused, check_path, open_path
 from orchestrator.plan import ContainerSpec, compile_plan
 from orchestrator.policy import Grant, RunPaths, effective_trust, grant_for, worker_identity
 from orchestrator.policy.grant import ZoneGrant
 from orchestrator.runtime import run_folders
-from orchestrator.runtime.hostfs import open_entry, permits
 from orchestrator.runtime.session_folders import touch
 from orchestrator.timeouts import MAX_TIMEOUT_S, seconds_problem
 

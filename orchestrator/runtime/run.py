@@ -26,7 +26,7 @@ from typing import IO, Any, Literal, Protocol
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
-from orchestrator.pathwalk import PathRefused
+from orchestrator.hostfs.paths import PathRefused
 from orchestrator.plan import RESERVED_ENV, ContainerSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.broker import Broker

@@ -32,12 +32,12 @@ from pathlib import Path
 
 from orchestrator import labels
 from orchestrator.audit import AuditLog
+from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.access_record import RECORD
 
 log = logging.getLogger(__name__)
 
 OWNER_FILE = "owner.json"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -56,7 +56,7 @@ def claim(run_dir: Path, run_labels: dict[str, str]) -> None:
     run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     run_dir.mkdir(mode=0o700, exist_ok=True)
     owner = {**run_labels, **labels.current_owner().labels()}
-    folder = os.open(run_dir, _DIR_FLAGS)
+    folder = os.open(run_dir, DIR_FLAGS)
     try:
         temporary = f"{OWNER_FILE}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -75,7 +75,7 @@ def sweep(
     done = FolderSweep()
     runs = sandbox_root / "runs"
     try:
-        top = os.open(runs, _DIR_FLAGS)
+        top = os.open(runs, DIR_FLAGS)
     except OSError:
         return done  # none, or not a folder: nothing of ours to walk
     try:
@@ -138,7 +138,7 @@ def _owner(top: int, name: str) -> dict[str, str] | None:
     """The owner labels of ``runs/name``: its owner file, else its access record's."""
     for file, key in ((OWNER_FILE, None), (RECORD, "process")):
         try:
-            folder = os.open(name, _DIR_FLAGS, dir_fd=top)
+            folder = os.open(name, DIR_FLAGS, dir_fd=top)
         except OSError:
             return None
         try:
@@ -171,7 +171,7 @@ def _mounts_within(top: int, name: str, where: str, device: int, mounts: set[str
         return [where]
     found = [m for m in mounts if m.startswith(where + "/")]
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=top)
+        fd = os.open(name, DIR_FLAGS, dir_fd=top)
     except OSError:
         return found
     try:
@@ -191,7 +191,7 @@ def _remove(
     """Remove ``name`` under the folder ``parent``: never through a link, never into a
     mount point (another device, or a listed mount point: added to ``found``)."""
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
     except OSError:  # not a folder (or a link to one): the entry itself goes
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=parent)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from orchestrator import labels
 from orchestrator.audit import AuditLog
+from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.engine import Inventory, ManagedObject
 
-_PARENT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
@@ -34,7 +34,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 def remove_if_empty(folder: Path) -> bool:
     """Remove ``folder`` when it is an empty folder (never a link); True when removed."""
     try:
-        parent = os.open(folder.parent, _PARENT_FLAGS)
+        parent = os.open(folder.parent, DIR_FLAGS)
     except OSError:
         return False
     try:

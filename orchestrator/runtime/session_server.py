@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.session import Session
 from orchestrator.sandbox import as_dict
 
@@ -69,7 +70,7 @@ def control_dir(sandbox_root: Path, *, create: bool = False) -> Iterator[int | N
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, DIR_FLAGS)
     except FileNotFoundError:
         if create:
             raise

@@ -24,7 +24,7 @@ inode number) that had it before the run, and, for a regular file, only when its
 has not moved since (a chmod, chown or write changes it). A folder's ``ctime`` moves
 whenever an entry is added in it, so a pre-existing setgid shared folder keeps its bit
 however much the worker writes into it. Nothing is followed: the trees are walked with
-:mod:`~orchestrator.runtime.treewalk`, and each strip is a ``chmod`` of the inode opened
+:mod:`~orchestrator.hostfs.walk`, and each strip is a ``chmod`` of the inode opened
 ``O_PATH | O_NOFOLLOW`` and checked by identity. A non-root orchestrator can only change
 files it owns: what it cannot strip is reported (``zone.setid_left``) and logged.
 """
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.runtime.treewalk import Entry, TreeChanged, walk
+from orchestrator.hostfs.walk import Entry, TreeChanged, walk
 
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog

@@ -18,7 +18,8 @@ from typing import Any, Protocol, Self, TypeVar
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError, PolicyError
-from orchestrator.pathwalk import Identity
+from orchestrator.hostfs.entries import kind_of, lookup
+from orchestrator.hostfs.paths import Identity
 from orchestrator.policy import Grant, ZoneGrant, ZoneView
 from orchestrator.sandbox import nofollow
 from orchestrator.sandbox.content import ReadCaps, read_content
@@ -275,10 +276,10 @@ class SandboxFiles:
             zone, parts = self._zone("stat", path)
             clean = posixpath.join(zone.target, *parts)
             with self._roots.parent("stat", path, zone, parts) as (folder, name):
-                info = os.fstat(folder) if not name else nofollow.lookup(folder, name)
+                info = os.fstat(folder) if not name else lookup(folder, name)
             if info is None:
                 raise SandboxNotFound(f"Cannot stat '{path}': {clean} does not exist")
-            kind = nofollow.kind_of(info.st_mode)
+            kind = kind_of(info.st_mode)
             size = info.st_size if kind == "file" else None
             mode = stat.S_IMODE(info.st_mode)
             return FileStat(clean, kind, size, mode, info.st_mtime, zone.target)
@@ -300,7 +301,7 @@ class SandboxFiles:
         def run() -> Resolved:
             zone, parts = self._zone("resolve", path)
             found = self._roots.probe("resolve", path, zone, parts, missing_ok=True)
-            kind = None if found is None else nofollow.kind_of(found.st_mode)
+            kind = None if found is None else kind_of(found.st_mode)
             relative = "/".join(parts)
             host = str(zone.host_path / relative) if relative else str(zone.host_path)
             return Resolved(
@@ -319,7 +320,7 @@ class SandboxFiles:
             found = self._roots.probe("read", path, zone, parts)
         except OrchestratorError:
             return False
-        return found is not None and nofollow.kind_of(found.st_mode) in ("file", "folder")
+        return found is not None and kind_of(found.st_mode) in ("file", "folder")
 
     def can_write(self, path: str, size: int | None = None) -> bool:
         """Whether ``write`` of ``size`` bytes (when given) would be allowed now."""
@@ -439,7 +440,7 @@ class SandboxFiles:
                     info = item.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                kind = nofollow.kind_of(info.st_mode)
+                kind = kind_of(info.st_mode)
                 size = info.st_size if kind == "file" else None
                 entries[item.name] = Entry(item.name, child, kind, size)
         for name in virtual_children(self.grant, clean):  # zones mounted inside this one

@@ -25,8 +25,8 @@ import os
 import secrets
 import stat
 
-from orchestrator.sandbox.results import Kind
-from orchestrator.staging.fsutil import DIR_FLAGS, FILE_FLAGS, special_kind
+from orchestrator.hostfs.entries import Kind, lookup, special_kind
+from orchestrator.hostfs.flags import DIR_FLAGS, FILE_FLAGS
 from orchestrator.staging.names import MAX_DEPTH
 
 Owner = tuple[int, int] | None
@@ -48,36 +48,12 @@ class WalkError(Exception):
         self.missing = missing
 
 
-def kind_of(mode: int) -> Kind:
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "folder"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    return "other"
-
-
 def describe(shown: str, mode: int) -> str:
     """Why the entry at ``shown`` is refused (it is not a regular file or folder)."""
     kind = special_kind(mode) or "file"
     if stat.S_ISLNK(mode):
         return f"{shown} is a symbolic link; {_LINK_ADVICE}"
     return f"{shown} is a {kind}; only regular files and folders are used"
-
-
-def lookup(dir_fd: int, name: str) -> os.stat_result | None:
-    """``lstat`` of ``name`` in the folder, or None when nothing is there."""
-    try:
-        return os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
 
 
 def chown(fd: int, owner: Owner) -> None:

@@ -7,7 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["file", "folder", "symlink", "fifo", "socket", "device", "other"]
+from orchestrator.hostfs.entries import Kind
+
 TruncatedBy = Literal["lines", "bytes"]
 
 

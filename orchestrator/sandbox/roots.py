@@ -15,12 +15,13 @@ import stat
 import threading
 from collections.abc import Mapping
 
-from orchestrator.pathwalk import Identity, PathRefused, identity, open_path
+from orchestrator.hostfs.entries import lookup
+from orchestrator.hostfs.flags import FILE_FLAGS
+from orchestrator.hostfs.paths import Identity, PathRefused, identity, open_path
 from orchestrator.policy import ZoneGrant
 from orchestrator.sandbox import nofollow
 from orchestrator.sandbox.errors import SandboxError, SandboxNotFound
 from orchestrator.sandbox.nofollow import Owner, WalkError
-from orchestrator.staging.fsutil import FILE_FLAGS
 
 Parts = list[str]  # a path's components inside its zone
 
@@ -49,7 +50,7 @@ class ZoneRoots:
     """Opens zone roots for one call each; ``owner`` gets the folders made on the way.
 
     A root is opened on every call by walking its host path from ``/`` without following
-    any link (:func:`orchestrator.pathwalk.open_path`), and must be the folder the sandbox
+    any link (:func:`orchestrator.hostfs.paths.open_path`), and must be the folder the sandbox
     holds: ``identities`` (the run's mount sources, by host path), or else the folder
     first opened. A root whose path now leads through a link, or to another folder, is
     refused: a worker racing a swap of a folder on the path gains nothing.
@@ -134,7 +135,7 @@ class ZoneRoots:
         try:
             with self.parent(verb, path, zone, parts) as (folder, name):
                 try:
-                    return os.fstat(folder) if not name else nofollow.lookup(folder, name)
+                    return os.fstat(folder) if not name else lookup(folder, name)
                 except OSError as exc:  # ENAMETOOLONG
                     raise os_refusal(verb, path, exc) from None
         except SandboxNotFound:

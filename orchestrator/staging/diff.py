@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from orchestrator.hostfs.entries import special_kind
+from orchestrator.hostfs.files import read_limited
+from orchestrator.hostfs.flags import DIR_FLAGS, FILE_FLAGS
 from orchestrator.staging.content import describe_type, escape, is_binary
-from orchestrator.staging.fsutil import DIR_FLAGS, FILE_FLAGS, read_limited, special_kind
 from orchestrator.staging.manifest import ChangeFile, ChangeSet
 from orchestrator.staging.names import normal_mode, printable
 from orchestrator.staging.store import ChangeStore

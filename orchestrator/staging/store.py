@@ -28,7 +28,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator.audit.files import fsync_dir
 from orchestrator.audit.timeutil import format_timestamp, utc_now
+from orchestrator.hostfs.files import locked, write_durably
 from orchestrator.staging.blobs import CHUNK
 from orchestrator.staging.collected import Collected
 from orchestrator.staging.errors import (
@@ -39,7 +41,6 @@ from orchestrator.staging.errors import (
     StagingError,
     StatusConflict,
 )
-from orchestrator.staging.fsutil import fsync_dir, locked, write_durably
 from orchestrator.staging.manifest import (
     FINAL,
     ID,

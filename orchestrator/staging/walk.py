@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.models import OutboxLimits
+from orchestrator.hostfs.entries import special_kind
+from orchestrator.hostfs.flags import DIR_FLAGS, FILE_FLAGS
+from orchestrator.hostfs.paths import open_beneath
 from orchestrator.staging.blobs import BlobSink
 from orchestrator.staging.collected import Collected, CollectedFile, Intake, Operation
 from orchestrator.staging.errors import CollectionError
-from orchestrator.staging.fsutil import DIR_FLAGS, FILE_FLAGS, open_beneath, special_kind
 from orchestrator.staging.names import MAX_DEPTH, UnsafeName, normal_mode, printable, safe_path
 
 __all__ = ["collect_dir"]

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.pathwalk import PathRefused, open_path
+from orchestrator.hostfs.flags import DIR_FLAGS
+from orchestrator.hostfs.paths import PathRefused, open_path
 
 __all__ = ["Entry", "UnsafePath", "WorkTree", "temp_name"]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
 
 Kind = Literal["absent", "file", "symlink", "dir", "other"]
@@ -83,7 +83,7 @@ class WorkTree:
             for index, name in enumerate(parts[:-1]):
                 where = "/".join(parts[: index + 1])
                 try:
-                    fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+                    fds.append(os.open(name, DIR_FLAGS, dir_fd=fds[-1]))
                     continue
                 except FileNotFoundError:
                     if not create:
@@ -98,7 +98,7 @@ class WorkTree:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, 0o777, dir_fd=fds[-1])  # the umask applies, as for git
                 try:
-                    fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+                    fds.append(os.open(name, DIR_FLAGS, dir_fd=fds[-1]))
                 except OSError:
                     raise UnsafePath(f"{where} changed while it was being created") from None
             yield fds

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.models import OutboxLimits
+from orchestrator.hostfs.paths import open_beneath
 from orchestrator.staging import (
     ChangeMeta,
     ChangeStore,
@@ -21,7 +22,6 @@ from orchestrator.staging import (
     collect_dir,
 )
 from orchestrator.staging.blobs import CHUNK, BlobSink
-from orchestrator.staging.fsutil import open_beneath
 from tests.unit.test_staging_support import LIMITS, blob_names, every_byte_under, sha, snapshot
 
 SECRET = b"host-secret-7f3a9c: do not leak"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from orchestrator.pathwalk import PathRefused, check_path, identity, open_path
+from orchestrator.hostfs.paths import PathRefused, check_path, identity, open_path
 
 
 def test_a_real_path_opens_the_folder_itself(tmp_path):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from orchestrator.sandbox.hostpath import HostPathError, open_parent
+from orchestrator.hostfs.hostpath import HostPathError, open_parent
 
 
 def where(fd: int) -> str:

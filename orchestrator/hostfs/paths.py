@@ -11,6 +11,9 @@ checked; callers act on it (``openat``, ``/proc/self/fd/N``), never on the path 
 
 ``..`` is taken as the kernel takes it (the real parent of the folder reached), which is
 the lexical parent as long as no link was followed: and none ever is.
+
+:func:`open_beneath` does the same below a folder already opened (a collected outbox, a
+zone's root), for a relative path.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["DIR_FLAGS", "Identity", "PathRefused", "check_path", "identity", "open_path"]
+from orchestrator.hostfs.entries import special_kind
+from orchestrator.hostfs.flags import DIR_FLAGS, FILE_FLAGS
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+__all__ = ["Identity", "PathRefused", "check_path", "identity", "open_beneath", "open_path"]
+
 _PATH_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Identity = tuple[int, int]
@@ -126,3 +131,32 @@ def _refuse(fd: int, name: str, here: Path, path: Path, exc: OSError, *, file_ok
             return child
         os.close(child)
     raise PathRefused(path, here, f"{here} is not a folder") from None
+
+
+def open_beneath(root_fd: int, path: str, *, folder: bool = False) -> int:
+    """Open ``path`` (``a/b/c``) under ``root_fd`` without following any link.
+
+    Raises ``OSError``: ``ELOOP`` when a component is a symlink, ``ENOTDIR`` when a
+    parent is not a folder, ``EINVAL`` when the final entry is not a regular file (or a
+    folder, with ``folder=True``), ``ENOENT`` when something is missing.
+    """
+    parts = path.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        if not folder:  # never open a device or FIFO, even without blocking
+            kind = special_kind(os.lstat(parts[-1], dir_fd=fd).st_mode)
+            if kind is not None:
+                code = errno.ELOOP if kind == "symbolic link" else errno.EINVAL
+                raise OSError(code, f"a {kind}", path)
+        final = os.open(parts[-1], DIR_FLAGS if folder else FILE_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+    mode = os.fstat(final).st_mode
+    if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        os.close(final)
+        raise OSError(errno.EINVAL, f"not a {'folder' if folder else 'regular file'}", path)
+    return final

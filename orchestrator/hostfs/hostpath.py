@@ -18,8 +18,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.sandbox.nofollow import lookup
-from orchestrator.staging.fsutil import DIR_FLAGS
+from orchestrator.hostfs.entries import lookup
+from orchestrator.hostfs.flags import DIR_FLAGS
 
 __all__ = ["HostPathError", "guarded_by", "open_parent", "real_parent"]
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.pathwalk import open_path
-from orchestrator.runtime.hostfs import DIR_FLAGS, FILE_FLAGS
+from orchestrator.hostfs.flags import DIR_FLAGS, FILE_FLAGS
+from orchestrator.hostfs.paths import open_path
 
 __all__ = ["Entry", "TreeChanged", "walk"]
 
