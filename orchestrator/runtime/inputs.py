@@ -294,7 +294,7 @@ class _Placer:
         """Copy (or link) the input, reached again the way it was checked: its folder walked
         without following a link a worker could have planted since, then the input opened
         in that folder's descriptor (never its whole path again)."""
-        from orchestrator.sandbox.hostpath import HostPathError, open_parent
+        from orchestrator.hostfs.hostpath import HostPathError, open_parent
 
         label = f"input {shown(spec.source)}"
         try:
