@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.runtime.inputs import kind_phrase, shown
+from orchestrator.prepare.inputs import kind_phrase, shown
 
 __all__ = ["BatchInput", "expand", "file_sha256", "key_for"]
 

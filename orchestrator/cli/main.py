@@ -41,7 +41,8 @@ from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
 
 if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec, Mount
-    from orchestrator.runtime import Prepared, RunResult
+    from orchestrator.prepare import Prepared
+    from orchestrator.runtime import RunResult
 
 EXIT_ERROR = 125
 
@@ -440,7 +441,7 @@ cli.add_command(serve_command(lambda argv: main(argv)))
 
 def _describe(prepared: Prepared) -> str:
     from orchestrator.config.models import human_size
-    from orchestrator.runtime.inputs import shown
+    from orchestrator.prepare.inputs import shown
 
     spec = prepared.spec
     limits = spec.limits

@@ -52,10 +52,10 @@ from orchestrator import labels
 from orchestrator.audit import AuditLog
 from orchestrator.errors import OrchestratorError
 from orchestrator.pathwalk import PathRefused
+from orchestrator.prepare import Prepared
 from orchestrator.runtime import acl
 from orchestrator.runtime.access_record import RECORD, Ident, Record, Saved, Tree, snapshot
 from orchestrator.runtime.access_record import restore as restore_saved
-from orchestrator.runtime.preparation import Prepared
 from orchestrator.runtime.treewalk import Entry, TreeChanged, walk
 
 __all__ = ["RECORD", "WorkerAccess", "remove_run_dir", "sweep", "trees_for"]

@@ -28,13 +28,15 @@ from orchestrator.audit import AuditLog
 from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
 from orchestrator.pathwalk import PathRefused
 from orchestrator.plan import RESERVED_ENV, ContainerSpec
+from orchestrator.prepare import Prepared
+from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import collect
-from orchestrator.runtime.inputs import InputInfo, InputSpec, place_inputs
+from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
-from orchestrator.runtime.preparation import Prepared, path_violations, prepare_filesystem
+from orchestrator.runtime.preparation import path_violations, prepare_filesystem
 from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty

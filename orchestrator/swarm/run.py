@@ -25,11 +25,12 @@ from orchestrator.docker.engine import start_failure_code
 from orchestrator.egress import PROXY_IMAGE, parse_decisions
 from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.plan import ContainerSpec
+from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.engine import EgressDecision
 from orchestrator.runtime.inputs import place_inputs
-from orchestrator.runtime.preparation import Prepared, prepare_filesystem
+from orchestrator.runtime.preparation import prepare_filesystem
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.run import (
     OutputSink,

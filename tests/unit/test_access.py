@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_project, load_worker
+from orchestrator.prepare import prepare
 from orchestrator.runtime import acl
 from orchestrator.runtime.access import RECORD, WorkerAccess, sweep
-from orchestrator.runtime.preparation import prepare, prepare_filesystem
+from orchestrator.runtime.preparation import prepare_filesystem
 from orchestrator.runtime.treewalk import walk
 
 NOBODY = 65534
