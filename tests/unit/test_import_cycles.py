@@ -174,6 +174,12 @@ def test_the_graph_sees_the_package() -> None:
     assert "orchestrator.sandbox" not in graph["orchestrator.sandbox.files"]
 
 
+def test_the_vocabulary_modules_are_leaves() -> None:
+    graph, _ = import_graph()
+    assert not graph["orchestrator.exits"]
+    assert not graph["orchestrator.vocabulary"]
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert strongly_connected(graph) == [["a", "b", "c"]]
