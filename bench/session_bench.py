@@ -40,8 +40,9 @@ from orchestrator import Orchestrator
 from orchestrator.config import load_project, load_worker
 from orchestrator.docker import DockerEngine
 from orchestrator.policy import worker_identity
+from orchestrator.prepare import prepare
 from orchestrator.runtime.execs import run_exec
-from orchestrator.runtime.preparation import prepare, prepare_filesystem
+from orchestrator.runtime.preparation import prepare_filesystem
 
 TARGET_RATIO = 1.3
 MB = 1 << 20

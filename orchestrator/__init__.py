@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from orchestrator.docker import DockerEngine
     from orchestrator.plan import ContainerSpec, compile_plan
     from orchestrator.policy import Grant, grant_for
+    from orchestrator.prepare import Prepared
     from orchestrator.runner import Orchestrator
-    from orchestrator.runtime import Prepared, RunResult
+    from orchestrator.runtime import RunResult
     from orchestrator.runtime.execs import ExecResult
     from orchestrator.runtime.session import Session, SessionClosed
     from orchestrator.sandbox import SandboxError
@@ -53,7 +54,7 @@ _LAZY = {
     "ExecResult": "orchestrator.runtime.execs",
     "Grant": "orchestrator.policy",
     "Orchestrator": "orchestrator.runner",
-    "Prepared": "orchestrator.runtime",
+    "Prepared": "orchestrator.prepare",
     "Project": "orchestrator.config",
     "RunResult": "orchestrator.runtime",
     "SandboxError": "orchestrator.sandbox",

@@ -23,11 +23,13 @@ Every message is written for the person at the terminal: it says what is wrong, 
 
 from __future__ import annotations
 
+from orchestrator.exits import Exit
+
 
 class OrchestratorError(Exception):
     """Base class: catch this to catch every orchestrator failure."""
 
-    exit_code = 125
+    exit_code: int = Exit.ERROR
 
 
 class ConfigError(OrchestratorError):

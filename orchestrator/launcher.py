@@ -32,6 +32,7 @@ from orchestrator.cli.wire import (
     read_line,
     socket_path,
 )
+from orchestrator.exits import Exit, signalled
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -122,7 +123,7 @@ def through_server(argv: list[str]) -> int:
                 "command's end; see the server's own output",
                 file=sys.stderr,
             )
-            return 125
+            return Exit.ERROR
         return int(code)
     finally:
         sock.close()
@@ -147,7 +148,7 @@ def main() -> NoReturn:
         except (Unusable, OSError) as exc:
             _debug(f"not using the server: {exc}")
         except KeyboardInterrupt:
-            raise SystemExit(130) from None
+            raise SystemExit(signalled(signal.SIGINT)) from None
     from orchestrator.cli.main import main as cli_main
 
     cli_main(argv)

@@ -32,8 +32,9 @@ from orchestrator.audit import AuditLog
 from orchestrator.config import Project, Worker, load_project
 from orchestrator.errors import ConfigError, PolicyError
 from orchestrator.plan import supervisor_for
+from orchestrator.prepare import Prepared, load_and_prepare, prepare
 from orchestrator.runtime.outbox import StagingReader
-from orchestrator.runtime.preparation import Prepared, load_and_prepare, open_audit, prepare
+from orchestrator.runtime.preparation import open_audit
 from orchestrator.runtime.run import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_LIFETIME,
@@ -116,7 +117,7 @@ class Orchestrator:
         ``inputs`` are host files or folders for this run, checked now and placed
         read-only at ``/inputs/<name>`` when it opens; ``env`` is added to the worker's
         environment, ``args`` to its command. ``options`` are
-        :func:`orchestrator.runtime.prepare`'s: ``trust``, ``promote``, ``timeout``,
+        :func:`orchestrator.prepare.prepare`'s: ``trust``, ``promote``, ``timeout``,
         ``session_id``, ``workspace``, ``input_slot``. A refusal is audited, then raised as
         a :class:`~orchestrator.errors.ConfigError` listing every problem.
         """

@@ -22,6 +22,7 @@ from orchestrator.batch.folder import BatchFolder
 from orchestrator.batch.inputs import BatchInput
 from orchestrator.batch.staging import BatchOutbox, BatchStaging
 from orchestrator.errors import EngineError, OrchestratorError
+from orchestrator.exits import Exit, signalled
 from orchestrator.runtime.run import RunResult
 
 __all__ = ["ATTEMPTS", "DONE", "WORKER_FAILED", "BatchResult", "RunOne"]
@@ -64,9 +65,9 @@ class BatchResult:
         """0 every input succeeded, 1 some worker failed (in this invocation or an earlier
         one of the batch), 125 an orchestrator error."""
         if self.interrupted is not None:
-            return 128 + self.interrupted
+            return signalled(self.interrupted)
         if self.count("error"):
-            return 125
+            return Exit.ERROR
         if self.count(*WORKER_FAILED, "cancelled") or self.already(*WORKER_FAILED):
             return 1
         return 0
@@ -99,7 +100,7 @@ def status_of(result: RunResult) -> str:
         return "succeeded" if result.exit_code == 0 else "failed"
     if result.status in ("timeout", "oom"):
         return result.status
-    if result.status == "error" and result.exit_code in (126, 127):
+    if result.status == "error" and result.exit_code in (Exit.CANNOT_INVOKE, Exit.NOT_FOUND):
         return "failed"  # the worker's command cannot run: the worker's problem
     return "error"
 
@@ -206,7 +207,7 @@ class Batch:
             "sha256": item.sha256,
             "worker_hash": self.worker_hash,
             "run_id": None,
-            "exit_code": 125,
+            "exit_code": int(Exit.ERROR),
             "status": "error",
             "duration_s": 0.0,
             "attempts": 0,

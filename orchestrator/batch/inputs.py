@@ -25,7 +25,7 @@ from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostfs.entries import kind_phrase
-from orchestrator.runtime.inputs import shown
+from orchestrator.prepare.inputs import shown
 
 __all__ = ["BatchInput", "expand", "file_sha256", "key_for"]
 

@@ -9,24 +9,60 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.batch.engine import DONE, Batch, BatchResult, Event, RunOne
 from orchestrator.batch.folder import BatchFolder
 from orchestrator.batch.inputs import BatchInput, expand, file_sha256
 from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.runtime.inputs import shown
+from orchestrator.prepare.inputs import shown
 from orchestrator.runtime.removal import Interrupted, remove_run
 from orchestrator.runtime.run import RunResult, collect_garbage, execute
 
 if TYPE_CHECKING:
-    from orchestrator.config import Worker
-    from orchestrator.runner import Orchestrator
-    from orchestrator.runtime.pool import WarmPool
-    from orchestrator.runtime.preparation import Prepared
+    from collections.abc import Mapping
 
-__all__ = ["run_batch", "worker_hash"]
+    from orchestrator.audit import AuditLog
+    from orchestrator.config import Project, Worker
+    from orchestrator.prepare import Prepared
+    from orchestrator.runtime.engine import Engine
+    from orchestrator.runtime.outbox import StagingReader
+    from orchestrator.runtime.pool import WarmPool
+
+__all__ = ["BatchOwner", "run_batch", "worker_hash"]
+
+
+class BatchOwner(Protocol):
+    """What a batch needs of its owner (an :class:`~orchestrator.Orchestrator`): the
+    project, its engine, audit log and change store, and runs prepared, pooled and given
+    their secrets."""
+
+    @property
+    def project(self) -> Project: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    @property
+    def staging(self) -> StagingReader: ...
+
+    def prepare(
+        self,
+        worker: str | Worker,
+        *,
+        inputs: Sequence[str | os.PathLike[str]] = ...,
+        env: Mapping[str, str] | None = ...,
+        args: Sequence[str] = ...,
+        **options: Any,
+    ) -> Prepared: ...
+
+    def secrets_for(self, prepared: Prepared) -> Mapping[str, str]: ...
+
+    def pool(self, worker: str | Worker, *, size: int = ..., **options: Any) -> WarmPool: ...
 
 
 def worker_hash(worker: Worker) -> str:
@@ -35,7 +71,7 @@ def worker_hash(worker: Worker) -> str:
 
 
 def run_batch(
-    orch: Orchestrator,
+    orch: BatchOwner,
     worker: str | Worker,
     inputs: Sequence[str | os.PathLike[str]] = (),
     *,
@@ -208,7 +244,7 @@ def _todo(
     return todo, earlier
 
 
-def _stage(orch: Orchestrator, folder: BatchFolder, first: Prepared, result: BatchResult) -> None:
+def _stage(orch: BatchOwner, folder: BatchFolder, first: Prepared, result: BatchResult) -> None:
     """One change set of every final result not staged yet; then the blobs can go.
 
     A result is known by its input's key, content and run (``batch.json``'s ``staged``):
@@ -256,7 +292,7 @@ def _known_staged(folder: BatchFolder) -> None:
     ]
 
 
-def _cold(orch: Orchestrator, worker: str | Worker, options: dict[str, Any]) -> RunOne:
+def _cold(orch: BatchOwner, worker: str | Worker, options: dict[str, Any]) -> RunOne:
     def one(item: BatchInput, staging: BatchStaging, started: Callable[[str], None]) -> RunResult:
         prepared = orch.prepare(worker, inputs=[item.path], **options)
         started(prepared.spec.run_id)
@@ -272,7 +308,7 @@ def _cold(orch: Orchestrator, worker: str | Worker, options: dict[str, Any]) -> 
 
 
 def _pool(
-    orch: Orchestrator,
+    orch: BatchOwner,
     worker: str | Worker,
     todo: list[BatchInput],
     concurrency: int,

@@ -23,8 +23,8 @@ from typing import IO, Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.plan import ContainerSpec
+from orchestrator.prepare import Prepared
 from orchestrator.runtime.outbox import StagingReader
-from orchestrator.runtime.preparation import Prepared
 from orchestrator.staging import (
     ChangeMeta,
     ChangeTarget,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli.options import json_option, project_option, signals_interrupt
+from orchestrator.exits import signalled
 
 if TYPE_CHECKING:
     from orchestrator.doctor import Report
@@ -54,7 +55,7 @@ def doctor(fix: bool, egress: bool, tools: bool, project_dir: Path, as_json: boo
             report = diagnose(project_dir, fix=fix, egress=egress, tools=tools, progress=progress)
     except Interrupted as exc:
         click.echo("orchestrator: doctor interrupted; what it started is removed", err=True)
-        raise SystemExit(128 + exc.signum) from None
+        raise SystemExit(signalled(exc.signum)) from None
     if as_json:
         click.echo(json.dumps(report.to_dict(), sort_keys=True))
     else:

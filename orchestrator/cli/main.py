@@ -38,12 +38,12 @@ from orchestrator.cli.server import serve_command
 from orchestrator.cli.session import session as session_group
 from orchestrator.cli.staged import staged as staged_group
 from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
+from orchestrator.exits import Exit, signalled
 
 if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec, Mount
-    from orchestrator.runtime import Prepared, RunResult
-
-EXIT_ERROR = 125
+    from orchestrator.prepare import Prepared
+    from orchestrator.runtime import RunResult
 
 json_option = json_flag()
 
@@ -229,7 +229,7 @@ def run(worker: str, as_json: bool, project_dir: Path, engine_name: str, **optio
                 result = orch.run(prepared, on_output=output.write)
     except Interrupted as exc:
         output.close()
-        fail([f"run {spec.run_id}: interrupted; container removed"], exc, 128 + exc.signum)
+        fail([f"run {spec.run_id}: interrupted; container removed"], exc, signalled(exc.signum))
     finally:
         output.close()  # what an unfinished character left (twice is harmless)
     _report(result, as_json)
@@ -329,7 +329,7 @@ def gc(
         removed += len(emptied) + len(folders.removed)
         say(f"gc: {removed} removed, {len(report.kept)} in use by live processes")
     if report.failed or sessions.failed:
-        raise SystemExit(EXIT_ERROR)
+        raise SystemExit(Exit.ERROR)
 
 
 def _collect_swarm(everything: bool) -> Any:
@@ -440,7 +440,7 @@ cli.add_command(serve_command(lambda argv: main(argv)))
 
 def _describe(prepared: Prepared) -> str:
     from orchestrator.config.models import human_size
-    from orchestrator.runtime.inputs import shown
+    from orchestrator.prepare.inputs import shown
 
     spec = prepared.spec
     limits = spec.limits
@@ -600,15 +600,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
         words = args[: args.index("--")] if "--" in args else args
         JsonRequest.asked = JsonRequest.asked or "--json" in words
         if JsonRequest.asked:
-            fail([f"error: {exc.format_message()}"], exc, EXIT_ERROR)
+            fail([f"error: {exc.format_message()}"], exc, Exit.ERROR)
         exc.show()
-        raise SystemExit(EXIT_ERROR) from None
+        raise SystemExit(Exit.ERROR) from None
     except ConfigError as exc:
         lines = [f"error: {line}" for line in exc.problems]
-        fail(lines, exc, EXIT_ERROR, problems=exc.problems)
+        fail(lines, exc, Exit.ERROR, problems=exc.problems)
     except OrchestratorError as exc:
         fail([f"error: {exc}"], exc, exc.exit_code)
     except OSError as exc:  # a host file or folder the orchestrator itself could not use
         where = f" {exc.filename}:" if exc.filename else ""
-        fail([f"error:{where} {exc.strerror or exc}"], exc, EXIT_ERROR)
+        fail([f"error:{where} {exc.strerror or exc}"], exc, Exit.ERROR)
     raise SystemExit(code if isinstance(code, int) else 0)

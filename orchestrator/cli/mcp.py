@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli.options import parse_duration_option, project_option, signals_interrupt
+from orchestrator.exits import signalled
+from orchestrator.vocabulary import TRUST_ORDER
 
 if TYPE_CHECKING:
     from orchestrator.runtime.session import Session
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 @project_option
 @click.option(
     "--trust",
-    type=click.Choice(["untrusted", "session", "workspace", "full"]),
+    type=click.Choice(TRUST_ORDER),
     help="Open the session at this trust level (only lower than declared, unless --promote).",
 )
 @click.option("--promote", is_flag=True, help="Allow --trust above the declared level.")
@@ -80,7 +82,7 @@ def mcp(
         stopped_by = first.signum if isinstance(first, Interrupted) else signal.SIGTERM
     if stopped_by is not None:
         say(f"mcp: stopped by signal {stopped_by}")
-        raise SystemExit(128 + stopped_by)
+        raise SystemExit(signalled(stopped_by))
 
 
 def _close(session: Session, say: Callable[[str], None]) -> None:

@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from orchestrator.timeouts import MAX_SESSION_S, MAX_TIMEOUT_S, seconds_problem
+from orchestrator.vocabulary import TRUST_ORDER
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,7 +132,7 @@ class WorkerCommand(click.Command):
 worker_options = (
     click.option(
         "--trust",
-        type=click.Choice(["untrusted", "session", "workspace", "full"]),
+        type=click.Choice(TRUST_ORDER),
         help="Run at this trust level (only lower than declared, unless --promote).",
     ),
     click.option("--promote", is_flag=True, help="Allow --trust above the declared level."),

@@ -42,6 +42,7 @@ import click
 
 from orchestrator.cli import peer, wire
 from orchestrator.errors import OrchestratorError
+from orchestrator.exits import Exit
 
 #: What a command imports before its first engine call, loaded once by the server.
 PRELOAD = (
@@ -366,9 +367,11 @@ class ForkServer:
                 self._close_inherited()
                 conn.close()
                 os.setsid()  # out of the server's terminal and process group
-                code = _run_command(self.entry, argv, cwd, env, fds, taken) if same_uid else 125
+                code = (
+                    _run_command(self.entry, argv, cwd, env, fds, taken) if same_uid else Exit.ERROR
+                )
             except BaseException:  # noqa: BLE001 - nothing may unwind into the server's loop
-                code = 125
+                code = Exit.ERROR
             os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return pid
@@ -455,7 +458,7 @@ def _end_with(server: int) -> None:
     if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != server:  # it died before the request took effect
-        os._exit(125)
+        os._exit(Exit.ERROR)
 
 
 def _kill(pid: int, signum: int) -> None:
@@ -474,7 +477,7 @@ def _run_command(
         peer.apply(taken)  # the client's umask and resource limits
     except (OSError, ValueError) as exc:
         print(f"orchestrator: error: cannot take the caller's limits: {exc}", file=sys.stderr)
-        return 125
+        return Exit.ERROR
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["orchestrator", *argv]
@@ -485,7 +488,7 @@ def _run_command(
             os.chdir(cwd)
         except OSError as exc:
             print(f"orchestrator: error: cannot enter {cwd}: {exc.strerror}", file=sys.stderr)
-            return 125
+            return Exit.ERROR
         from orchestrator import labels
 
         labels.current_owner.cache_clear()  # this child owns its runs

@@ -36,6 +36,8 @@ from orchestrator.cli.options import (
 )
 from orchestrator.cli.terminal import WorkerOutput, raw_option, shown
 from orchestrator.errors import OrchestratorError
+from orchestrator.exits import Exit
+from orchestrator.vocabulary import TRUST_ORDER
 
 #: How long ``start`` waits for the owner to open the session (image start, zone checks).
 START_WAIT_S = 300.0
@@ -92,7 +94,7 @@ def _open_options(func: Any) -> Any:
         project_option,
         click.option(
             "--trust",
-            type=click.Choice(["untrusted", "session", "workspace", "full"]),
+            type=click.Choice(TRUST_ORDER),
             help="Open the session at this trust level (only lower than declared, unless "
             "--promote).",
         ),
@@ -239,14 +241,14 @@ def serve(worker: str, project_dir: Path, ready_fd: int, log_path: Path, **optio
             opened = orch.open_session(worker, **options)
     except BaseException as exc:  # noqa: BLE001 - whatever it was, start must hear it
         tell({"error": _one_line(exc)})
-        raise SystemExit(125) from None
+        raise SystemExit(Exit.ERROR) from None
     with opened as live, control_dir(orch.project.sandbox_root, create=True) as fd:
         assert fd is not None
         try:
             server = SessionServer(live, fd)
         except OrchestratorError as exc:
             tell({"error": _one_line(exc)})
-            raise SystemExit(125) from None
+            raise SystemExit(Exit.ERROR) from None
         with contextlib.suppress(OSError):
             os.rename(log_path, log_path.with_name(f"{live.id}.log"))
 
@@ -264,7 +266,7 @@ def serve(worker: str, project_dir: Path, ready_fd: int, log_path: Path, **optio
     server.finish(10.0)
     if not result.container_removed:
         _say(f"session {live.id} closed; CONTAINER NOT REMOVED")
-        raise SystemExit(125)
+        raise SystemExit(Exit.ERROR)
     _say(f"session {live.id} closed; container removed")
     with contextlib.suppress(OSError):  # a clean end leaves no log behind
         os.unlink(log_path.with_name(f"{live.id}.log"))

@@ -23,6 +23,13 @@ from pydantic import (
 from orchestrator.config.allowlist import validate_allowlist
 from orchestrator.timeouts import MAX_TIMEOUT_S
 
+# Trust levels and approvals are spelled in a leaf module (the CLI's --help reads them
+# without pydantic); they are re-exported here, where the models use them.
+from orchestrator.vocabulary import PRE_APPROVED
+from orchestrator.vocabulary import TRUST_ORDER as TRUST_ORDER
+from orchestrator.vocabulary import Approval as Approval
+from orchestrator.vocabulary import Trust as Trust
+
 ZONE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -161,10 +168,6 @@ def _network(value: object) -> object:
 
 
 Network = Annotated[Literal["none", "full"] | Allowlist, BeforeValidator(_network)]
-Trust = Literal["untrusted", "session", "workspace", "full"]
-Approval = Literal["preApproved", "ask", "blocked"]
-#: Trust levels from least to most access.
-TRUST_ORDER: tuple[Trust, ...] = ("untrusted", "session", "workspace", "full")
 #: The runtime a container runs under: ``runc`` (shared kernel) or ``gvisor`` (runsc: the
 #: worker's system calls are served by gVisor's own kernel in user space).
 Isolation = Literal["runc", "gvisor"]
@@ -315,9 +318,9 @@ def check_zone_name(name: str) -> str:
 class ZoneApproval(Strict):
     """How writes and deletes in a zone are approved."""
 
-    write: Approval = "preApproved"
+    write: Approval = PRE_APPROVED
     """``preApproved``: direct rw; ``blocked``: mounted ro; ``ask``: reviewed change sets."""
-    delete: Approval = "preApproved"
+    delete: Approval = PRE_APPROVED
 
 
 class ZoneRequest(Strict):

@@ -9,6 +9,7 @@ on everything it creates, retries transient failures a bounded number of times (
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -41,19 +42,18 @@ from orchestrator.errors import (
     OrchestratorError,
     StartFailure,
 )
+from orchestrator.exits import Exit, signalled
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.engine import EgressDecision, ExitState, ManagedObject, Stream
 
 #: A container killed by SIGKILL, as the engine reports it (an OOM kill among others).
-EXIT_SIGKILL = 137
+EXIT_SIGKILL = signalled(signal.SIGKILL)
 #: How long past a SIGKILLed container's exit its OOM event may still arrive.
 LATE_OOM_GRACE_S = 2.0
 
 
 #: How Docker (runc) reports, as an exec's first output, a command it could not start.
 EXEC_FAILED = b"OCI runtime exec failed"
-EXIT_CANNOT_INVOKE = 126
-EXIT_NOT_FOUND = 127
 
 
 def start_failure_code(message: str) -> int | None:
@@ -61,9 +61,9 @@ def start_failure_code(message: str) -> int | None:
     shell's) convention: 127 not found, 126 not runnable; None for any other failure."""
     lowered = message.lower()
     if "executable file not found" in lowered or "no such file or directory" in lowered:
-        return EXIT_NOT_FOUND
+        return Exit.NOT_FOUND
     if "permission denied" in lowered or "exec format error" in lowered:
-        return EXIT_CANNOT_INVOKE
+        return Exit.CANNOT_INVOKE
     return None
 
 
@@ -104,9 +104,9 @@ class DockerExec:
             code = self.engine.api.exec_inspect(self.exec_id).get("ExitCode")
         if code is None:
             return None
-        if self.failure is not None and int(code) in (EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND):
+        if self.failure is not None and int(code) in (Exit.CANNOT_INVOKE, Exit.NOT_FOUND):
             message = self.failure.decode("utf-8", errors="replace").strip()
-            raise StartFailure(message, code=start_failure_code(message) or EXIT_CANNOT_INVOKE)
+            raise StartFailure(message, code=start_failure_code(message) or Exit.CANNOT_INVOKE)
         return int(code)
 
 

@@ -40,6 +40,7 @@ from orchestrator.docker.client import DockerClient, api_version, engine_errors
 from orchestrator.docker.netnames import network_name
 from orchestrator.egress import PROXY_ALIAS
 from orchestrator.errors import EngineError
+from orchestrator.exits import Exit
 from orchestrator.labels import PREFIX as LABEL_PREFIX
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.engine import Stream
@@ -74,8 +75,6 @@ VAR_TMP_MASK = "ro,nosuid,nodev,noexec,size=4k,mode=1777"
 #: Its prefix and message are two writes, which conmon may log as two lines, and the
 #: engine's log tail may hold only the second.
 _CATATONIT_FAILED = re.compile(rb"^(?:ERROR \(catatonit:\d+\): ?)?failed to exec pid1: (.*)$")
-EXIT_CANNOT_INVOKE = 126
-EXIT_NOT_FOUND = 127
 LOG_ATTEMPTS = 60
 #: pid_max's own limit on 64-bit Linux, where the file cannot be read.
 DEFAULT_NPROC = 4194304
@@ -479,7 +478,7 @@ def init_failure(log: bytes) -> int | None:
     match = _CATATONIT_FAILED.match(b"".join(log.strip().splitlines()))
     if match is None:
         return None
-    return EXIT_NOT_FOUND if b"No such file" in match.group(1) else EXIT_CANNOT_INVOKE
+    return Exit.NOT_FOUND if b"No such file" in match.group(1) else Exit.CANNOT_INVOKE
 
 
 def exit_code_for(engine: DockerClient, container_id: str, code: int) -> int:

@@ -21,6 +21,7 @@ from orchestrator.labels import current_owner
 from orchestrator.policy.network import NetworkGrant, describe, network_grant
 from orchestrator.policy.network import rank as network_rank
 from orchestrator.policy.trust import PROFILES
+from orchestrator.vocabulary import PRE_APPROVED
 
 SECRETS_PREFIX = "orchestrator-secrets-"
 
@@ -42,7 +43,7 @@ class ZoneGrant:
     mode: str
     standard: bool = False
     outbox: bool = False
-    delete: str = "preApproved"
+    delete: str = PRE_APPROVED
     suffixes: tuple[str, ...] | None = None
     max_file_size: int | None = None
     ask_base: Path | None = None
@@ -441,7 +442,7 @@ def _project_zone(
             )
             return None
         ask_base, host = host, paths.run_dir / "ask" / zone.name
-    elif mode == "rw" and approval.delete != "preApproved":
+    elif mode == "rw" and approval.delete != PRE_APPROVED:
         problems.append(
             f"{where}: approval.delete '{approval.delete}' needs approval.write 'ask' (a direct "
             "rw mount cannot stop deletes); use write: ask, or mode ro"

@@ -18,9 +18,10 @@ from orchestrator.errors import PolicyError
 from orchestrator.policy.grant import Grant, Limits, RunPaths, ZoneGrant, assess_grant
 from orchestrator.policy.network import NetworkGrant, describe, narrower_or_equal
 from orchestrator.policy.trust import rank
+from orchestrator.vocabulary import PRE_APPROVED
 
 #: How freely a zone may be changed: a child never gets a freer approval than its parent.
-APPROVAL_ORDER = {"blocked": 0, "ask": 1, "preApproved": 2}
+APPROVAL_ORDER = {"blocked": 0, "ask": 1, PRE_APPROVED: 2}
 
 
 def covers(outer: ZoneGrant, inner: ZoneGrant) -> bool:

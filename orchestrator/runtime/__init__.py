@@ -1,4 +1,7 @@
-"""Runtime: the lifecycle of runs over an :class:`Engine`. Imports no engine SDK itself."""
+"""Runtime: the lifecycle of runs over an :class:`Engine`. Imports no engine SDK itself.
+
+A run is prepared (checked and compiled, touching nothing) by :mod:`orchestrator.prepare`.
+"""
 
 from orchestrator.runtime.engine import (
     Containers,
@@ -9,7 +12,7 @@ from orchestrator.runtime.engine import (
     Networks,
 )
 from orchestrator.runtime.gc import GcReport, collect
-from orchestrator.runtime.preparation import Prepared, open_audit, prepare
+from orchestrator.runtime.preparation import open_audit
 from orchestrator.runtime.run import Interrupted, RunResult, execute
 
 __all__ = [
@@ -21,10 +24,8 @@ __all__ = [
     "Inventory",
     "ManagedObject",
     "Networks",
-    "Prepared",
     "RunResult",
     "collect",
     "execute",
     "open_audit",
-    "prepare",
 ]

@@ -52,10 +52,10 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.files import locked
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.hostfs.walk import Entry, TreeChanged, walk
+from orchestrator.prepare import Prepared
 from orchestrator.runtime import acl
 from orchestrator.runtime.access_record import RECORD, Ident, Record, Saved, Tree, snapshot
 from orchestrator.runtime.access_record import restore as restore_saved
-from orchestrator.runtime.preparation import Prepared
 
 __all__ = ["RECORD", "WorkerAccess", "remove_run_dir", "sweep", "trees_for"]
 

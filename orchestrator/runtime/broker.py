@@ -30,7 +30,7 @@ from orchestrator.audit import AuditLog
 from orchestrator.config import load_worker
 from orchestrator.errors import OrchestratorError, PolicyError
 from orchestrator.policy import RunPaths, ZoneView, restrict
-from orchestrator.runtime.preparation import Prepared, compile_prepared, new_id
+from orchestrator.prepare import Prepared, compile_prepared, new_id
 
 log = logging.getLogger(__name__)
 

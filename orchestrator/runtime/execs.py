@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.errors import PolicyError, StartFailure
+from orchestrator.exits import Exit
 from orchestrator.plan import RESERVED_ENV
 from orchestrator.runtime.engine import Containers, ExecHandle, Stream
 from orchestrator.runtime.supervised import TOOL_ENV, drain
@@ -42,8 +43,6 @@ from orchestrator.timeouts import MAX_TIMEOUT_S, seconds_problem
 
 #: Bytes kept of each of stdout and stderr (the last ones).
 DEFAULT_CAP = 1 << 20
-#: Exit code of a command killed at its timeout (as coreutils ``timeout`` reports it).
-TIMEOUT_EXIT = 124
 #: How long to wait for the output to end once a command's group has been killed.
 KILL_GRACE_S = 5.0
 PID_PREFIX = b"orchestrator-exec-pid="
@@ -284,7 +283,7 @@ def run_exec(
         exit_code = -1 if code is None else code
         died_of = _signal_of(exit_code)
     else:
-        exit_code, died_of = TIMEOUT_EXIT, int(signals.SIGKILL)
+        exit_code, died_of = Exit.TIMEOUT, int(signals.SIGKILL)
     out, err = reader.captures["stdout"], reader.captures["stderr"]
     return ExecResult(
         argv=command,

@@ -1,11 +1,7 @@
 """A run's own inputs (``run --input``): checked like zones, placed read-only at /inputs.
 
-An input is a host file or folder given for one run. :func:`check_inputs` (at prepare
-time, no engine) refuses what could not be handed over safely: a path that does not exist,
-a symbolic link (given as the input, or anywhere inside a given folder), a FIFO, socket or
-device file, the orchestrator's own sandbox root (or a folder holding it), and what the
-worker file's ``inputs:`` section does not accept (suffixes, count, size). Every problem is
-listed at once, one line each.
+An input is a host file or folder given for one run, checked when the run is prepared
+(:mod:`orchestrator.prepare.inputs`, which also names it).
 
 :func:`place_inputs` fills the run's inputs folder (``<sandbox>/runs/<run id>/inputs``,
 which the plan mounts read-only at ``/inputs``) when the run opens, or later for a run
@@ -28,43 +24,27 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from orchestrator.config.models import human_size
-from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.escaping import escape
+from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.entries import kind_phrase, open_entry, permits
 from orchestrator.plan import INPUTS_DIR
+from orchestrator.prepare import Prepared
+from orchestrator.prepare.inputs import (
+    InputPath,
+    InputSpec,
+    Kind,
+    check_inputs,
+    guarded_folders,
+    shown,
+)
 
-if TYPE_CHECKING:
-    from orchestrator.config import Project, Worker
-    from orchestrator.runtime.preparation import Prepared
+__all__ = ["InputInfo", "place_inputs"]
 
-__all__ = ["InputInfo", "InputSpec", "check_inputs", "place_inputs", "safe_name", "shown"]
-
-Kind = Literal["file", "folder"]
-InputPath = str | os.PathLike[str]
 _CHUNK = 1 << 20
-_MAX_NAME = 255
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """A checked input: where it is on the host, and its name under /inputs."""
-
-    source: Path
-    name: str
-    kind: Kind
-    size: int
-    """Bytes (a folder: the sum of its files) when it was checked."""
-
-    @property
-    def target(self) -> str:
-        return f"{INPUTS_DIR}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -82,153 +62,6 @@ class InputInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def shown(path: InputPath) -> str:
-    """A path for a one-line message, unsafe characters escaped (:mod:`orchestrator.escaping`)."""
-    return escape(os.fsdecode(path))
-
-
-def safe_name(name: str) -> str:
-    """The name an input gets under /inputs (see the module docstring)."""
-    chars = ["_" if _unsafe(c) else c for c in name] or ["_"]
-    text = "".join(chars)
-    if text.startswith(("-", ".")):
-        text = "_" + text
-    while len(os.fsencode(text)) > _MAX_NAME:
-        text = text[:-1]
-    return text
-
-
-def _unsafe(char: str) -> bool:
-    return unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") or char in (
-        "/",
-        "\\",
-    )
-
-
-def check_inputs(
-    project: Project, worker: Worker, given: Sequence[InputPath]
-) -> tuple[InputSpec, ...]:
-    """Check every input path; raise a :class:`ConfigError` listing every problem."""
-    accepts = worker.config.inputs
-    problems: list[str] = []
-    if accepts is not None and accepts.max_count is not None and len(given) > accepts.max_count:
-        problems.append(
-            f"{worker.file}: inputs.max_count is {accepts.max_count}, {len(given)} inputs "
-            f"given; give at most {accepts.max_count}"
-        )
-    sandbox = project.sandbox_root  # link-free: checked at load
-    guarded = guarded_folders(project)
-    found: dict[str, InputSpec] = {}
-    for raw in given:
-        try:
-            spec = _check_one(Path(raw), sandbox, guarded, worker)
-        except _Refused as exc:
-            problems.append(str(exc))
-            continue
-        if spec.name in found:
-            problems.append(
-                f"inputs {shown(found[spec.name].source)} and {shown(spec.source)} would both "
-                f"be {shown(spec.target)}; rename one"
-            )
-        found[spec.name] = spec
-    if problems:
-        raise ConfigError(problems)
-    return tuple(found.values())
-
-
-class _Refused(Exception):
-    pass
-
-
-def guarded_folders(project: Project) -> list[Path]:
-    """Folders a worker can write: a link in them is never followed on an input's path."""
-    return [project.root, project.sandbox_root, *(z.host_path for z in project.zones.values())]
-
-
-def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
-    # The folders above an input are resolved, except a link in a folder a worker can
-    # write (the project, a zone, the sandbox root): refused. The input itself never is.
-    from orchestrator.hostfs.hostpath import HostPathError, real_parent  # only with inputs
-
-    label = f"input {shown(raw)}"
-    try:
-        path = real_parent(raw, guarded)
-    except HostPathError as exc:
-        raise _Refused(f"{label}: {shown(str(exc))}") from None
-    except OSError as exc:
-        raise _Refused(f"{label}: {exc.strerror}") from None
-    try:
-        info = path.lstat()
-    except OSError:
-        raise _Refused(f"{label}: does not exist; give an existing file or folder") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise _Refused(
-            f"{label}: is a symbolic link; give the file or folder itself (links are never "
-            "followed)"
-        )
-    if path == sandbox or path.is_relative_to(sandbox):
-        raise _Refused(f"{label}: is inside the orchestrator's sandbox root {sandbox}; refusing")
-    if stat.S_ISDIR(info.st_mode) and sandbox.is_relative_to(path):
-        raise _Refused(
-            f"{label}: holds the orchestrator's sandbox root {sandbox}; give a folder inside it"
-        )
-    accepts = worker.config.inputs
-    suffixes = tuple(s.lower() for s in accepts.suffixes) if accepts and accepts.suffixes else None
-    name = safe_name(path.name)
-    if stat.S_ISREG(info.st_mode):
-        kind: Kind = "file"
-        size = info.st_size
-        if suffixes and not name.lower().endswith(suffixes):
-            raise _Refused(
-                f"{label}: {worker.file} accepts only {', '.join(suffixes)} files (inputs.suffixes)"
-            )
-    elif stat.S_ISDIR(info.st_mode):
-        kind = "folder"
-        size = _check_folder(path, label, suffixes, worker)
-    else:
-        raise _Refused(
-            f"{label}: is {kind_phrase(info.st_mode)}; only regular files and folders can be inputs"
-        )
-    if accepts is not None and accepts.max_size is not None and size > accepts.max_size:
-        raise _Refused(
-            f"{label}: {human_size(size)} is over {worker.file}'s inputs.max_size of "
-            f"{human_size(accepts.max_size)}"
-        )
-    return InputSpec(source=path, name=name, kind=kind, size=size)
-
-
-def _check_folder(path: Path, label: str, suffixes: tuple[str, ...] | None, worker: Worker) -> int:
-    total = 0
-    for folder, dirs, files in os.walk(path, onerror=_raise):
-        for entry in (*dirs, *files):
-            inner = Path(folder) / entry
-            info = inner.lstat()
-            where = shown(inner.relative_to(path))
-            if stat.S_ISDIR(info.st_mode):
-                continue
-            if stat.S_ISLNK(info.st_mode):
-                raise _Refused(
-                    f"{label}: holds a symbolic link at {where}; links inside inputs are "
-                    "refused (give the file itself)"
-                )
-            if not stat.S_ISREG(info.st_mode):
-                raise _Refused(
-                    f"{label}: holds {kind_phrase(info.st_mode)} at {where}; only regular "
-                    "files and folders can be inputs"
-                )
-            if suffixes and not entry.lower().endswith(suffixes):
-                raise _Refused(
-                    f"{label}: {where}: {worker.file} accepts only {', '.join(suffixes)} files "
-                    "(inputs.suffixes)"
-                )
-            total += info.st_size
-    return total
-
-
-def _raise(error: OSError) -> None:
-    raise _Refused(f"input {shown(error.filename or '')}: {error.strerror}") from None
 
 
 # -- placing -----------------------------------------------------------------------------

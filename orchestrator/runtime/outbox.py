@@ -20,7 +20,8 @@ from orchestrator.audit import AuditLog
 from orchestrator.config import Project
 from orchestrator.config.models import OutboxLimits
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.preparation import Prepared, pristine_of
+from orchestrator.prepare import Prepared
+from orchestrator.runtime.preparation import pristine_of
 
 if TYPE_CHECKING:
     from orchestrator.staging import ChangeStore, Collected

@@ -23,25 +23,26 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from orchestrator.config import Worker
 from orchestrator.errors import OrchestratorError
+from orchestrator.prepare import Prepared
 from orchestrator.runtime.run import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_LIFETIME, OutputSink, Run
 
 if TYPE_CHECKING:
-    from orchestrator.runner import Orchestrator
-    from orchestrator.runtime.preparation import Prepared
     from orchestrator.runtime.session import Session
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PoolError", "WarmPool"]
+__all__ = ["PoolError", "PoolOwner", "WarmPool"]
 
 #: How long :meth:`WarmPool.take` waits for an opened run, unless told otherwise (seconds).
 DEFAULT_TAKE_TIMEOUT = 120.0
@@ -58,6 +59,34 @@ def _close_open_pools() -> None:
             pool.close()
 
 
+class PoolOwner(Protocol):
+    """What a pool needs of its owner (an :class:`~orchestrator.Orchestrator`): prepare a
+    run, open it idling, and hand one out as a session."""
+
+    def prepare(
+        self,
+        worker: str | Worker,
+        *,
+        inputs: Sequence[str | os.PathLike[str]] = ...,
+        env: Mapping[str, str] | None = ...,
+        args: Sequence[str] = ...,
+        **options: Any,
+    ) -> Prepared: ...
+
+    def open_keep_alive(
+        self, prepared: Prepared, *, keep_alive: bool = ..., gc: bool = ..., output: bool = ...
+    ) -> Run: ...
+
+    def open_session(
+        self,
+        worker: str | Worker | Prepared | Run,
+        *,
+        idle_timeout: float | None = ...,
+        max_lifetime: float | None = ...,
+        **options: Any,
+    ) -> Session: ...
+
+
 class PoolError(OrchestratorError):
     """The pool cannot hand out a run: closed, or none ready in time."""
 
@@ -67,7 +96,7 @@ class WarmPool:
 
     def __init__(
         self,
-        orchestrator: Orchestrator,
+        orchestrator: PoolOwner,
         worker: str | Worker,
         *,
         size: int,

@@ -26,15 +26,18 @@ from typing import IO, Any, Literal, Protocol
 
 from orchestrator.audit import AuditLog
 from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
+from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.plan import RESERVED_ENV, ContainerSpec
+from orchestrator.prepare import Prepared
+from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import collect
-from orchestrator.runtime.inputs import InputInfo, InputSpec, place_inputs
+from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
-from orchestrator.runtime.preparation import Prepared, path_violations, prepare_filesystem
+from orchestrator.runtime.preparation import path_violations, prepare_filesystem
 from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
@@ -58,8 +61,6 @@ DEFAULT_MAX_LIFETIME = 8 * 3600.0
 Status = Literal["exited", "timeout", "oom", "error", "interrupted", "closed", "unused"]
 OutputSink = Callable[[Stream, bytes], None]
 
-EXIT_TIMEOUT = 124
-EXIT_OOM = 137
 TAIL_BYTES = 64 << 10
 
 __all__ = ["Interrupted", "Run", "RunResult", "Staging", "collect_garbage", "execute"]
@@ -583,7 +584,7 @@ class Run:
             outcome.oom(spec)
         elif timed_out:
             outcome.timed_out(spec)
-        elif code == EXIT_OOM and oom_killed(
+        elif code == Exit.OOM and oom_killed(
             engine, self.container_id, spec.supervisor_user or spec.user
         ):
             outcome.oom(spec)
@@ -593,7 +594,7 @@ class Run:
             # once its sandbox had reached the limit ran out of memory.
             outcome.oom(spec, killed=False)
         else:
-            outcome.status, outcome.exit_code = "exited", code if code is not None else 125
+            outcome.status, outcome.exit_code = "exited", code if code is not None else Exit.ERROR
         self._worker_gone = True  # run_worker_exec killed every process of the worker
 
     def _run_child(self, child: Prepared, depth: int) -> RunResult:
@@ -685,26 +686,26 @@ def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str
 @dataclass
 class _Outcome:
     status: Status = "error"
-    exit_code: int = 125
+    exit_code: int = Exit.ERROR
     error: str | None = None
     removed: bool = True
     collected: Any = None
 
     def timed_out(self, spec: ContainerSpec) -> None:
-        self.status, self.exit_code = "timeout", EXIT_TIMEOUT
-        self.error = f"timed out after {spec.limits.timeout_s:g} s; the worker was killed"
+        self.status, self.exit_code = "timeout", Exit.TIMEOUT
+        self.error = timed_out(spec.limits.timeout_s)
 
     def oom(self, spec: ContainerSpec, *, killed: bool = True) -> None:
-        self.status, self.exit_code = "oom", EXIT_OOM
+        self.status, self.exit_code = "oom", Exit.OOM
         self.error = (
-            f"killed for exceeding its memory limit ({spec.limits.memory} bytes)"
+            killed_for_memory(spec.limits.memory)
             if killed
             else f"ran out of memory at its limit ({spec.limits.memory} bytes): the sandbox "
             "refused its allocations"
         )
 
     def interrupted(self, exc: Interrupted) -> None:
-        self.status, self.exit_code = "interrupted", 128 + exc.signum
+        self.status, self.exit_code = "interrupted", signalled(exc.signum)
         self.error = str(exc)
 
 

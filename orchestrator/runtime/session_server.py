@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.exits import Exit
 from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.session import Session
 from orchestrator.sandbox import as_dict
@@ -130,7 +131,7 @@ def request(
             if answer.get("ok"):
                 return answer.get("result")
             error = ControlError(str(answer.get("error", "the session's owner failed")))
-            error.exit_code = int(answer.get("exit_code", 125))
+            error.exit_code = int(answer.get("exit_code", Exit.ERROR))
             raise error
     raise ControlError("the session's owner closed the connection without an answer")
 
@@ -227,7 +228,7 @@ class SessionServer:
                       "kind": type(exc).__name__, "exit_code": exc.exit_code})  # fmt: skip
             except (ValueError, TypeError, KeyError) as exc:
                 send({"ok": False, "error": f"bad request: {exc}", "kind": "ControlError",
-                      "exit_code": 125})  # fmt: skip
+                      "exit_code": int(Exit.ERROR)})  # fmt: skip
             except OSError as exc:  # the client went away, or an operation failed
                 with contextlib.suppress(OSError):
                     send({"ok": False, "error": f"failed: {exc}", "kind": "OSError",
@@ -236,7 +237,7 @@ class SessionServer:
                 log.exception("session %s: a request failed", self.session.id)
                 with contextlib.suppress(OSError):
                     send({"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}",
-                          "kind": type(exc).__name__, "exit_code": 125})  # fmt: skip
+                          "kind": type(exc).__name__, "exit_code": int(Exit.ERROR)})  # fmt: skip
 
     def _dispatch(self, message: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> Any:
         session = self.session

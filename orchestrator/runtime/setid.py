@@ -47,7 +47,7 @@ from orchestrator.hostfs.walk import Entry, TreeChanged, walk
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog
     from orchestrator.plan import ContainerSpec
-    from orchestrator.runtime.preparation import Prepared
+    from orchestrator.prepare import Prepared
 
 __all__ = ["SETID", "SetidRefused", "SetidSweep", "refuse_setid", "setid_of", "walk_needed"]
 

@@ -12,6 +12,7 @@ from typing import Any
 from orchestrator.policy import Grant, ZoneGrant
 from orchestrator.policy.network import describe
 from orchestrator.sandbox.content import ReadCaps
+from orchestrator.vocabulary import PRE_APPROVED
 
 
 def virtual_children(grant: Grant, folder: str) -> list[str]:
@@ -28,7 +29,7 @@ def _approval(zone: ZoneGrant) -> dict[str, str | None]:
         return {"write": "review", "delete": None}  # staged files are reviewed on the host
     if zone.read_only:
         return {"write": None, "delete": None}
-    write = "ask" if zone.ask_base is not None else "preApproved"
+    write = "ask" if zone.ask_base is not None else PRE_APPROVED
     return {"write": write, "delete": zone.delete}
 
 

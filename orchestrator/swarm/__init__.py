@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from orchestrator.batch import BatchResult
     from orchestrator.batch.engine import RunOne
     from orchestrator.config import Worker
+    from orchestrator.prepare import Prepared
     from orchestrator.runner import Orchestrator
-    from orchestrator.runtime.preparation import Prepared
     from orchestrator.runtime.run import OutputSink, RunResult
 
 __all__ = ["SwarmEngine", "batch_on_swarm", "collect", "execute_swarm", "run_on_swarm"]

@@ -24,12 +24,14 @@ from orchestrator.docker import DockerEngine
 from orchestrator.docker.engine import start_failure_code
 from orchestrator.egress import PROXY_IMAGE, parse_decisions
 from orchestrator.errors import EngineError, OrchestratorError
+from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
 from orchestrator.plan import ContainerSpec
+from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.engine import EgressDecision
 from orchestrator.runtime.inputs import place_inputs
-from orchestrator.runtime.preparation import Prepared, prepare_filesystem
+from orchestrator.runtime.preparation import prepare_filesystem
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.run import (
     OutputSink,
@@ -48,8 +50,6 @@ from orchestrator.swarm.egress import proxy_task_template
 from orchestrator.swarm.engine import SwarmEngine, collect
 
 __all__ = ["check", "check_nodes", "execute_swarm", "results_folder"]
-
-EXIT_TIMEOUT, EXIT_OOM, EXIT_ERROR = 124, 137, 125
 
 
 def results_folder(prepared: Prepared) -> Path:
@@ -129,7 +129,7 @@ def execute_swarm(
         audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
 
     status: Status = "error"
-    exit_code, error = EXIT_ERROR, None
+    exit_code, error = int(Exit.ERROR), None
     stdout = stderr = b""
     outbox: Any = None
     asked: list[Any] = []
@@ -189,14 +189,14 @@ def execute_swarm(
         end = engine.task_end(service_id, spec.limits.timeout_s)
         node = end.node_id
         if end.state is None:
-            status, exit_code = "timeout", EXIT_TIMEOUT
-            error = f"timed out after {spec.limits.timeout_s:g} s; the worker was killed"
+            status, exit_code = "timeout", Exit.TIMEOUT
+            error = timed_out(spec.limits.timeout_s)
         elif end.exit_code is None or end.state == "rejected":
-            status, exit_code = "error", start_failure_code(end.error or "") or EXIT_ERROR
+            status, exit_code = "error", start_failure_code(end.error or "") or Exit.ERROR
             error = f"the swarm could not run the task: {end.error or end.state}"
-        elif end.exit_code == EXIT_OOM and engine.oom_killed(end.container_id):
-            status, exit_code = "oom", EXIT_OOM
-            error = f"killed for exceeding its memory limit ({spec.limits.memory} bytes)"
+        elif end.exit_code == Exit.OOM and engine.oom_killed(end.container_id):
+            status, exit_code = "oom", Exit.OOM
+            error = killed_for_memory(spec.limits.memory)
         else:
             status, exit_code = "exited", int(end.exit_code)
         stdout, stderr = engine.output(service_id, end.container_id)
@@ -208,7 +208,7 @@ def execute_swarm(
                 [EgressDecision(d.host, d.port, d.allowed, d.method) for d in found], spec, audit
             )
     except Interrupted as exc:
-        status, exit_code, error = "interrupted", 128 + exc.signum, str(exc)
+        status, exit_code, error = "interrupted", signalled(exc.signum), str(exc)
         raise
     except OrchestratorError as exc:
         error = error or str(exc)

@@ -39,6 +39,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from orchestrator.vocabulary import TOOL_PRE_APPROVED
+
+#: The tool protocol's words (in MCP answers), not the worker file's ``preApproved``: see
+#: :mod:`orchestrator.vocabulary`.
 Status = Literal["pre_approved", "needs_approval", "blocked"]
 
 
@@ -97,12 +101,12 @@ def decide(name: str, args: Mapping[str, Any], context: Mapping[str, Any]) -> De
     if name == "exec":
         command = args.get("command")
         shown = command if isinstance(command, str) else " ".join(map(str, command or []))
-        return Decision("pre_approved", f"run in the sandbox: {shown}")
+        return Decision(TOOL_PRE_APPROVED, f"run in the sandbox: {shown}")
     if name == "stage":
         files = ", ".join(args.get("files", []))
-        return Decision("pre_approved", f"propose a change set for review: {files}")
+        return Decision(TOOL_PRE_APPROVED, f"propose a change set for review: {files}")
     if name == "context":
-        return Decision("pre_approved", "show what the sandbox allows")
+        return Decision(TOOL_PRE_APPROVED, "show what the sandbox allows")
     raw = args.get("path", "/")
     path = _clean(raw)
     verb = {"list": "list", "read": "read", "stat": "stat", "write": "write", "delete": "delete"}[
@@ -116,7 +120,7 @@ def decide(name: str, args: Mapping[str, Any], context: Mapping[str, Any]) -> De
             "absolute path without '..'; list '/' to see what exists",
         )
     if name in ("list", "stat") and _is_above_zones(path, zones) and _zone_of(path, zones) is None:
-        return Decision("pre_approved", f"{verb} {path}")
+        return Decision(TOOL_PRE_APPROVED, f"{verb} {path}")
     zone = _zone_of(path, zones)
     if zone is None:
         return Decision(
@@ -142,7 +146,7 @@ def _reading(
             "is the write-only outbox; what is staged there is seen at review. "
             f"Readable: {_names(zones, 'read')}",
         )
-    return Decision("pre_approved", f"{verb} {path}")
+    return Decision(TOOL_PRE_APPROVED, f"{verb} {path}")
 
 
 def _writing(
@@ -174,7 +178,7 @@ def _writing(
                 "filled from inside the sandbox here; write the file with exec, or "
                 f"use 'stage'. Writable: {writable}",
             )
-        return Decision("pre_approved", f"{described} (staged for review)")
+        return Decision(TOOL_PRE_APPROVED, f"{described} (staged for review)")
     approval = zone.get("approval", {}).get("write")
     if approval == "ask":
         return Decision(
@@ -182,7 +186,7 @@ def _writing(
             f"{described} (zone {zone['path']} asks before "
             "writes; the change is then reviewed before it reaches the zone)",
         )
-    return Decision("pre_approved", described)
+    return Decision(TOOL_PRE_APPROVED, described)
 
 
 def _deleting(path: str, zone: Mapping[str, Any], zones: Sequence[Mapping[str, Any]]) -> Decision:
@@ -215,4 +219,4 @@ def _deleting(path: str, zone: Mapping[str, Any], zones: Sequence[Mapping[str, A
         )
     if approval == "ask":
         return Decision("needs_approval", f"{described} (zone {zone['path']} asks before deletes)")
-    return Decision("pre_approved", described)
+    return Decision(TOOL_PRE_APPROVED, described)

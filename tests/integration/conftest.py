@@ -22,7 +22,8 @@ import pytest
 from orchestrator import labels
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import OrchestratorError
-from orchestrator.runtime import RunResult, execute, open_audit, prepare
+from orchestrator.prepare import prepare
+from orchestrator.runtime import RunResult, execute, open_audit
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 

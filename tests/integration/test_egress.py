@@ -687,7 +687,8 @@ def test_worker_files_get_none_allowlist_or_full_end_to_end(
 ):
     from orchestrator.audit import AuditFilter, AuditLog
     from orchestrator.config import load_project, load_worker
-    from orchestrator.runtime import execute, prepare
+    from orchestrator.prepare import prepare
+    from orchestrator.runtime import execute
 
     jobs = [
         ["fetch", "http_allowed", "http://allowed.test/"],

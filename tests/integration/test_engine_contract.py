@@ -20,7 +20,7 @@ from orchestrator import labels
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ContainerStopped
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime import prepare
+from orchestrator.prepare import prepare
 from orchestrator.runtime.engine import Engine
 from tests.unit.fake_engine import FakeEngine, Program
 

@@ -8,8 +8,9 @@ import pytest
 
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import PolicyError
+from orchestrator.prepare import prepare
 from orchestrator.runtime.execs import run_exec
-from orchestrator.runtime.preparation import prepare, prepare_filesystem
+from orchestrator.runtime.preparation import prepare_filesystem
 from tests.conftest import ProjectDir
 
 pytestmark = pytest.mark.docker

@@ -12,7 +12,7 @@ import pytest
 from orchestrator import labels
 from orchestrator.config import load_project, load_worker
 from orchestrator.docker import kernel_log
-from orchestrator.runtime import prepare
+from orchestrator.prepare import prepare
 
 HOG = "hog = []\nwhile True: hog.append(bytearray(8 << 20))"
 

@@ -116,7 +116,8 @@ def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project, is
         "sandbox: {}",
     )
     from orchestrator.config import load_project, load_worker
-    from orchestrator.runtime import execute, prepare
+    from orchestrator.prepare import prepare
+    from orchestrator.runtime import execute
     from orchestrator.runtime.outbox import StagingReader
     from orchestrator.runtime.preparation import open_audit
 

@@ -10,7 +10,8 @@ import pytest
 from orchestrator.audit import AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import PolicyError
-from orchestrator.runtime import execute, prepare
+from orchestrator.prepare import prepare
+from orchestrator.runtime import execute
 
 pytestmark = pytest.mark.docker
 

@@ -16,7 +16,8 @@ from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import OrchestratorError
 from orchestrator.policy import ZoneView
-from orchestrator.runtime import execute, prepare
+from orchestrator.prepare import prepare
+from orchestrator.runtime import execute
 from tests.integration.conftest import cli, containers_of
 
 pytestmark = pytest.mark.docker
@@ -204,7 +205,8 @@ def test_restricting_a_child_to_a_planted_symlink_is_refused(engine, project, tm
     )
     loaded = load_project(project.root)
     from orchestrator.policy import RunPaths, restrict
-    from orchestrator.runtime.preparation import compile_prepared, prepare_filesystem
+    from orchestrator.prepare import compile_prepared
+    from orchestrator.runtime.preparation import prepare_filesystem
 
     parent = prepare(loaded, load_worker(loaded, "main"))
     paths = RunPaths.of(loaded, session_id=parent.session_id, workspace="default", run_id="c1")

@@ -18,9 +18,10 @@ import pytest
 
 from orchestrator.config import load_project, load_worker
 from orchestrator.hostfs.walk import walk
+from orchestrator.prepare import prepare
 from orchestrator.runtime import acl
 from orchestrator.runtime.access import RECORD, WorkerAccess, sweep
-from orchestrator.runtime.preparation import prepare, prepare_filesystem
+from orchestrator.runtime.preparation import prepare_filesystem
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="giving another uid access needs root")

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project, load_worker
-from orchestrator.runtime import prepare
+from orchestrator.prepare import prepare
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.preparation import prepare_filesystem
 from orchestrator.runtime.run import RunResult

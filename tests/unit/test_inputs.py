@@ -12,8 +12,9 @@ import pytest
 from orchestrator.cli.main import main
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.runtime import prepare
-from orchestrator.runtime.inputs import place_inputs, safe_name
+from orchestrator.prepare import prepare
+from orchestrator.prepare.inputs import safe_name
+from orchestrator.runtime.inputs import place_inputs
 from orchestrator.runtime.preparation import prepare_filesystem
 
 

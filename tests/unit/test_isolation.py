@@ -10,7 +10,8 @@ from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ConfigError, EngineError, PolicyError
 from orchestrator.policy import RunPaths, grant_for, restrict
-from orchestrator.runtime import execute, open_audit, prepare
+from orchestrator.prepare import prepare
+from orchestrator.runtime import execute, open_audit
 from tests.unit.fake_engine import FakeEngine
 
 

@@ -98,7 +98,7 @@ def test_a_command_goes_through_the_server_and_the_client_imports_only_the_stdli
                             check=True).stdout  # fmt: skip
     assert loaded.strip() == str(
         ["orchestrator", "orchestrator.cli", "orchestrator.cli.wire", "orchestrator.errors",
-         "orchestrator.launcher"]
+         "orchestrator.exits", "orchestrator.launcher"]
     )  # fmt: skip
     timed = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "orchestrator", "--version"],

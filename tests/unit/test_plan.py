@@ -12,7 +12,7 @@ from orchestrator.docker.netnames import network_name
 from orchestrator.errors import ConfigError, PolicyError
 from orchestrator.plan import Limits, Network, Tmpfs, compile_plan, project_key
 from orchestrator.policy import RunPaths, grant_for
-from orchestrator.runtime import prepare
+from orchestrator.prepare import prepare
 
 PLAN_KEYS = {
     "image", "command", "uid", "gid", "workdir", "env", "mounts", "tmpfs", "limits",

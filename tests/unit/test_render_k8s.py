@@ -15,8 +15,8 @@ import yaml
 
 from orchestrator.config import load_project, load_worker
 from orchestrator.plan import Mount
+from orchestrator.prepare import prepare
 from orchestrator.render import k8s
-from orchestrator.runtime import prepare
 
 K8S_VERSION = "1.33.0"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -12,7 +12,8 @@ from orchestrator import labels
 from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import EngineError, ImageMissing, StartFailure
-from orchestrator.runtime import Interrupted, ManagedObject, collect, execute, open_audit, prepare
+from orchestrator.prepare import prepare
+from orchestrator.runtime import Interrupted, ManagedObject, collect, execute, open_audit
 from orchestrator.runtime import removal as run_module
 from orchestrator.runtime.engine import Engine, ExecHandle
 from tests.unit import fake_engine

@@ -16,7 +16,8 @@ import pytest
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import AuditError, PolicyError
-from orchestrator.runtime.preparation import prepare, prepare_filesystem
+from orchestrator.prepare import prepare
+from orchestrator.runtime.preparation import prepare_filesystem
 from orchestrator.sandbox import (
     BinaryContent,
     ImageContent,

@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator import labels
 from orchestrator.config import load_project, load_worker
-from orchestrator.runtime import ManagedObject, execute, open_audit, prepare
+from orchestrator.prepare import prepare
+from orchestrator.runtime import ManagedObject, execute, open_audit
 from orchestrator.runtime.session_folders import (
     parse_duration,
     prune_sessions,

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.config import load_project, load_worker
 from orchestrator.plan import SECRETS_DIR, Mount, Network, Tmpfs
-from orchestrator.runtime import prepare
+from orchestrator.prepare import prepare
 from orchestrator.swarm import render
 
 

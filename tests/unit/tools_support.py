@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 from orchestrator.audit import AuditLog
 from orchestrator.config import load_project, load_worker
-from orchestrator.runtime.preparation import prepare, prepare_filesystem
+from orchestrator.prepare import prepare
+from orchestrator.runtime.preparation import prepare_filesystem
 from orchestrator.sandbox import SandboxFiles
 from orchestrator.tools import Toolset
 
