@@ -279,8 +279,14 @@ class DockerEngine(DockerClient):
 
     def exit_state(self, container_id: str) -> ExitState:
         with engine_errors("reading the container's exit state"):
-            state = retrying(lambda: self.api.inspect_container(container_id))["State"]
+            inspected = retrying(lambda: self.api.inspect_container(container_id))
+        state, host_config = inspected["State"], inspected.get("HostConfig") or {}
         code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+        # gVisor: the worker may fail by itself (a refused allocation) while the host's OOM
+        # killer hit its sandbox; the kernel's log says so.
+        gvisor = host_config.get("Runtime") in (runtimes.GVISOR_NONE, runtimes.GVISOR_NETWORK)
+        if gvisor and code not in (0, EXIT_SIGKILL) and not oom and state.get("Status") == "exited":
+            oom = kernel_log.oom_kill_logged(container_id) is True
         if code == EXIT_SIGKILL and not oom and state.get("Status") == "exited":
             oom = kernel_log.oom_kill_logged(container_id) or self._late_oom_event(
                 container_id, str(state.get("StartedAt", ""))

