@@ -17,6 +17,7 @@ from orchestrator.batch.inputs import BatchInput, expand, file_sha256
 from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.prepare.inputs import shown
+from orchestrator.runtime.pool import Preparer
 from orchestrator.runtime.removal import Interrupted, remove_run
 from orchestrator.runtime.run import RunResult, collect_garbage, execute
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["BatchOwner", "run_batch", "worker_hash"]
 
 
-class BatchOwner(Protocol):
+class BatchOwner(Preparer, Protocol):
     """What a batch needs of its owner (an :class:`~orchestrator.Orchestrator`): the
     project, its engine, audit log and change store, and runs prepared, pooled and given
     their secrets."""
@@ -49,16 +50,6 @@ class BatchOwner(Protocol):
 
     @property
     def staging(self) -> StagingReader: ...
-
-    def prepare(
-        self,
-        worker: str | Worker,
-        *,
-        inputs: Sequence[str | os.PathLike[str]] = ...,
-        env: Mapping[str, str] | None = ...,
-        args: Sequence[str] = ...,
-        **options: Any,
-    ) -> Prepared: ...
 
     def secrets_for(self, prepared: Prepared) -> Mapping[str, str]: ...
 

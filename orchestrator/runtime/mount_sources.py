@@ -167,8 +167,9 @@ class MountSources:
         else:
             target.touch(mode=0o600)
         flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
+        held = os.fstatvfs(fd).f_flag
         for kept, flag in _KEPT.items():
-            if os.fstatvfs(fd).f_flag & kept:
+            if held & kept:
                 flags |= flag
         try:
             _mount(f"/proc/self/fd/{fd}", str(target), _MS_BIND | _MS_REC)

@@ -59,9 +59,8 @@ def _close_open_pools() -> None:
             pool.close()
 
 
-class PoolOwner(Protocol):
-    """What a pool needs of its owner (an :class:`~orchestrator.Orchestrator`): prepare a
-    run, open it idling, and hand one out as a session."""
+class Preparer(Protocol):
+    """Prepares runs of a worker (an :class:`~orchestrator.Orchestrator` does)."""
 
     def prepare(
         self,
@@ -72,6 +71,11 @@ class PoolOwner(Protocol):
         args: Sequence[str] = ...,
         **options: Any,
     ) -> Prepared: ...
+
+
+class PoolOwner(Preparer, Protocol):
+    """What a pool needs of its owner: prepare a run, open it idling, and hand one out as
+    a session."""
 
     def open_keep_alive(
         self, prepared: Prepared, *, keep_alive: bool = ..., gc: bool = ..., output: bool = ...
