@@ -38,6 +38,7 @@ lint: $(STAMP)
 PODMAN_TESTS := \
 	tests/integration/test_podman.py \
 	tests/integration/test_engine_contract.py \
+	tests/integration/test_backend_contract.py::test_the_fake_engine_runs_the_lifecycle_as_the_real_one_does \
 	tests/integration/test_lifecycle.py::test_exit_code_and_output_propagate \
 	tests/integration/test_lifecycle.py::test_command_not_found_is_127 \
 	tests/integration/test_lifecycle.py::test_timeout_exits_124_and_leaves_nothing \

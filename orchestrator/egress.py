@@ -7,7 +7,7 @@ environment that points their clients at it, the environment it takes and how a 
 allowlist becomes that environment, its limits, its health check and the line it logs for
 every decision, with the parser for those lines. Each engine renders it its own way
 (:mod:`orchestrator.docker.egress` as one shared container per allowlist,
-:mod:`orchestrator.swarm.egress` as a service of the run) and keeps its own API calls.
+:mod:`orchestrator.docker.swarm.egress` as a service of the run) and keeps its own API calls.
 
 The image cannot import this package; ``tests/unit/test_egress_contract.py`` checks that
 ``images/proxy`` reads and writes what is declared here. A proxy feature (a variable, a

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from orchestrator.audit import AuditLog
 from orchestrator.config import Project, Worker, load_project
-from orchestrator.errors import ConfigError, PolicyError
+from orchestrator.errors import ConfigError, OrchestratorError, PolicyError
 from orchestrator.plan import supervisor_for
 from orchestrator.prepare import Prepared, load_and_prepare, prepare
 from orchestrator.runtime.outbox import StagingReader
@@ -43,12 +43,14 @@ from orchestrator.runtime.run import (
     RunResult,
     execute,
 )
+from orchestrator.vocabulary import BACKENDS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from orchestrator.batch import BatchResult
     from orchestrator.clearance import ClearResult, Credential, Summary
+    from orchestrator.runtime.backend import Backend
     from orchestrator.runtime.engine import Engine
     from orchestrator.runtime.pool import WarmPool
     from orchestrator.runtime.session import Session
@@ -72,16 +74,30 @@ class Orchestrator:
     """Runs the workers of one project: :meth:`run` (one-shot) and :meth:`open_session`.
 
     ``project`` is a folder holding ``orchestrator.yaml`` or an already loaded project.
-    ``engine`` defaults to the Docker engine, connected on first use.
+    ``backend`` is where runs run, chosen once: ``"docker"`` (default: a container on the
+    Docker engine, connected on first use), ``"swarm"`` (a service on the swarm that engine
+    manages; one-shot runs and batches only), or a
+    :class:`~orchestrator.runtime.backend.Backend`. ``engine`` is a Docker-shaped engine
+    to run containers on instead of Docker's (Podman's, a test's).
     """
 
     def __init__(
-        self, project: Project | str | os.PathLike[str] = ".", *, engine: Engine | None = None
+        self,
+        project: Project | str | os.PathLike[str] = ".",
+        *,
+        engine: Engine | None = None,
+        backend: str | Backend = "docker",
     ) -> None:
+        if engine is not None and backend != "docker":
+            raise TypeError("give an engine or a backend, not both")
+        if isinstance(backend, str) and backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
         self.project = project if isinstance(project, Project) else load_project(Path(project))
         self.audit: AuditLog = open_audit(self.project)
         self.staging = StagingReader(self.project, self.audit)
         self._engine = engine
+        self._backend: Backend | None = None if isinstance(backend, str) else backend
+        self._backend_name = backend if isinstance(backend, str) else backend.name
 
     def close(self) -> None:
         """Release the audit log's descriptors (it reopens them if used again)."""
@@ -94,11 +110,35 @@ class Orchestrator:
         self.close()
 
     @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            from orchestrator.docker import DockerEngine
+    def backend(self) -> Backend:
+        """Where this orchestrator's runs run (connected on first use)."""
+        if self._backend is None:
+            if self._backend_name == "swarm":
+                from orchestrator.docker.swarm import SwarmBackend
 
-            self._engine = DockerEngine()
+                self._backend = SwarmBackend()
+            else:
+                from orchestrator.runtime.container import ContainerBackend
+
+                self._backend = ContainerBackend(self.engine)
+        return self._backend
+
+    @property
+    def engine(self) -> Engine:
+        """The container engine: the backend's, for sessions, pools and execs (Docker's
+        unless given)."""
+        if self._engine is None:
+            if self._backend is not None and self._backend.interactive is not None:
+                self._engine = self._backend.interactive
+            elif self._backend_name == "docker":
+                from orchestrator.docker import DockerEngine
+
+                self._engine = DockerEngine()
+            else:
+                raise OrchestratorError(
+                    f"the {self._backend_name} backend cannot hold a session, a warm pool or "
+                    "a child worker: use the docker backend (--engine docker)"
+                )
         return self._engine
 
     # -- declarations ---------------------------------------------------------------------
@@ -182,7 +222,7 @@ class Orchestrator:
         else:
             prepared = self.prepare(worker, inputs=inputs, env=env, args=args, **options)
         return execute(
-            self.engine,
+            self.backend,
             prepared,
             audit=self.audit,
             staging=self.staging,
@@ -232,11 +272,12 @@ class Orchestrator:
         not started, and its worker runs as the container's own process (``run_worker``).
         ``gc`` and ``output`` are :class:`Run`'s. On failure everything it made is removed
         before raising."""
+        self.engine  # noqa: B018 - refused here when the backend cannot hold a run idling
         if keep_alive and prepared.spec.supervisor_user is None:  # no outbox: still idling
             spec = replace(prepared.spec, supervisor_user=supervisor_for(prepared.uid))
             prepared = replace(prepared, spec=spec)
         run = Run(
-            self.engine,
+            self.backend,
             prepared,
             audit=self.audit,
             staging=self.staging,

@@ -1,4 +1,4 @@
-"""The words a person reads and writes, spelled once: trust levels and approvals.
+"""The words a person reads and writes, spelled once: trust levels, approvals, backends.
 
 A leaf (imports nothing of the package, nor pydantic), so that the command line's option
 lists are built from here without loading the configuration models, which re-export
@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-__all__ = ["PRE_APPROVED", "TOOL_PRE_APPROVED", "TRUST_ORDER", "Approval", "Trust"]
+__all__ = [
+    "BACKENDS",
+    "PRE_APPROVED",
+    "TOOL_PRE_APPROVED",
+    "TRUST_ORDER",
+    "Approval",
+    "BackendName",
+    "Trust",
+]
 
 Trust = Literal["untrusted", "session", "workspace", "full"]
 #: Trust levels from least to most access: every ``--trust`` choice list is built from it.
@@ -29,3 +37,7 @@ PRE_APPROVED: Final = "preApproved"
 #: Tool-protocol vocabulary (a :class:`~orchestrator.tools.approval.Decision`'s status, in
 #: MCP answers): the call may go ahead without asking anyone.
 TOOL_PRE_APPROVED: Final = "pre_approved"
+
+BackendName = Literal["docker", "swarm"]
+#: Where runs run (``--engine``): a container on this engine, or a service on its swarm.
+BACKENDS: tuple[BackendName, ...] = ("docker", "swarm")

@@ -18,7 +18,7 @@ from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.prepare.inputs import shown
 from orchestrator.runtime.pool import Preparer
-from orchestrator.runtime.removal import Interrupted, remove_run
+from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.run import RunResult, collect_garbage, execute
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.audit import AuditLog
     from orchestrator.config import Project, Worker
     from orchestrator.prepare import Prepared
-    from orchestrator.runtime.engine import Engine
+    from orchestrator.runtime.backend import Backend
     from orchestrator.runtime.outbox import StagingReader
     from orchestrator.runtime.pool import WarmPool
 
@@ -36,14 +36,14 @@ __all__ = ["BatchOwner", "run_batch", "worker_hash"]
 
 class BatchOwner(Preparer, Protocol):
     """What a batch needs of its owner (an :class:`~orchestrator.Orchestrator`): the
-    project, its engine, audit log and change store, and runs prepared, pooled and given
+    project, its backend, audit log and change store, and runs prepared, pooled and given
     their secrets."""
 
     @property
     def project(self) -> Project: ...
 
     @property
-    def engine(self) -> Engine: ...
+    def backend(self) -> Backend: ...
 
     @property
     def audit(self) -> AuditLog: ...
@@ -76,8 +76,8 @@ def run_batch(
     **options: Any,
 ) -> BatchResult:
     """See :meth:`orchestrator.Orchestrator.batch`. ``run_one`` runs one input (default:
-    a Docker container, pooled or cold) and ``cancel(run_id)`` removes a running one
-    (default: its Docker container): another engine gives both (``--engine swarm``)."""
+    a run on the owner's backend, pooled when it can hold runs idling, else cold) and
+    ``cancel(run_id)`` removes a running one (default: the backend's)."""
     if concurrency < 1:
         raise ConfigError([f"--concurrency {concurrency}: use 1 or more"])
     first = orch.prepare(worker, **options)  # refused here, before anything is made
@@ -130,7 +130,7 @@ def run_batch(
                 folder,
                 todo,
                 one,
-                cancel or (lambda run_id: remove_run(orch.engine, run_id)),
+                cancel or orch.backend.cancel,
                 worker_hash=digest,
                 staging=staging,
                 concurrency=concurrency,
@@ -288,7 +288,7 @@ def _cold(orch: BatchOwner, worker: str | Worker, options: dict[str, Any]) -> Ru
         prepared = orch.prepare(worker, inputs=[item.path], **options)
         started(prepared.spec.run_id)
         return execute(
-            orch.engine,
+            orch.backend,
             prepared,
             audit=orch.audit,
             staging=staging,
@@ -309,13 +309,15 @@ def _pool(
 ) -> WarmPool | None:
     if run_one is not None or use_pool is False or not todo or options.get("session_id"):
         return None
+    if orch.backend.interactive is None:
+        return None  # a backend that cannot hold a run idling: cold starts
     if importlib.util.find_spec("orchestrator.runtime.inputs") is None:
         return None  # inputs cannot be placed into a pooled run: cold starts
     # What dead owners left is removed once here, not as each run opens; no run is opened
     # beyond the inputs; a worker without an outbox runs as its container's own process
     # (create ahead; then start, wait, remove: no idling supervisor, no execs), and its
     # output, which a batch keeps none of, is not attached to.
-    collect_garbage(orch.engine, orch.audit)
+    collect_garbage(orch.backend, orch.audit)
     return orch.pool(
         worker,
         size=max(1, min(concurrency, len(todo))),

@@ -27,6 +27,7 @@ from orchestrator.cli.options import (
     timeout_seconds,
     worker_options,
 )
+from orchestrator.vocabulary import BACKENDS
 
 
 @click.command(cls=WorkerCommand)
@@ -55,7 +56,7 @@ from orchestrator.cli.options import (
 @click.option(
     "--engine",
     "engine_name",
-    type=click.Choice(["docker", "swarm"]),
+    type=click.Choice(BACKENDS),
     default="docker",
     show_default=True,
     help="swarm: each input a replicated-job service on the swarm (docs/scale-out.md).",
@@ -82,7 +83,7 @@ def batch(
 
     if not inputs and resume is None:
         raise click.UsageError("give --inputs PATH|GLOB (or --resume ID)")
-    orch = Orchestrator(project_dir)
+    orch = Orchestrator(project_dir, backend=engine_name)
     show = _JsonLines() if as_json else _Live() if sys.stderr.isatty() else _Plain()
     options: dict[str, Any] = {"trust": trust, "promote": promote, "workspace": workspace}
     if env:
@@ -92,14 +93,7 @@ def batch(
     if timeout is not None:
         options["timeout"] = timeout
     with signals_interrupt(), show:
-        run_batch: Any = orch.batch
-        if engine_name == "swarm":
-            from functools import partial
-
-            from orchestrator.swarm import batch_on_swarm
-
-            run_batch = partial(batch_on_swarm, orch)
-        result = run_batch(
+        result = orch.batch(
             worker,
             list(inputs),
             concurrency=concurrency,

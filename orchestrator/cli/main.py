@@ -39,6 +39,7 @@ from orchestrator.cli.session import session as session_group
 from orchestrator.cli.staged import staged as staged_group
 from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
 from orchestrator.exits import Exit, signalled
+from orchestrator.vocabulary import BACKENDS
 
 if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec, Mount
@@ -51,7 +52,7 @@ json_option = json_flag()
 engine_option = click.option(
     "--engine",
     "engine_name",
-    type=click.Choice(["docker", "swarm"]),
+    type=click.Choice(BACKENDS),
     default="docker",
     show_default=True,
     help="docker: a container on this engine; swarm: a replicated-job service on the swarm "
@@ -175,17 +176,9 @@ def plan(
 def _swarm_plan(prepared: Prepared) -> dict[str, Any]:
     """What ``--engine swarm`` would make of the plan: its service name, a refusal, and
     what the service does not enforce (pure: touches no engine)."""
-    from orchestrator.swarm import render
+    from orchestrator.docker.swarm import SwarmBackend
 
-    spec = prepared.spec
-    refused = render.refusal(spec)
-    if refused is None and prepared.grant.children:
-        refused = "child workers: no broker on a swarm yet"
-    return {
-        "service": render.service_name(spec),
-        "refused": refused,
-        "not_enforced": render.not_enforced(spec),
-    }
+    return SwarmBackend.plan_facts(prepared)
 
 
 @cli.command(cls=WorkerCommand)
@@ -202,7 +195,7 @@ def run(worker: str, as_json: bool, project_dir: Path, engine_name: str, **optio
     from orchestrator.runner import Orchestrator
     from orchestrator.runtime import Interrupted
 
-    orch = Orchestrator(project_dir)
+    orch = Orchestrator(project_dir, backend=engine_name)
     prepared = orch.prepare(worker, **options)
     spec = prepared.spec
     zones = ", ".join(f"{m.target} {'ro' if m.read_only else 'rw'}" for m in spec.mounts)
@@ -221,12 +214,7 @@ def run(worker: str, as_json: bool, project_dir: Path, engine_name: str, **optio
     output = WorkerOutput(worker_stdout, sys.stderr.buffer)
     try:
         with signals_interrupt():
-            if engine_name == "swarm":
-                from orchestrator.swarm import run_on_swarm
-
-                result = run_on_swarm(orch, prepared, on_output=output.write)
-            else:
-                result = orch.run(prepared, on_output=output.write)
+            result = orch.run(prepared, on_output=output.write)
     except Interrupted as exc:
         output.close()
         fail([f"run {spec.run_id}: interrupted; container removed"], exc, signalled(exc.signum))
@@ -334,8 +322,8 @@ def gc(
 
 def _collect_swarm(everything: bool) -> Any:
     """The swarm's services, networks and secrets of dead owners (when it is a manager)."""
-    from orchestrator.swarm import SwarmEngine
-    from orchestrator.swarm import collect as collect_swarm
+    from orchestrator.docker.swarm import SwarmEngine
+    from orchestrator.docker.swarm import collect as collect_swarm
 
     return collect_swarm(SwarmEngine(), everything=everything)
 

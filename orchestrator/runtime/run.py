@@ -1,55 +1,48 @@
-"""One run's container, in steps: open → exec → collect → close.
+"""One run, in steps: open → run the worker (or a session's execs) → collect → close.
 
-:class:`Run` is the lifecycle both one-shot runs and sessions use. ``open`` checks and
-creates everything the plan names (folders, network, broker, secrets, the container) and
-records the start in the audit log before the container exists; ``run_worker`` runs the
-worker's own command (a one-shot run), while a session execs commands of its own choosing;
-``collect`` reads the outbox once the worker's processes are gone; ``close`` removes the
-container, turns ``ask`` zone copies into change sets, reads the proxy's decisions and
-records the end. The container is removed whatever happens: success, the worker's failure,
-a timeout, Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of
-an orchestrator that could not even get that far (SIGKILL) are found by their owner labels
-and removed by :func:`orchestrator.runtime.gc.collect`.
+:class:`Run` is the one lifecycle of every run, one-shot or session, on every backend
+(:mod:`orchestrator.runtime.backend`: a container on Docker or Podman, a swarm service).
+``open`` checks and makes everything on the host the plan names (folders, inputs, the
+worker's access, broker, secrets, held mount sources), records the start in the audit log
+and has the backend create the container; ``run_worker`` runs the worker's own command (a
+one-shot run), while a session execs commands of its own choosing; ``collect`` reads the
+outbox once the worker's processes are gone; ``close`` removes what the backend made,
+turns ``ask`` zone copies into change sets, reads the proxy's decisions and records the
+end. The container is removed whatever happens: success, the worker's failure, a timeout,
+Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of an
+orchestrator that could not even get that far (SIGKILL) are found by their owner labels
+and removed by ``orchestrator gc``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Any, Protocol
 
 from orchestrator.audit import AuditLog
-from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
-from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
+from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.hostfs.paths import PathRefused
-from orchestrator.plan import RESERVED_ENV, ContainerSpec
+from orchestrator.plan import RESERVED_ENV, SECRETS_DIR, ContainerSpec, Mount
 from orchestrator.prepare import Prepared
 from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
+from orchestrator.runtime.backend import Backend, Launch, Outcome, OutputSink, Status, Tail
 from orchestrator.runtime.broker import Broker
-from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
-from orchestrator.runtime.gc import collect
+from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
+from orchestrator.runtime.engine import EgressDecision, Engine, Stream
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
 from orchestrator.runtime.preparation import path_violations, prepare_filesystem
-from orchestrator.runtime.removal import Interrupted, remove_container, remove_run
+from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
-from orchestrator.runtime.setid import SetidSweep, refuse_setid, walk_needed
-from orchestrator.runtime.supervised import (
-    KILL_ALL,
-    TOOL_ENV,
-    drain,
-    oom_killed,
-    read_outbox,
-    run_worker_exec,
-)
+from orchestrator.runtime.setid import SetidSweep, refuse_setid
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +51,24 @@ DEFAULT_IDLE_TIMEOUT = 15 * 60.0
 #: ... and after this long in any case.
 DEFAULT_MAX_LIFETIME = 8 * 3600.0
 
-Status = Literal["exited", "timeout", "oom", "error", "interrupted", "closed", "unused"]
-OutputSink = Callable[[Stream, bytes], None]
+__all__ = [
+    "Interrupted",
+    "OutputSink",
+    "Run",
+    "RunResult",
+    "Staging",
+    "Status",
+    "as_backend",
+    "collect_garbage",
+    "execute",
+]
 
-TAIL_BYTES = 64 << 10
 
-__all__ = ["Interrupted", "Run", "RunResult", "Staging", "collect_garbage", "execute"]
+def as_backend(target: Backend | Engine) -> Backend:
+    """A backend as given, or a Docker-shaped engine as the container backend over it."""
+    if hasattr(target, "launch"):
+        return target  # type: ignore[return-value]
+    return ContainerBackend(target)
 
 
 class Staging(Protocol):
@@ -107,26 +112,8 @@ class RunResult:
         return data
 
 
-class Tail:
-    """The last ``limit`` bytes of a stream."""
-
-    def __init__(self, limit: int = TAIL_BYTES) -> None:
-        self.limit = limit
-        self.buffer = bytearray()
-        self.truncated = False
-
-    def add(self, chunk: bytes) -> None:
-        self.buffer += chunk
-        if len(self.buffer) > self.limit:
-            del self.buffer[: len(self.buffer) - self.limit]
-            self.truncated = True
-
-    def text(self) -> str:
-        return self.buffer.decode("utf-8", errors="replace")
-
-
 def execute(
-    engine: Engine,
+    backend: Backend | Engine,
     prepared: Prepared,
     *,
     audit: AuditLog,
@@ -141,10 +128,11 @@ def execute(
     created, so a run that cannot be audited never starts; the end is recorded after the
     container is gone. ``secrets`` holds resolved values by name; the grant decides which of
     them this run gets, and every value is redacted from output, errors and the audit log.
-    Library users go through :class:`orchestrator.Orchestrator`, which wires all of this.
+    ``backend`` is where it runs (an engine: a container on it). Library users go through
+    :class:`orchestrator.Orchestrator`, which wires all of this.
     """
     run = Run(
-        engine,
+        backend,
         prepared,
         audit=audit,
         staging=staging,
@@ -163,12 +151,12 @@ def execute(
 
 
 class Run:
-    """One container's life in steps: :meth:`open`, then :meth:`run_worker` or a session's
-    own execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice."""
+    """One run's life in steps: :meth:`open`, then :meth:`run_worker` or a session's own
+    execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice."""
 
     def __init__(
         self,
-        engine: Engine,
+        backend: Backend | Engine,
         prepared: Prepared,
         *,
         audit: AuditLog,
@@ -179,7 +167,7 @@ class Run:
         gc: bool = True,
         output: bool = True,
     ) -> None:
-        self.engine = engine
+        self.backend = as_backend(backend)
         self.prepared = prepared
         self.spec = prepared.spec
         self.audit = audit
@@ -193,27 +181,44 @@ class Run:
         self.output = output
         """Whether the worker's output is read (False: no attach, empty stdout and stderr,
         unless ``on_output`` wants it; a batch keeps none of it)."""
-        self.container_id: str | None = None
-        self.outcome = _Outcome()
+        self.outcome = Outcome()
         self.tails: dict[Stream, Tail] = {"stdout": Tail(), "stderr": Tail()}
         self.result: RunResult | None = None
+        self.launch: Launch | None = None
+        """What the backend made for this run (from :meth:`open` on)."""
+        self._created = False
         self._broker: Broker | None = None
         self._stack = ExitStack()
         self._started = time.monotonic()
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
         self._opened = False
         self._collected = False
-        self._worker_gone = False
-        self._reader: threading.Thread | None = None
         self.inputs: list[InputInfo] = []
         """The inputs placed at /inputs (name, sha256, size, kind, source)."""
         self._access: WorkerAccess | None = None
-        self._network: ManagedObject | None = None
-        """The run's own network (an allowlist's), removed when the run closes."""
         self.sources = MountSources(self.spec.run_id, pin=False)
         """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
         self._pin = False
         self._setid: SetidSweep | None = None
+
+    # -- the interactive capability (sessions, the warm pool) -----------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The engine holding this run's container, for execs into it (a session's)."""
+        engine = self.backend.interactive
+        if engine is None:
+            raise OrchestratorError(
+                f"the {self.backend.name} backend cannot exec into a run: sessions, warm "
+                "pools and child workers need --engine docker"
+            )
+        return engine
+
+    @property
+    def container_id(self) -> str | None:
+        """The run's container once created (a container backend's), else None."""
+        launch = self.launch
+        return launch.container_id if isinstance(launch, ContainerLaunch) else None
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -236,7 +241,7 @@ class Run:
     # -- steps ----------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Check and create what the plan names, record the start, create the container.
+        """Check and make what the plan names, record the start, create the container.
 
         A keep-alive container is also started; any other waits for :meth:`run_worker`,
         which attaches to its output first.
@@ -244,28 +249,28 @@ class Run:
         if self._opened:
             raise RuntimeError("a Run is opened once")
         self._opened = True
-        engine, spec, prepared = self.engine, self.spec, self.prepared
-        try:  # before anything exists: an engine without the plan's runtime runs nothing
-            runtime = engine.runtime_for(spec)
+        backend, spec, prepared = self.backend, self.spec, self.prepared
+        try:  # before anything exists: what this backend cannot run, runs nothing
+            facts = backend.check(prepared)
         except OrchestratorError as exc:
             self.outcome.error = str(exc)
             raise
         for value in self.values.values():
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
-        self._pin = os.geteuid() == 0 and bool(spec.mounts) and engine.pins_mounts()
-        if walk_needed(spec, pinned=self._pin):
-            why = "the plan has no no-new-privileges and its mounts are not nosuid"
+        self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
+        if why := backend.setid_refusal(spec, pinned=self._pin):
             refuse_setid(prepared, why=why)
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
         if self.gc:
-            collect_garbage(engine, self.audit)
-        if spec.network.mode != "none":
-            self._network = engine.prepare_network(spec)
+            collect_garbage(backend, self.audit)
+        self.launch = backend.launch(prepared, output=self.output, keep_alive=self.keeps_alive)
+        self.launch.prepare()
         metadata = start_metadata(prepared, self.depth)
         metadata["inputs"] = [info.to_dict() for info in self.inputs]
-        metadata["runtime"] = runtime
+        metadata["engine"] = backend.name
+        metadata.update(facts)
         metadata["pinned_mounts"] = self._pin
         self.audit.record("run.started", **run_context(spec), metadata=metadata)
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
@@ -286,23 +291,27 @@ class Run:
             self._setid = SetidSweep(prepared)
             self._setid.before()  # after the grant: what it changed is put back after ours
             if prepared.grant.children:
+                self.engine  # noqa: B018 - a backend without execs has no broker
                 self._broker = Broker(
                     prepared,
                     depth=self.depth,
                     run_child=self._run_child,
-                    cancel_child=lambda run_id: remove_run(engine, run_id),
+                    cancel_child=backend.cancel,
                     audit=self.audit,
                 )
                 self._broker.start()
-            self._stack.enter_context(
-                delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
-            )
+            if backend.secret_files:
+                self._stack.enter_context(
+                    delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
+                )
             self._hold_sources()  # last: every source exists now (the secrets folder too)
-            self.container_id = engine.create(self._engine_spec())
+            self._created = True
             self.outcome.removed = False
-            if self.keeps_alive:
-                engine.start(self.container_id)
-                self._check_sources("once its container started")
+            self.launch.create(
+                self._engine_spec(),
+                {} if backend.secret_files else self.values,
+                started=lambda: self._check_sources("once its container started"),
+            )
         except Interrupted as exc:
             self.outcome.interrupted(exc)
             raise
@@ -312,8 +321,9 @@ class Run:
 
     def _hold_sources(self) -> None:
         """Open every mount source without following links (pinning them when the engine
-        sees this process's mounts): what was checked is what the container gets."""
-        sources = [(m.source, m.read_only) for m in self.spec.mounts]
+        sees this process's mounts): what was checked is what the container gets. (The
+        secrets folder only when the backend delivers secrets as its files.)"""
+        sources = [(m.source, m.read_only) for m in self._bound()]
         self.sources = MountSources(self.spec.run_id, pin=self._pin)
         try:
             try:
@@ -328,9 +338,19 @@ class Run:
         except OSError as exc:
             raise OrchestratorError(f"could not hold the run's mount sources: {exc}") from None
 
+    def _bound(self) -> list[Mount]:
+        """The plan's bind mounts whose host folders the backend mounts."""
+        if self.backend.secret_files:
+            return list(self.spec.mounts)
+        return [m for m in self.spec.mounts if m.target != SECRETS_DIR]
+
     def _engine_spec(self) -> ContainerSpec:
-        """The plan as the engine gets it: each bind mount from its held (pinned) source."""
-        mounts = [replace(m, source=self.sources.source(m.source)) for m in self.spec.mounts]
+        """The plan as the backend gets it: each bind mount from its held (pinned) source."""
+        held = {m.source for m in self._bound()}
+        mounts = [
+            replace(m, source=self.sources.source(m.source)) if m.source in held else m
+            for m in self.spec.mounts
+        ]
         return replace(self.spec, mounts=mounts)
 
     def _check_sources(self, when: str) -> None:
@@ -360,7 +380,7 @@ class Run:
     def place_inputs(self, inputs: Sequence[InputSpec | str | os.PathLike[str]]) -> None:
         """Place inputs in an opened run's /inputs before its worker starts (a run opened
         ahead of need, whose plan has an inputs folder); recorded as ``run.inputs``."""
-        if self.container_id is None:
+        if not self._created:
             raise RuntimeError("open() the run first")
         placed = place_inputs(self.prepared, inputs)
         self.inputs += placed
@@ -379,7 +399,7 @@ class Run:
         from its plan (``prepare(env=..., args=...)``) instead; a container whose worker is
         its own process cannot take them here.
         """
-        if self.container_id is None:
+        if not self._created or self.launch is None:
             raise RuntimeError("open() the run first")
         if (env or args) and not self.keeps_alive:
             raise OrchestratorError(
@@ -393,10 +413,14 @@ class Run:
             )
         sink = self._sink()
         try:
-            if self.keeps_alive:
-                self._worker_by_exec(sink, env or {}, args)
-            else:
-                self._worker_as_main_process(sink)
+            self.launch.run_worker(
+                self.outcome,
+                self.tails,
+                sink,
+                env=env or {},
+                args=args,
+                started=lambda: self._check_sources("once its container started"),
+            )
         except Interrupted as exc:
             self.outcome.interrupted(exc)
             raise
@@ -409,22 +433,12 @@ class Run:
 
     def collect(self) -> None:
         """Read the outbox (hostile data) once every process of the worker's user is gone."""
-        if self._collected or self.container_id is None or not self.keeps_alive:
+        if self._collected or not self._created or self.launch is None:
             return
         self._collected = True
         if self.staging is None or self.spec.outbox is None:
             return
-        try:
-            if not self._worker_gone:
-                user = self.spec.user
-                drain(self.engine.exec(self.container_id, KILL_ALL, user=user, env=TOOL_ENV))
-                self._worker_gone = True
-            self.outcome.collected = read_outbox(
-                self.engine, self.container_id, self.spec, self.staging.outbox
-            )
-        except ContainerStopped:  # its tmpfs went with it
-            lost = "its outbox was lost with its container, which had stopped"
-            self.outcome.error = f"{self.outcome.error}; {lost}" if self.outcome.error else lost
+        self.launch.collect(self.outcome, self.staging)
 
     def close(self, *, failed: bool = False) -> RunResult:
         """Remove the container and everything of this run; record the end. Never skipped:
@@ -433,10 +447,9 @@ class Run:
             return self.result
         spec = self.spec
         try:
-            if self.container_id is not None:
-                self.outcome.removed = remove_container(self.engine, self.container_id)
-            if self._reader is not None:
-                self._reader.join(timeout=5)
+            launch = self.launch
+            if launch is not None and self._created:
+                self.outcome.removed = launch.remove()
             if self._broker is not None:
                 self._broker.close(cancel=failed)
             self._stack.close()  # secrets
@@ -444,9 +457,9 @@ class Run:
             self._strip_setid()
             self._release_access()
             asked = self.staging.zones(self.prepared) if self.staging is not None else []
-            egress = _egress_decisions(self.engine, spec, self._wall_start, self.audit)
-            _release_network(self.engine, self._network)
-            self._network = None
+            egress = self._egress_decisions()
+            if launch is not None:
+                launch.release()
             violations = self._after_run_violations()
             tails = self.tails
             self.result = RunResult(
@@ -479,6 +492,7 @@ class Run:
                         "status": self.result.status,
                         "duration_s": self.result.duration_s,
                         "container_removed": self.result.container_removed,
+                        **(launch.ended() if launch is not None else {}),
                     },
                 )
             return self.result
@@ -491,6 +505,17 @@ class Run:
             remove_run_dir(self.prepared.paths.run_dir)
             if self.prepared.fresh_session and self.depth == 0:
                 remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
+
+    def _egress_decisions(self) -> list[dict[str, Any]]:
+        """The proxy's decisions on this run, into the audit log and the result."""
+        if self.spec.network.mode != "allowlist" or self.launch is None:
+            return []
+        try:
+            found = self.launch.decisions(self._wall_start)
+        except OrchestratorError as exc:
+            log.warning("could not read the egress proxy's decisions: %s", exc)
+            return []
+        return audit_decisions(found, self.spec, self.audit)
 
     def _strip_setid(self) -> None:
         """Strip the set-id bits the run left in its writable folders, each audited
@@ -526,80 +551,9 @@ class Run:
             return RedactingSink(self.on_output, self.values)
         return self.on_output
 
-    def _worker_as_main_process(self, sink: OutputSink | None) -> None:
-        """attach → start → wait: the worker is the container's own process."""
-        engine, spec, outcome = self.engine, self.spec, self.outcome
-        assert self.container_id is not None
-        # Joined in close(), once the container is gone and its output has surely ended.
-        if self.output or sink is not None:
-            self._reader = _start_reader(engine.attach(self.container_id), self.tails, sink)
-        try:
-            engine.start(self.container_id)
-        except StartFailure as exc:  # the worker's command cannot run: its failure
-            outcome.status, outcome.exit_code, outcome.error = "error", exc.code, str(exc)
-            return
-        except EngineError as exc:
-            outcome.error = str(exc)
-            raise
-        self._check_sources("once its container started")
-        code = engine.wait(self.container_id, timeout=spec.limits.timeout_s)
-        if code is None:
-            engine.kill(self.container_id)
-            outcome.timed_out(spec)
-        elif engine.exit_state(self.container_id).oom_killed:
-            outcome.oom(spec)
-        else:
-            outcome.status, outcome.exit_code = "exited", code
-
-    def _worker_by_exec(
-        self, sink: OutputSink | None, env: Mapping[str, str], args: Sequence[str]
-    ) -> None:
-        """The worker by exec (see :mod:`orchestrator.runtime.supervised`)."""
-        engine, spec, outcome, tails = self.engine, self.spec, self.outcome, self.tails
-        assert self.container_id is not None
-        try:
-            code, timed_out = run_worker_exec(
-                engine,
-                self.container_id,
-                spec,
-                lambda frames: _pump(frames, tails, sink),
-                env=env,
-                args=args,
-            )
-        except StartFailure as exc:  # the worker's command cannot run: its failure
-            outcome.status, outcome.exit_code, outcome.error = "error", exc.code, str(exc)
-            self._worker_gone = True  # run_worker_exec killed every process of the worker
-            return
-        stopped = code is None and not timed_out
-        if code is not None and code >= 128 and not timed_out and spec.isolation == "gvisor":
-            # runsc may report the sandbox's death as the exec's own end (128 and up)
-            # before the engine has seen the container stop.
-            stopped = engine.wait(self.container_id, timeout=3) is not None
-        if stopped:
-            # The container itself stopped under the worker (a gVisor sandbox at its memory
-            # limit dies as a whole; runc kills only the biggest process). The engine may
-            # not have recorded how yet: wait for it before reading its state.
-            engine.wait(self.container_id, timeout=10)
-        if stopped and engine.exit_state(self.container_id).oom_killed:
-            outcome.oom(spec)
-        elif timed_out:
-            outcome.timed_out(spec)
-        elif code == Exit.OOM and oom_killed(
-            engine, self.container_id, spec.supervisor_user or spec.user
-        ):
-            outcome.oom(spec)
-        elif code and spec.isolation == "gvisor" and engine.memory_peaked(self.container_id):
-            # gVisor keeps a sandbox within its limit by failing allocations (ENOMEM: a
-            # MemoryError, a failed malloc) rather than by a kill: a worker that failed
-            # once its sandbox had reached the limit ran out of memory.
-            outcome.oom(spec, killed=False)
-        else:
-            outcome.status, outcome.exit_code = "exited", code if code is not None else Exit.ERROR
-        self._worker_gone = True  # run_worker_exec killed every process of the worker
-
     def _run_child(self, child: Prepared, depth: int) -> RunResult:
         return execute(
-            self.engine,
+            self.backend,
             child,
             audit=self.audit,
             depth=depth,
@@ -608,10 +562,10 @@ class Run:
         )
 
 
-def collect_garbage(engine: Engine, audit: AuditLog) -> None:
-    """Remove what dead owners left (:func:`~orchestrator.runtime.gc.collect`), audited."""
-    for obj in collect(engine).removed:
-        audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
+def collect_garbage(backend: Backend | Engine, audit: AuditLog) -> None:
+    """Remove what dead owners left on ``backend``, each audited as ``gc.removed``."""
+    for kind, name in as_backend(backend).collect_garbage():
+        audit.record("gc.removed", metadata={"kind": kind, "name": name})
 
 
 def after_run_violations(prepared: Prepared, audit: AuditLog) -> list[str]:
@@ -629,20 +583,6 @@ def after_run_violations(prepared: Prepared, audit: AuditLog) -> list[str]:
             metadata={"when": "after the run"},
         )
     return found
-
-
-def _egress_decisions(
-    engine: Engine, spec: ContainerSpec, since: datetime, audit: AuditLog | None
-) -> list[dict[str, Any]]:
-    """Collect the proxy's decisions after the run, into the audit log and the result."""
-    if spec.network.mode != "allowlist":
-        return []
-    try:
-        found = engine.network_decisions(spec, since)
-    except OrchestratorError as exc:
-        log.warning("could not read the egress proxy's decisions: %s", exc)
-        return []
-    return audit_decisions(found, spec, audit)
 
 
 def audit_decisions(
@@ -663,16 +603,6 @@ def audit_decisions(
     return rows
 
 
-def _release_network(engine: Engine, network: ManagedObject | None) -> None:
-    """Remove the run's own network (never raises: gc removes it if this fails)."""
-    if network is None:
-        return
-    try:
-        engine.remove_object(network)
-    except OrchestratorError as exc:
-        log.warning("could not remove the run's network %s: %s", network.name, exc)
-
-
 def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str, str]:
     missing = [name for name in prepared.grant.secrets if name not in secrets]
     if missing:
@@ -681,32 +611,6 @@ def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str
             "check the project's credentials"
         )
     return {name: secrets[name] for name in prepared.grant.secrets}
-
-
-@dataclass
-class _Outcome:
-    status: Status = "error"
-    exit_code: int = Exit.ERROR
-    error: str | None = None
-    removed: bool = True
-    collected: Any = None
-
-    def timed_out(self, spec: ContainerSpec) -> None:
-        self.status, self.exit_code = "timeout", Exit.TIMEOUT
-        self.error = timed_out(spec.limits.timeout_s)
-
-    def oom(self, spec: ContainerSpec, *, killed: bool = True) -> None:
-        self.status, self.exit_code = "oom", Exit.OOM
-        self.error = (
-            killed_for_memory(spec.limits.memory)
-            if killed
-            else f"ran out of memory at its limit ({spec.limits.memory} bytes): the sandbox "
-            "refused its allocations"
-        )
-
-    def interrupted(self, exc: Interrupted) -> None:
-        self.status, self.exit_code = "interrupted", signalled(exc.signum)
-        self.error = str(exc)
 
 
 def run_context(spec: ContainerSpec) -> dict[str, Any]:
@@ -738,24 +642,3 @@ def start_metadata(prepared: Prepared, depth: int) -> dict[str, Any]:
         "depth": depth,
         "env": sorted(spec.env),  # names only: values may be sensitive
     }
-
-
-def _pump(
-    frames: Iterator[tuple[Stream, bytes]], tails: dict[Stream, Tail], on_output: OutputSink | None
-) -> None:
-    sink = on_output
-    for stream, chunk in frames:
-        tails[stream].add(chunk)
-        if sink is not None:
-            try:
-                sink(stream, chunk)
-            except OSError:  # the terminal went away: keep capturing, stop echoing
-                sink = None
-
-
-def _start_reader(
-    frames: Iterator[tuple[Stream, bytes]], tails: dict[Stream, Tail], on_output: OutputSink | None
-) -> threading.Thread:
-    thread = threading.Thread(target=_pump, args=(frames, tails, on_output), daemon=True)
-    thread.start()
-    return thread

@@ -246,7 +246,7 @@ def swarm(engine):
     default bridge's gateway address, and at the end ``docker swarm leave --force`` and the
     ``docker_gwbridge`` its services caused removed (the swarm's networks are compared
     before and after). An engine already in a swarm is used and left as it is."""
-    from orchestrator.swarm import SwarmEngine
+    from orchestrator.docker.swarm import SwarmEngine
 
     state = swarm_docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
     made = state == "inactive"

@@ -153,14 +153,20 @@ def _remove_test_objects(engine, web_ids, keys):
             eg_gc.remove_egress(engine, key)
 
 
-@pytest.fixture(scope="module")
-def internet(engine):
-    """Build the images, start the test servers; remove everything at the end."""
+def build_test_images(engine) -> None:
+    """The proxy and the test web server's images (the engine's build cache makes a
+    second build cheap), so that a test needing them does not rely on an earlier one."""
     base = f"{BASE_REPOSITORY}:{host_suite()}"
     if not engine.image_exists(base):  # the engine fixture's build_all makes it
         pytest.fail(f"base image {base} missing")
     eg.build_proxy_image(engine, base)
     build_image(engine, "testweb", TESTWEB_IMAGE, base, lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def internet(engine):
+    """Build the images, start the test servers; remove everything at the end."""
+    build_test_images(engine)
     keys: set[str] = set()
     web_ids: list[str] = []
     try:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_project, load_worker
+from orchestrator.docker.swarm.engine import SWARM
 from orchestrator.prepare import prepare
 from orchestrator.runtime import execute, open_audit
-from orchestrator.swarm.engine import SWARM
 from tests.integration.conftest import cli, script_worker, unavailable
 from tests.integration.conftest import swarm_docker as _docker
 

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
+from orchestrator.docker.swarm import SwarmBackend
+from orchestrator.docker.swarm.engine import SWARM
 from orchestrator.runner import Orchestrator
-from orchestrator.swarm import run_on_swarm
-from orchestrator.swarm.engine import SWARM
 from tests.integration.conftest import batch_of_docs, batch_summary, cli, script_worker
 from tests.integration.conftest import swarm_docker as _docker
 from tests.integration.conftest import swarm_gone as _gone
@@ -116,8 +116,8 @@ def test_hardening_holds_inside_the_task(swarm_project):
         """,
         "sandbox: {}\nresources: {memory: 96m, pids: 48, tmp: 8m}",
     )
-    with Orchestrator(swarm_project.root) as orch:
-        result = run_on_swarm(orch, orch.prepare("w"))
+    with Orchestrator(swarm_project.root, backend="swarm") as orch:
+        result = orch.run("w")
     out = result.stdout
     uid, gid = swarm_project.identity
     assert result.exit_code == 0, (out, result.stderr, result.error)
@@ -159,8 +159,8 @@ def test_network_none_has_no_route_out(swarm_project):
         """,
     )
     try:
-        with Orchestrator(swarm_project.root) as orch:
-            result = run_on_swarm(orch, orch.prepare("w"))
+        with Orchestrator(swarm_project.root, backend="swarm") as orch:
+            result = orch.run("w")
     finally:
         with contextlib.suppress(OSError):
             server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
@@ -193,8 +193,8 @@ def test_a_secret_is_a_swarm_secret_file_never_env_and_removed_after(swarm, proj
     )
     os.environ["API_TOKEN"] = TOKEN
     try:
-        with Orchestrator(project.root) as orch:
-            result = run_on_swarm(orch, orch.prepare("w"))
+        with Orchestrator(project.root, backend="swarm") as orch:
+            result = orch.run("w")
     finally:
         del os.environ["API_TOKEN"]
     assert result.exit_code == 0, (result.stdout, result.stderr, result.error)
@@ -268,8 +268,15 @@ def test_a_sigkilled_run_leaves_a_service_that_gc_removes(swarm, project):
     assert not left  # its task's container went with it
 
 
-def test_an_allowlist_reaches_the_listed_host_through_the_proxy_only(swarm, swarm_project):
-    from tests.integration.test_egress import TESTWEB_IMAGE, last_json, probe_script
+def test_an_allowlist_reaches_the_listed_host_through_the_proxy_only(engine, swarm, swarm_project):
+    from tests.integration.test_egress import (
+        TESTWEB_IMAGE,
+        build_test_images,
+        last_json,
+        probe_script,
+    )
+
+    build_test_images(engine)
 
     api = swarm.api
     net = f"svc-swarm-{os.getpid()}"  # the user's own service network: a swarm overlay
@@ -380,14 +387,14 @@ def test_a_zone_holding_the_engine_socket_is_refused_before_any_service(swarm, s
 
 
 def test_the_node_check_passes_on_this_node_and_leaves_nothing(swarm, swarm_project):
-    from orchestrator.swarm.run import check_nodes
-
     zone = swarm_project.zone("data", "ro", files={"a.txt": "a"})
     script_worker(swarm_project, "print(1)", "sandbox: {zones: [{name: data, mode: ro}]}")
     with Orchestrator(swarm_project.root) as orch:
         prepared = orch.prepare("w")
         started = time.monotonic()
-        check_nodes(swarm, prepared, force=True)  # probed, although this is the only node
+        SwarmBackend(swarm).check_nodes(
+            prepared, force=True
+        )  # probed, although this is the only node
         took = time.monotonic() - started
     assert zone.is_dir() and took < 30
     assert not [p.name for p in prepared.paths.sandbox_root.iterdir() if "node-check" in p.name]

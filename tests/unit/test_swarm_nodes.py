@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.docker.swarm import nodes
+from orchestrator.docker.swarm.nodes import BindCheck, Node
 from orchestrator.errors import EngineError
 from orchestrator.plan import SECRETS_DIR, Mount
-from orchestrator.swarm import nodes
-from orchestrator.swarm.nodes import BindCheck, Node
 
 
 def _node(ident: str, host: str, state: str = "ready", availability: str = "active") -> dict:

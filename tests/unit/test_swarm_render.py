@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.config import load_project, load_worker
+from orchestrator.docker.swarm import render
 from orchestrator.plan import SECRETS_DIR, Mount, Network, Tmpfs
 from orchestrator.prepare import prepare
-from orchestrator.swarm import render
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from docker import errors as docker_errors
 
 from orchestrator import labels
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.docker.swarm.render import ServiceSpec
 from orchestrator.errors import EngineError, ImageMissing
-from orchestrator.swarm.render import ServiceSpec
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SwarmEngine(DockerClient):
 
     def create_probe(self, name: str, template: dict[str, Any]) -> str:
         """A short check: one task on every eligible node (a ``global-job``), never
-        restarted; see :mod:`orchestrator.swarm.nodes`."""
+        restarted; see :mod:`orchestrator.docker.swarm.nodes`."""
         with engine_errors(f"creating the node check service {name}"):
             made = self.api.create_service(  # type: ignore[no-untyped-call]
                 template,

@@ -31,7 +31,7 @@ from orchestrator.errors import EngineError
 from orchestrator.plan import SECRETS_DIR, ContainerSpec
 
 if TYPE_CHECKING:
-    from orchestrator.swarm.engine import SwarmEngine
+    from orchestrator.docker.swarm.engine import SwarmEngine
 
 __all__ = [
     "BindCheck",

@@ -1,0 +1,197 @@
+"""The seam under a run's one lifecycle: what a backend (Docker, a swarm) does for it.
+
+:class:`orchestrator.runtime.run.Run` owns everything on the host side of a run, once for
+every backend: the run's folders and inputs, the set-id refusal and sweep, the worker's
+access, the broker, the mount sources it holds, the audit log's start and end, and the
+:class:`~orchestrator.runtime.run.RunResult`. A :class:`Backend` does only what needs an
+engine, through one :class:`Launch` per run:
+
+- before the start is recorded: :meth:`Backend.check` refuses what it cannot run (one line,
+  nothing made yet) and :meth:`Launch.prepare` readies what the run's network needs;
+- then :meth:`Launch.create` makes the worker's container (or service) from the plan with
+  its held mount sources; :meth:`Launch.run_worker` runs the worker's own command to its
+  end and says how it ended (:class:`Outcome`), streaming its output to the run's tails;
+- :meth:`Launch.collect` reads the outbox once the worker's processes are gone (from the
+  container's tmpfs, or a host folder once the task is gone); :meth:`Launch.remove`
+  removes the run's objects on every path; :meth:`Launch.decisions`
+  are the egress proxy's decisions; :meth:`Launch.release` drops the run's network.
+
+A backend that can hold a container idling and exec into it (sessions, the warm pool)
+says so with :attr:`Backend.interactive`. Docker's backend is
+:class:`orchestrator.runtime.container.ContainerBackend`, over the Docker-shaped
+:class:`~orchestrator.runtime.engine.Engine` protocol (Docker, Podman and the tests' fake);
+the swarm's is :class:`orchestrator.docker.swarm.backend.SwarmBackend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
+
+if TYPE_CHECKING:
+    from orchestrator.plan import ContainerSpec
+    from orchestrator.prepare import Prepared
+    from orchestrator.runtime.engine import EgressDecision, Engine, Stream
+    from orchestrator.runtime.removal import Interrupted
+
+__all__ = ["Backend", "Launch", "Outcome", "OutputSink", "Status", "Tail"]
+
+Status = Literal["exited", "timeout", "oom", "error", "interrupted", "closed", "unused"]
+OutputSink = Callable[["Stream", bytes], None]
+
+TAIL_BYTES = 64 << 10
+
+
+class Tail:
+    """The last ``limit`` bytes of a stream."""
+
+    def __init__(self, limit: int = TAIL_BYTES) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        if len(self.buffer) > self.limit:
+            del self.buffer[: len(self.buffer) - self.limit]
+            self.truncated = True
+
+    def text(self) -> str:
+        return self.buffer.decode("utf-8", errors="replace")
+
+
+def pump(
+    frames: Iterator[tuple[Stream, bytes]], tails: dict[Stream, Tail], on_output: OutputSink | None
+) -> None:
+    """Output frames into the run's tails and, while it takes them, the output sink."""
+    sink = on_output
+    for stream, chunk in frames:
+        tails[stream].add(chunk)
+        if sink is not None:
+            try:
+                sink(stream, chunk)
+            except OSError:  # the terminal went away: keep capturing, stop echoing
+                sink = None
+
+
+@dataclass
+class Outcome:
+    """How a run ended, as the backend saw it; the run turns it into its result."""
+
+    status: Status = "error"
+    exit_code: int = Exit.ERROR
+    error: str | None = None
+    removed: bool = True
+    collected: Any = None
+
+    def timed_out(self, spec: ContainerSpec) -> None:
+        self.status, self.exit_code = "timeout", Exit.TIMEOUT
+        self.error = timed_out(spec.limits.timeout_s)
+
+    def oom(self, spec: ContainerSpec, *, killed: bool = True) -> None:
+        self.status, self.exit_code = "oom", Exit.OOM
+        self.error = (
+            killed_for_memory(spec.limits.memory)
+            if killed
+            else f"ran out of memory at its limit ({spec.limits.memory} bytes): the sandbox "
+            "refused its allocations"
+        )
+
+    def exited(self, code: int) -> None:
+        self.status, self.exit_code = "exited", code
+
+    def failed(self, code: int, error: str) -> None:
+        """The worker's command could not run (126/127) or its task was refused."""
+        self.status, self.exit_code, self.error = "error", code, error
+
+    def interrupted(self, exc: Interrupted) -> None:
+        self.status, self.exit_code = "interrupted", signalled(exc.signum)
+        self.error = str(exc)
+
+
+class Launch(Protocol):
+    """One run on a backend, from before its start to its removal; see the module doc."""
+
+    def prepare(self) -> None:
+        """Ready what the run needs before its start is recorded (its network)."""
+
+    def create(
+        self, spec: ContainerSpec, secrets: Mapping[str, str], *, started: Callable[[], None]
+    ) -> None:
+        """Make the worker's container (or service) from ``spec`` (the plan with its held
+        mount sources). ``secrets`` are the values a backend without secret files delivers
+        itself. ``started()`` is called once the worker's processes may run."""
+
+    def run_worker(
+        self,
+        outcome: Outcome,
+        tails: dict[Stream, Tail],
+        sink: OutputSink | None,
+        *,
+        env: Mapping[str, str],
+        args: Sequence[str],
+        started: Callable[[], None],
+    ) -> None:
+        """Run the worker's own command to its end (or its timeout); fill in ``outcome``
+        and feed its output to ``tails`` and ``sink``."""
+
+    def collect(self, outcome: Outcome, staging: Any) -> None:
+        """Read the worker's outbox into ``outcome.collected`` once none of its processes
+        runs any more (``staging.outbox`` for a tar stream, ``staging.outbox_dir`` for a
+        host folder)."""
+
+    def remove(self) -> bool:
+        """Remove the run's container (service, secrets): True when all went. Never raises."""
+
+    def decisions(self, since: datetime) -> list[EgressDecision]:
+        """The egress proxy's decisions on this run's requests (an allowlisted run)."""
+
+    def release(self) -> None:
+        """Remove the run's own network (never raises: gc removes what this could not)."""
+
+    def ended(self) -> dict[str, Any]:
+        """What ``run.ended`` records of this backend's run, beyond the outcome."""
+
+
+class Backend(Protocol):
+    """Where runs run; see the module docstring. Chosen once, by its owner."""
+
+    name: str
+    """Recorded as ``engine`` in ``run.started``."""
+
+    secret_files: bool
+    """Whether the worker's secrets reach it as files in the run's secrets folder, written
+    on the host (else :meth:`Launch.create` delivers them)."""
+
+    @property
+    def interactive(self) -> Engine | None:
+        """The engine that holds a container idling and execs into it (sessions, the warm
+        pool, child runs), or None when this backend cannot."""
+
+    def check(self, prepared: Prepared) -> dict[str, Any]:
+        """Refuse (one-line :class:`~orchestrator.errors.OrchestratorError`) what cannot
+        run here, before anything is made; return what ``run.started`` records of it."""
+
+    def pins_mounts(self) -> bool:
+        """Whether mount sources can be pinned (:mod:`orchestrator.runtime.mount_sources`)."""
+
+    def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
+        """Why a set-id file on the run's mounts must be refused here (None: it need not)."""
+
+    def collect_garbage(self) -> list[tuple[str, str]]:
+        """Remove what dead owners left; say what went (kind, name)."""
+
+    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> Launch:
+        """A new run's :class:`Launch`; nothing is made yet. ``output``: whether the
+        worker's output is read; ``keep_alive``: whether its container idles."""
+
+    def cancel(self, run_id: str) -> None:
+        """Remove a running run's objects (a batch that stops)."""
+
+    def plan_facts(self, prepared: Prepared) -> dict[str, Any] | None:
+        """What ``plan`` shows of this backend's rendering of ``prepared`` (pure), or None
+        when there is nothing beyond the plan."""
