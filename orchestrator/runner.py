@@ -50,12 +50,14 @@ if TYPE_CHECKING:
 
     from orchestrator.batch import BatchResult
     from orchestrator.clearance import ClearResult, Credential, Summary
+    from orchestrator.docker.swarm import SwarmBackend
     from orchestrator.runtime.backend import Backend
+    from orchestrator.runtime.container import ContainerBackend
     from orchestrator.runtime.engine import Engine
     from orchestrator.runtime.pool import WarmPool
     from orchestrator.runtime.session import Session
 
-__all__ = ["Orchestrator"]
+__all__ = ["Orchestrator", "backend_class", "make_backend"]
 
 
 #: Sessions not closed yet: a program that forgets to close one still removes its container
@@ -68,6 +70,36 @@ def _close_open_sessions() -> None:
     for session in list(_OPEN_SESSIONS):
         with contextlib.suppress(Exception):
             session.close()
+
+
+def backend_class(name: str) -> type[ContainerBackend] | type[SwarmBackend]:
+    """The class of the backend called ``name`` (one of
+    :data:`~orchestrator.vocabulary.BACKENDS`), imported now."""
+    if name == "swarm":
+        from orchestrator.docker.swarm import SwarmBackend
+
+        return SwarmBackend
+    if name != "docker":
+        raise ValueError(f"backend {name!r}: one of {', '.join(BACKENDS)}")
+    from orchestrator.runtime.container import ContainerBackend
+
+    return ContainerBackend
+
+
+def make_backend(name: str, *, engine: Engine | None = None) -> Backend:
+    """The backend called ``name``; ``engine``: the container engine of the docker
+    backend (default: Docker's, connected on first use)."""
+    if backend_class(name).name == "swarm":
+        from orchestrator.docker.swarm import SwarmBackend
+
+        return SwarmBackend()
+    from orchestrator.runtime.container import ContainerBackend
+
+    if engine is None:
+        from orchestrator.docker import DockerEngine
+
+        engine = DockerEngine()
+    return ContainerBackend(engine)
 
 
 class Orchestrator:
@@ -113,14 +145,8 @@ class Orchestrator:
     def backend(self) -> Backend:
         """Where this orchestrator's runs run (connected on first use)."""
         if self._backend is None:
-            if self._backend_name == "swarm":
-                from orchestrator.docker.swarm import SwarmBackend
-
-                self._backend = SwarmBackend()
-            else:
-                from orchestrator.runtime.container import ContainerBackend
-
-                self._backend = ContainerBackend(self.engine)
+            engine = self.engine if self._backend_name == "docker" else None
+            self._backend = make_backend(self._backend_name, engine=engine)
         return self._backend
 
     @property

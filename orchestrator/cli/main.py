@@ -41,6 +41,10 @@ from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
 from orchestrator.exits import Exit, signalled
 from orchestrator.vocabulary import BACKENDS
 
+#: The order ``gc`` asks the backends in: a swarm's services go before the networks the
+#: Docker engine lists (some of them overlay networks those services use).
+GC_ORDER = ("swarm", "docker")
+
 if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec, Mount
     from orchestrator.prepare import Prepared
@@ -135,7 +139,7 @@ def plan(
     **options: Any,
 ) -> None:
     """Compile WORKER (a path or a name) into a container spec, without touching Docker."""
-    from orchestrator.runner import Orchestrator
+    from orchestrator.runner import Orchestrator, backend_class
 
     if engine_name == "swarm" and output_format == "k8s":
         raise click.UsageError("--engine swarm and --format k8s: choose one")
@@ -159,26 +163,17 @@ def plan(
         click.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)
     elif as_json or output_format == "json":
         data = prepared.spec.to_dict()
-        if engine_name == "swarm":
-            data["swarm"] = _swarm_plan(prepared)
+        if facts := backend_class(engine_name).plan_facts(prepared):
+            data[engine_name] = facts
         emit_json(data)
     else:
         click.echo(_describe(prepared))
-        if engine_name == "swarm":
-            swarm = _swarm_plan(prepared)
-            click.echo(f"engine:  swarm, service {swarm['service']} (replicated-job, 1 task)")
-            if swarm["refused"]:
-                click.echo(f"  refused: {swarm['refused']}")
-            for line in swarm["not_enforced"]:
+        if facts := backend_class(engine_name).plan_facts(prepared):
+            click.echo(f"engine:  swarm, service {facts['service']} (replicated-job, 1 task)")
+            if facts["refused"]:
+                click.echo(f"  refused: {facts['refused']}")
+            for line in facts["not_enforced"]:
                 click.echo(f"  not enforced: {line}")
-
-
-def _swarm_plan(prepared: Prepared) -> dict[str, Any]:
-    """What ``--engine swarm`` would make of the plan: its service name, a refusal, and
-    what the service does not enforce (pure: touches no engine)."""
-    from orchestrator.docker.swarm import SwarmBackend
-
-    return SwarmBackend.plan_facts(prepared)
 
 
 @cli.command(cls=WorkerCommand)
@@ -248,23 +243,26 @@ def gc(
 ) -> None:
     """Remove what dead orchestrators left, and shared proxies/networks no run uses."""
     from orchestrator.docker import DockerEngine
-    from orchestrator.runtime import collect
+    from orchestrator.runner import make_backend
     from orchestrator.runtime.mount_sources import sweep_pins
     from orchestrator.runtime.secrets import sweep_orphaned
     from orchestrator.runtime.session_folders import SessionPrune, human_age, prune_old_sessions
 
     engine = DockerEngine()
-    swarm = _collect_swarm(everything)  # services first: their networks are then free
-    report = collect(engine, everything=everything)
-    report.removed[:0] = swarm.removed
-    report.kept[:0] = swarm.kept
-    report.failed[:0] = swarm.failed
+    removed: list[Any] = []
+    kept: list[Any] = []
+    failed: list[tuple[Any, str]] = []
+    for name in GC_ORDER:  # the swarm's services first: their networks are then free
+        collected = make_backend(name, engine=engine).collect_garbage(everything=everything)
+        removed += collected.removed
+        kept += collected.kept
+        failed += collected.failed
     shared = engine.collect_shared(idle)
     secrets = sweep_orphaned()
     pins = sweep_pins()  # once their containers are gone
     access = _restore_access(project_dir, everything)
     folders = _remove_run_folders(project_dir, everything)  # after access: it frees some
-    emptied = _remove_empty_sessions(engine, project_dir, report.removed)
+    emptied = _remove_empty_sessions(engine, project_dir, removed)
     sessions = SessionPrune()
     if sessions_age is not None:
         from orchestrator.config import load_project
@@ -277,7 +275,7 @@ def gc(
     if as_json:
         emit_json(
             {
-                "removed": [{"kind": o.kind, "name": o.name} for o in report.removed],
+                "removed": [{"kind": o.kind, "name": o.name} for o in removed],
                 "shared_removed": shared,
                 "secret_folders_removed": secrets,
                 "mount_pins_removed": pins,
@@ -287,13 +285,13 @@ def gc(
                 "sessions_removed": [s.session_id for s in sessions.removed],
                 "empty_sessions_removed": emptied,
                 "sessions_in_use": sessions.in_use,
-                "kept": len(report.kept),
-                "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in report.failed]
+                "kept": len(kept),
+                "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in failed]
                 + [{"kind": "session", "name": n, "error": e} for n, e in sessions.failed],
             }
         )
     else:
-        for obj in report.removed:
+        for obj in removed:
             say(f"removed {obj.kind} {obj.name}")
         for name in (*shared, *secrets):
             say(f"removed {name}")
@@ -313,19 +311,11 @@ def gc(
             say(f"kept session {name}: a live run uses it")
         for name, problem in sessions.failed:
             say(f"could not remove session {name}: {problem}")
-        removed = len(report.removed) + len(shared) + len(secrets) + len(sessions.removed)
-        removed += len(emptied) + len(folders.removed)
-        say(f"gc: {removed} removed, {len(report.kept)} in use by live processes")
-    if report.failed or sessions.failed:
+        count = len(removed) + len(shared) + len(secrets) + len(sessions.removed)
+        count += len(emptied) + len(folders.removed)
+        say(f"gc: {count} removed, {len(kept)} in use by live processes")
+    if failed or sessions.failed:
         raise SystemExit(Exit.ERROR)
-
-
-def _collect_swarm(everything: bool) -> Any:
-    """The swarm's services, networks and secrets of dead owners (when it is a manager)."""
-    from orchestrator.docker.swarm import SwarmEngine
-    from orchestrator.docker.swarm import collect as collect_swarm
-
-    return collect_swarm(SwarmEngine(), everything=everything)
 
 
 def _remove_empty_sessions(engine: Any, project_dir: Path, removed: list[Any]) -> list[str]:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.runtime.engine import EgressDecision, Engine, Stream
     from orchestrator.runtime.removal import Interrupted
 
-__all__ = ["Backend", "Launch", "Outcome", "OutputSink", "Status", "Tail"]
+__all__ = ["Backend", "Collected", "Launch", "Named", "Outcome", "OutputSink", "Status", "Tail"]
 
 Status = Literal["exited", "timeout", "oom", "error", "interrupted", "closed", "unused"]
 OutputSink = Callable[["Stream", bytes], None]
@@ -113,6 +113,29 @@ class Outcome:
         self.error = str(exc)
 
 
+class Named(Protocol):
+    """An object a backend made, as ``gc`` reports it."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+class Collected(Protocol):
+    """What a backend's garbage collection did."""
+
+    @property
+    def removed(self) -> Sequence[Named]: ...
+
+    @property
+    def kept(self) -> Sequence[Named]: ...
+
+    @property
+    def failed(self) -> Sequence[tuple[Named, str]]: ...
+
+
 class Launch(Protocol):
     """One run on a backend, from before its start to its removal; see the module doc."""
 
@@ -182,8 +205,9 @@ class Backend(Protocol):
     def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
         """Why a set-id file on the run's mounts must be refused here (None: it need not)."""
 
-    def collect_garbage(self) -> list[tuple[str, str]]:
-        """Remove what dead owners left; say what went (kind, name)."""
+    def collect_garbage(self, *, everything: bool = False) -> Collected:
+        """Remove what dead owners left (``everything``: of any pid namespace too); say
+        what went, what was kept and what could not be removed."""
 
     def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> Launch:
         """A new run's :class:`Launch`; nothing is made yet. ``output``: whether the
@@ -192,6 +216,7 @@ class Backend(Protocol):
     def cancel(self, run_id: str) -> None:
         """Remove a running run's objects (a batch that stops)."""
 
-    def plan_facts(self, prepared: Prepared) -> dict[str, Any] | None:
-        """What ``plan`` shows of this backend's rendering of ``prepared`` (pure), or None
-        when there is nothing beyond the plan."""
+    @staticmethod
+    def plan_facts(prepared: Prepared) -> dict[str, Any] | None:
+        """What ``plan`` shows of this backend's rendering of ``prepared`` (pure: no
+        engine is asked), or None when there is nothing beyond the plan."""

@@ -24,7 +24,7 @@ from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
 from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
-from orchestrator.runtime.gc import collect
+from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
 from orchestrator.runtime.setid import walk_needed
 from orchestrator.runtime.supervised import (
@@ -66,8 +66,8 @@ class ContainerBackend:
             return "the plan has no no-new-privileges and its mounts are not nosuid"
         return None
 
-    def collect_garbage(self) -> list[tuple[str, str]]:
-        return [(obj.kind, obj.name) for obj in collect(self.engine).removed]
+    def collect_garbage(self, *, everything: bool = False) -> GcReport:
+        return collect(self.engine, everything=everything)
 
     def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> ContainerLaunch:
         return ContainerLaunch(self.engine, prepared.spec, output=output, keep_alive=keep_alive)
@@ -75,7 +75,8 @@ class ContainerBackend:
     def cancel(self, run_id: str) -> None:
         remove_run(self.engine, run_id)
 
-    def plan_facts(self, prepared: Prepared) -> dict[str, Any] | None:
+    @staticmethod
+    def plan_facts(prepared: Prepared) -> dict[str, Any] | None:
         return None
 
 

@@ -564,8 +564,8 @@ class Run:
 
 def collect_garbage(backend: Backend | Engine, audit: AuditLog) -> None:
     """Remove what dead owners left on ``backend``, each audited as ``gc.removed``."""
-    for kind, name in as_backend(backend).collect_garbage():
-        audit.record("gc.removed", metadata={"kind": kind, "name": name})
+    for obj in as_backend(backend).collect_garbage().removed:
+        audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
 
 
 def after_run_violations(prepared: Prepared, audit: AuditLog) -> list[str]:

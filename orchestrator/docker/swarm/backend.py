@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.docker.engine import DockerEngine, start_failure_code
 from orchestrator.docker.swarm import nodes, render
 from orchestrator.docker.swarm.egress import proxy_task_template
-from orchestrator.docker.swarm.engine import SwarmEngine, collect
+from orchestrator.docker.swarm.engine import SwarmEngine, SwarmGc, collect
 from orchestrator.egress import PROXY_IMAGE, parse_decisions
 from orchestrator.errors import EngineError, ImageMissing, OrchestratorError
 from orchestrator.exits import Exit
@@ -118,8 +118,8 @@ class SwarmBackend:
     def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
         return SETID_REASON
 
-    def collect_garbage(self) -> list[tuple[str, str]]:
-        return [(obj.kind, obj.name) for obj in collect(self.engine).removed]
+    def collect_garbage(self, *, everything: bool = False) -> SwarmGc:
+        return collect(self.engine, everything=everything)
 
     def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> SwarmLaunch:
         # The task is its worker's own process (never idling: sessions and pools are refused
