@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from orchestrator.batch import BatchResult
+    from orchestrator.cleanup import GcSummary
     from orchestrator.clearance import ClearResult, Credential, Summary
     from orchestrator.docker.swarm import SwarmBackend
     from orchestrator.runtime.backend import Backend
@@ -166,6 +167,23 @@ class Orchestrator:
                     "a child worker: use the docker backend (--engine docker)"
                 )
         return self._engine
+
+    def gc(
+        self, *, everything: bool = False, idle: float = 600, sessions_age: float | None = None
+    ) -> GcSummary:
+        """Remove what dead orchestrators left, on every backend and in this project
+        (``orchestrator gc``; :func:`orchestrator.cleanup.collect_all`). ``everything``:
+        of other pid namespaces too; ``idle``: shared egress proxies unused this long
+        (seconds); ``sessions_age``: also session folders unused longer than this."""
+        from orchestrator.cleanup import collect_all
+
+        return collect_all(
+            self.project.root,
+            everything=everything,
+            idle=idle,
+            sessions_age=sessions_age,
+            engine=self._engine,
+        )
 
     # -- declarations ---------------------------------------------------------------------
 

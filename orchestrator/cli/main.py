@@ -41,10 +41,6 @@ from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
 from orchestrator.exits import Exit, signalled
 from orchestrator.vocabulary import BACKENDS
 
-#: The order ``gc`` asks the backends in: a swarm's services go before the networks the
-#: Docker engine lists (some of them overlay networks those services use).
-GC_ORDER = ("swarm", "docker")
-
 if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec, Mount
     from orchestrator.prepare import Prepared
@@ -242,121 +238,38 @@ def gc(
     everything: bool, idle: float, sessions_age: float | None, project_dir: Path, as_json: bool
 ) -> None:
     """Remove what dead orchestrators left, and shared proxies/networks no run uses."""
-    from orchestrator.docker import DockerEngine
-    from orchestrator.runner import make_backend
-    from orchestrator.runtime.mount_sources import sweep_pins
-    from orchestrator.runtime.secrets import sweep_orphaned
-    from orchestrator.runtime.session_folders import SessionPrune, human_age, prune_old_sessions
+    from orchestrator.cleanup import collect_all
+    from orchestrator.runtime.session_folders import human_age
 
-    engine = DockerEngine()
-    removed: list[Any] = []
-    kept: list[Any] = []
-    failed: list[tuple[Any, str]] = []
-    for name in GC_ORDER:  # the swarm's services first: their networks are then free
-        collected = make_backend(name, engine=engine).collect_garbage(everything=everything)
-        removed += collected.removed
-        kept += collected.kept
-        failed += collected.failed
-    shared = engine.collect_shared(idle)
-    secrets = sweep_orphaned()
-    pins = sweep_pins()  # once their containers are gone
-    access = _restore_access(project_dir, everything)
-    folders = _remove_run_folders(project_dir, everything)  # after access: it frees some
-    emptied = _remove_empty_sessions(engine, project_dir, removed)
-    sessions = SessionPrune()
-    if sessions_age is not None:
-        from orchestrator.config import load_project
-        from orchestrator.runtime import open_audit
-
-        project = load_project(project_dir)
-        sessions = prune_old_sessions(
-            engine, project.sandbox_root, sessions_age, open_audit(project)
-        )
+    done = collect_all(project_dir, everything=everything, idle=idle, sessions_age=sessions_age)
     if as_json:
-        emit_json(
-            {
-                "removed": [{"kind": o.kind, "name": o.name} for o in removed],
-                "shared_removed": shared,
-                "secret_folders_removed": secrets,
-                "mount_pins_removed": pins,
-                "access_restored": access,
-                "run_folders_removed": folders.removed,
-                "run_folders_left": [{"name": n, "reason": r} for n, r in folders.left],
-                "sessions_removed": [s.session_id for s in sessions.removed],
-                "empty_sessions_removed": emptied,
-                "sessions_in_use": sessions.in_use,
-                "kept": len(kept),
-                "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in failed]
-                + [{"kind": "session", "name": n, "error": e} for n, e in sessions.failed],
-            }
-        )
+        emit_json(done.to_dict())
     else:
-        for obj in removed:
+        for obj in done.removed:
             say(f"removed {obj.kind} {obj.name}")
-        for name in (*shared, *secrets):
+        for name in (*done.shared, *done.secret_folders):
             say(f"removed {name}")
-        for run_id in pins:
+        for run_id in done.pins:
             say(f"unmounted the pinned mount sources of dead run {run_id}")
-        for run_id in access:
+        for run_id in done.access:
             say(f"put back the access dead run {run_id} had given its worker")
-        for name in folders.removed:
+        for name in done.folders.removed:
             say(f"removed run folder {name} of a dead run")
-        for name, reason in folders.left:
+        for name, reason in done.folders.left:
             say(f"left run folder {name}: {reason}")
-        for name in emptied:
+        for name in done.emptied:
             say(f"removed empty session folder {name} of a dead run")
-        for pruned in sessions.removed:
+        for pruned in done.sessions.removed:
             say(f"removed session {pruned.session_id} (unused for {human_age(pruned.age_s)})")
-        for name in sessions.in_use:
+        for name in done.sessions.in_use:
             say(f"kept session {name}: a live run uses it")
-        for name, problem in sessions.failed:
+        for name, problem in done.sessions.failed:
             say(f"could not remove session {name}: {problem}")
-        count = len(removed) + len(shared) + len(secrets) + len(sessions.removed)
-        count += len(emptied) + len(folders.removed)
-        say(f"gc: {count} removed, {len(kept)} in use by live processes")
-    if failed or sessions.failed:
+        count = len(done.removed) + len(done.shared) + len(done.secret_folders)
+        count += len(done.sessions.removed) + len(done.emptied) + len(done.folders.removed)
+        say(f"gc: {count} removed, {len(done.kept)} in use by live processes")
+    if not done.ok:
         raise SystemExit(Exit.ERROR)
-
-
-def _remove_empty_sessions(engine: Any, project_dir: Path, removed: list[Any]) -> list[str]:
-    """In a project, the empty session folders of the dead runs gc just removed."""
-    from orchestrator.config import load_project
-    from orchestrator.config.loader import PROJECT_FILE
-    from orchestrator.runtime.session_folders import remove_empty_sessions
-
-    if not removed or not (project_dir / PROJECT_FILE).is_file():
-        return []
-    return remove_empty_sessions(engine, load_project(project_dir).sandbox_root, removed)
-
-
-def _restore_access(project_dir: Path, everything: bool) -> list[str]:
-    """As root, put back what runs of dead orchestrators opened up for their workers."""
-    from orchestrator.config.loader import PROJECT_FILE
-
-    if os.geteuid() != 0 or not (project_dir / PROJECT_FILE).is_file():
-        return []
-    from orchestrator.config import load_project
-    from orchestrator.runtime import open_audit
-    from orchestrator.runtime.access import sweep
-
-    project = load_project(project_dir)
-    return sweep(project.sandbox_root, everything=everything, audit=open_audit(project))
-
-
-def _remove_run_folders(project_dir: Path, everything: bool) -> Any:
-    """In a project, the run folders (inputs, ``ask`` copies) of dead orchestrators."""
-    from orchestrator.config.loader import PROJECT_FILE
-    from orchestrator.runtime.run_folders import FolderSweep, sweep
-
-    if not (project_dir / PROJECT_FILE).is_file():
-        return FolderSweep()
-    from orchestrator.config import load_project
-    from orchestrator.runtime import open_audit
-
-    project = load_project(project_dir)
-    if not (project.sandbox_root / "runs").is_dir():
-        return FolderSweep()
-    return sweep(project.sandbox_root, everything=everything, audit=open_audit(project))
 
 
 def _duration(value: str | None) -> float | None:

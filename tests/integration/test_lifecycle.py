@@ -218,3 +218,25 @@ def test_runs_are_audited_start_and_end(engine, project):
     assert ended.metadata["exit_code"] == 3
     assert ended.metadata["container_removed"] is True
     assert log.verify().ok
+
+
+def test_the_library_gc_removes_a_sigkilled_runs_container(engine, project):
+    """``Orchestrator.gc()`` is ``orchestrator gc`` for its project (the CLI calls the same
+    function): the container of a SIGKILLed orchestrator, and its empty session folder."""
+    from orchestrator.runner import Orchestrator
+
+    process = start_long_run(project, "sandbox: {}")
+    try:
+        wait_until_started(process)
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+        process.communicate()
+    (orphan,) = containers_of(engine, process.pid)
+    with Orchestrator(project.root, engine=engine) as orch:
+        done = orch.gc()
+    assert done.ok
+    assert containers_of(engine, process.pid) == []
+    assert orphan.name in {o.name for o in done.removed}
+    assert done.emptied == [orphan.labels[labels.SESSION]]
