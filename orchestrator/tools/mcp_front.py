@@ -51,7 +51,9 @@ class Front:
     """Reads the client's lines on a thread of its own; answers or holds them until
     :meth:`attach`, then passes each on. :meth:`write` sends one line to the client."""
 
-    def __init__(self, reader: Any, writer_fd: int) -> None:
+    def __init__(self, reader: Any, writer_fd: int, *, version: str | None = None) -> None:
+        """``reader``: a binary file the client's lines come from; ``writer_fd``: where the
+        answers go; ``version``: the server's (default: the installed package's)."""
         self._reader = reader  # a binary file: readline() -> bytes
         self._writer_fd = writer_fd
         self._write_lock = threading.Lock()
@@ -60,7 +62,7 @@ class Front:
         self._ended = False
         self._deliver: Callable[[Line], None] | None = None
         self._answered_initialize = False
-        self._version: str | None = None
+        self._version = version
         self.answered: list[str] = []
         """The methods the front answered itself, in order (for tests and the bench)."""
         self._thread = threading.Thread(target=self._read, name="mcp-front", daemon=True)
@@ -84,6 +86,11 @@ class Front:
         self._thread.start()
         return self
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the client's stdin has ended (and is closed); False on timeout."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def attach(self, deliver: Callable[[Line], None]) -> None:
         """From now on every line goes to ``deliver``: first what was held (the answered
         ``initialize`` as :data:`REPLAY_ID`), then each as it arrives, then None at the
@@ -95,6 +102,11 @@ class Front:
             if self._ended:
                 deliver(None)
             self._deliver = deliver
+
+    def detach(self) -> None:
+        """The server is gone: drop every later line (the process is ending)."""
+        with self._lock:
+            self._deliver = _drop
 
     def write(self, line: str) -> None:
         """Send one JSON-RPC message (a line without its newline) to the client."""
@@ -112,6 +124,8 @@ class Front:
             except (OSError, ValueError):
                 raw = b""
             line = raw.decode("utf-8", errors="replace") if raw else None
+            if line is None:
+                self._reader.close()
             with self._lock:
                 if line is None:
                     self._ended = True
@@ -151,9 +165,13 @@ class Front:
             result = {}
         else:
             return False
-        self.write(json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}))
         self.answered.append(method)
+        self.write(json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}))
         return True
+
+
+def _drop(line: Line) -> None:
+    pass
 
 
 def _well_formed_initialize(params: dict[str, Any]) -> bool:

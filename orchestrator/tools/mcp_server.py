@@ -210,10 +210,13 @@ def waiting_for(opening: Opening) -> Callable[[], Awaitable[Toolset]]:
     return tools
 
 
-async def serve_front(front: Front, toolset: ToolsetSource, *, version: str = "") -> int | None:
+async def serve_front(
+    front: Front, toolset: ToolsetSource, *, version: str = "", signals: bool = True
+) -> int | None:
     """Serve the client behind ``front`` (which may have answered its ``initialize``
     already) until stdin ends (None), a signal arrives (its number), or a call was
-    answered that the session could not be opened (None; the caller knows why)."""
+    answered that the session could not be opened (None; the caller knows why).
+    ``signals``: stop at SIGTERM, SIGINT or SIGHUP (only on the main thread)."""
     loop = asyncio.get_running_loop()
     inbound, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](math.inf)
     write_stream, outbound = anyio.create_memory_object_stream[SessionMessage](0)
@@ -247,12 +250,17 @@ async def serve_front(front: Front, toolset: ToolsetSource, *, version: str = ""
     server = build_server(toolset, version=version, on_open_failed=last_answers.add)
     received: list[int] = []
     async with anyio.create_task_group() as group:
-        group.start_soon(_until_signal, group.cancel_scope, received)
+        if signals:
+            group.start_soon(_until_signal, group.cancel_scope, received)
         group.start_soon(write_out, group.cancel_scope)
 
         def deliver(line: Line) -> None:  # on the front's reader thread
             loop.call_soon_threadsafe(put, line)
 
         front.attach(deliver)
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        try:
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        finally:
+            front.detach()
+            inbound.close()
     return received[0] if received else None
