@@ -8,7 +8,11 @@ answers the handshake itself, from :mod:`orchestrator.tools.catalog`, the data t
 server answers from too:
 
 - ``initialize`` (the first one, well formed): the same result the SDK server gives;
-- ``tools/list`` and ``ping`` after it.
+- ``tools/list`` and ``ping`` after it;
+- ``server/discover``, the probe of the 2026-07-28 protocol's clients, at any time: refused
+  as "method not found", as a server of the handshake era does, so the client falls back to
+  ``initialize``. Approvals ask the person through elicitation, a request from the server
+  to the client, which the handshake era carries on stdio.
 
 Everything else (tool calls, notifications, anything it does not answer, ``initialize``
 included) is held, in order, for the SDK server, which gets it on :meth:`Front.attach`,
@@ -39,6 +43,10 @@ REPLAY_ID = "orchestrator-front-initialize"
 #: ``_meta`` keys of the 2026-07-28 per-request envelope: a request that carries one is the
 #: SDK's to answer (it refuses it on a handshake connection).
 RESERVED_META = "io.modelcontextprotocol/"
+
+#: The 2026-07-28 era's opening probe, declined (see :meth:`Front._declined`).
+DISCOVER = "server/discover"
+METHOD_NOT_FOUND = -32601
 
 #: A line from the client for the SDK server, or None at the end of stdin.
 Line = str | None
@@ -132,11 +140,31 @@ class Front:
                     if self._deliver is not None:
                         self._deliver(None)
                     return
+                if self._declined(line):
+                    continue
                 if self._deliver is not None:
                     self._deliver(line)
                     continue
                 if not self._answer(line):
                     self._held.append(line)
+
+    def _declined(self, line: str) -> bool:
+        """Refuse the 2026-07-28 era's ``server/discover`` probe as a handshake-only server
+        does (method not found): the client then sends ``initialize``. Approvals need the
+        handshake era's back-channel (elicitation), so the SDK server never sees a probe."""
+        if DISCOVER not in line:
+            return False
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or message.get("method") != DISCOVER:
+            return False
+        if "id" in message:
+            error = {"code": METHOD_NOT_FOUND, "message": "Method not found", "data": DISCOVER}
+            self.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}))
+        self.answered.append(DISCOVER)
+        return True
 
     def _answer(self, line: str) -> bool:
         """Answer ``line`` here if it is ours to answer; False to hold it."""
