@@ -139,11 +139,12 @@ def test_pydantic_ai_mcp_toolset_with_a_function_model(engine, mcp_project):
 
 
 def test_openai_agents_mcp_server_stdio_with_a_scripted_model(engine, mcp_project):
-    from agents import Agent, Runner
+    from agents import Agent, Runner, set_tracing_disabled
     from agents.items import ToolCallOutputItem
     from agents.mcp import MCPServerStdio
     from agents.testing import ScriptedModel, assistant_message, function_call
 
+    set_tracing_disabled(True)  # nothing leaves the machine
     project = mcp_project
     calls = [
         ("list", {"path": "/"}),

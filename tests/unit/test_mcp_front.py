@@ -271,3 +271,17 @@ def test_an_unknown_worker_is_answered_then_the_command_exits_125(project):
     assert message.startswith("the sandbox could not be opened: ") and "nobody" in message
     assert code == 125, err
     assert "Traceback" not in err and "could not be opened" in err, err
+
+
+def test_the_discover_probe_is_declined_so_the_client_uses_the_handshake(pipes):
+    envelope = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    pipes.send(request(1, "server/discover", {"_meta": envelope}), initialize(2))
+    declined, initialized = pipes.answer(), pipes.answer()
+    assert declined["error"]["code"] == -32601  # method not found: the client falls back
+    assert initialized["result"]["protocolVersion"] == "2025-06-18"
+    delivered = []
+    pipes.front.attach(delivered.append)
+    pipes.send(request(3, "server/discover"))  # never reaches the SDK server either
+    assert pipes.answer()["id"] == 3
+    assert pipes.front.answered == ["server/discover", "initialize", "server/discover"]
+    assert [json.loads(line)["id"] for line in delivered] == [REPLAY_ID]
