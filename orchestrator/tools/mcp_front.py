@@ -160,10 +160,10 @@ class Front:
             return False
         if not isinstance(message, dict) or message.get("method") != DISCOVER:
             return False
+        self.answered.append(DISCOVER)
         if "id" in message:
             error = {"code": METHOD_NOT_FOUND, "message": "Method not found", "data": DISCOVER}
             self.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}))
-        self.answered.append(DISCOVER)
         return True
 
     def _answer(self, line: str) -> bool:
