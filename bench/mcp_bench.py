@@ -12,7 +12,10 @@ over pipes (standard library only, so the client costs nothing to speak of):
 4. stdin closed: the session closes, the container is removed, the process exits.
 
 It prints p50 and max of each, in seconds since the process was started, and the target:
-initialize and tools/list well under 0.5 s. ``--isolation gvisor`` runs the worker under
+initialize and tools/list well under 0.5 s. The same rounds also time the floor: a bare
+interpreter (``python -S``, standard library only) that answers ``initialize`` as soon as
+it reads it, so that a figure on a loaded machine can be read against what any Python
+server would get there. ``--isolation gvisor`` runs the worker under
 gVisor. The project is removed at the end; every session removes its own container.
 """
 
@@ -102,6 +105,26 @@ class Client:
                 self.proc.wait()
 
 
+FLOOR = (
+    "import json, sys\n"
+    "for line in sys.stdin:\n"
+    "    m = json.loads(line)\n"
+    "    if 'id' in m:\n"
+    "        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': {}}), flush=True)\n"
+)
+
+
+def floor_round() -> float:
+    """A bare interpreter's answer to ``initialize``, since its start."""
+    client = Client([sys.executable, "-S", "-c", FLOOR])
+    try:
+        params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": CLIENT_INFO}
+        _, answered = client.answer(client.send("initialize", params))
+    finally:
+        client.close()
+    return answered
+
+
 def one_round(command: list[str]) -> tuple[float, float, float, float]:
     client = Client(command)
     try:
@@ -143,17 +166,21 @@ def main() -> None:
     env_note = "ORCHESTRATOR_NO_SERVER" if os.environ.get("ORCHESTRATOR_NO_SERVER") else ""
     try:
         make_project(root, args.isolation)
-        rows = []
+        rows, floors = [], []
         for i in range(args.warmup + args.iterations):
             row = one_round(command)
+            floor = floor_round()
             if i >= args.warmup:
                 rows.append(row)
+                floors.append(floor)
         names = ("initialize", "tools/list", "first call (list /)", "close and exit")
         print(f"orchestrator mcp, {args.iterations} rounds, {' '.join(base)} {env_note}".rstrip())
         print(f"{'answer':<22}{'p50 s':>8}{'max s':>8}   (since the process started)")
         for index, name in enumerate(names):
             values = [row[index] for row in rows]
             print(f"{name:<22}{statistics.median(values):>8.3f}{max(values):>8.3f}")
+        floor_name = "floor: bare initialize"
+        print(f"{floor_name:<22}{statistics.median(floors):>8.3f}{max(floors):>8.3f}")
         worst = max(max(row[0], row[1]) for row in rows)
         verdict = "met" if worst < TARGET_S else "MISSED"
         print(
