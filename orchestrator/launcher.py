@@ -45,6 +45,9 @@ DEBUG = "ORCHESTRATOR_SERVER_DEBUG"
 #: Commands that always run here: the server itself, and the session owner it would
 #: otherwise hold (``session start`` spawns it detached, as a process of its own).
 LOCAL_ONLY = (("serve",), ("session", "serve"))
+#: How long ``orchestrator mcp`` lets its front answer the client's handshake alone before
+#: importing the command line (clients send it at once; see docs/mcp.md).
+MCP_HANDSHAKE_WAIT_S = 0.5
 #: How long a client waits for a server's greeting before running the command itself.
 GREETING_WAIT_S = 2.0
 
@@ -161,7 +164,7 @@ def main() -> NoReturn:
         # Answer the MCP client's handshake now, before the command line is imported.
         from orchestrator.tools import mcp_front
 
-        mcp_front.start()
+        mcp_front.start().wait_for_handshake(MCP_HANDSHAKE_WAIT_S)
     from orchestrator.cli.main import main as cli_main
 
     cli_main(argv)

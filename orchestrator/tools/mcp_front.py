@@ -73,6 +73,7 @@ class Front:
         self._version = version
         self.answered: list[str] = []
         """The methods the front answered itself, in order (for tests and the bench)."""
+        self._handshake = threading.Event()
         self._thread = threading.Thread(target=self._read, name="mcp-front", daemon=True)
 
     @classmethod
@@ -93,6 +94,12 @@ class Front:
     def start(self) -> Front:
         self._thread.start()
         return self
+
+    def wait_for_handshake(self, timeout: float) -> bool:
+        """Wait until the client's handshake is answered (its ``tools/list``, or anything
+        the front holds for the SDK server, or the end of stdin), at most ``timeout``
+        seconds: the heavy imports that follow would slow the front's answers down."""
+        return self._handshake.wait(timeout)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until the client's stdin has ended (and is closed); False on timeout."""
@@ -126,6 +133,8 @@ class Front:
                 view = view[written:]
 
     def _read(self) -> None:
+        if self._version is None:  # before the client asks: it takes a while to compute
+            self._version = catalog.server_version()
         while True:
             try:
                 raw = self._reader.readline()
@@ -137,6 +146,7 @@ class Front:
             with self._lock:
                 if line is None:
                     self._ended = True
+                    self._handshake.set()
                     if self._deliver is not None:
                         self._deliver(None)
                     return
@@ -147,6 +157,8 @@ class Front:
                     continue
                 if not self._answer(line):
                     self._held.append(line)
+                    if _is_request(line):  # a call waits for the SDK server: go on at once
+                        self._handshake.set()
 
     def _declined(self, line: str) -> bool:
         """Refuse the 2026-07-28 era's ``server/discover`` probe as a handshake-only server
@@ -189,6 +201,7 @@ class Front:
             self._answered_initialize = True
         elif method == "tools/list" and self._answered_initialize and _plain(params, "cursor"):
             result = {"tools": catalog.tool_entries()}
+            self._handshake.set()
         elif method == "ping" and self._answered_initialize and _plain(params):
             result = {}
         else:
@@ -196,6 +209,14 @@ class Front:
         self.answered.append(method)
         self.write(json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}))
         return True
+
+
+def _is_request(line: str) -> bool:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return True  # the SDK server answers it
+    return not isinstance(message, dict) or "id" in message
 
 
 def _drop(line: Line) -> None:
