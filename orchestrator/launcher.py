@@ -10,7 +10,9 @@ or modes, an outdated server, a server that does not serve this process because 
 confined otherwise than the server: see :mod:`orchestrator.cli.peer`) runs the command line
 in this process instead: silently, or saying why when ``ORCHESTRATOR_SERVER_DEBUG=1``.
 ``ORCHESTRATOR_NO_SERVER=1`` never asks. The wire protocol and the checks are in
-:mod:`orchestrator.cli.wire`.
+:mod:`orchestrator.cli.wire`. ``orchestrator mcp`` run here starts its stdio front first
+(:mod:`orchestrator.tools.mcp_front`, standard library too), so its client's ``initialize``
+is answered while the rest is imported.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ DEBUG = "ORCHESTRATOR_SERVER_DEBUG"
 #: Commands that always run here: the server itself, and the session owner it would
 #: otherwise hold (``session start`` spawns it detached, as a process of its own).
 LOCAL_ONLY = (("serve",), ("session", "serve"))
+#: How long ``orchestrator mcp`` lets its front answer the client's handshake alone before
+#: importing the command line (clients send it at once; see docs/mcp.md).
+MCP_HANDSHAKE_WAIT_S = 0.5
 #: How long a client waits for a server's greeting before running the command itself.
 GREETING_WAIT_S = 2.0
 
@@ -137,6 +142,12 @@ def local(argv: list[str]) -> bool:
     return any(tuple(words[: len(command)]) == command for command in LOCAL_ONLY)
 
 
+def serves_mcp(argv: list[str]) -> bool:
+    """Whether ``argv`` is ``mcp WORKER ...``, whose client must be answered at once
+    (docs/mcp.md); not its help."""
+    return argv[:1] == ["mcp"] and not {"-h", "--help"} & set(argv)
+
+
 def main() -> NoReturn:
     """``orchestrator``: through the fork server when one is usable, else in this process."""
     argv = sys.argv[1:]
@@ -149,6 +160,11 @@ def main() -> NoReturn:
             _debug(f"not using the server: {exc}")
         except KeyboardInterrupt:
             raise SystemExit(signalled(signal.SIGINT)) from None
+    if serves_mcp(argv):
+        # Answer the MCP client's handshake now, before the command line is imported.
+        from orchestrator.tools import mcp_front
+
+        mcp_front.start().wait_for_handshake(MCP_HANDSHAKE_WAIT_S)
     from orchestrator.cli.main import main as cli_main
 
     cli_main(argv)

@@ -2,7 +2,12 @@
 
 One server serves one session's :class:`~orchestrator.tools.Toolset` until the client
 disconnects (or the process gets SIGTERM, SIGINT or SIGHUP); the caller closes the session
-then. A call that needs approval is never run without it: when the client declared the
+then. The toolset may still be opening (:class:`~orchestrator.tools.opening.Opening`):
+``initialize`` and ``tools/list`` need no session, the first tool call waits for it, and a
+failure to open answers that call as a tool error and ends the server
+(:func:`serve_front`).
+
+A call that needs approval is never run without it: when the client declared the
 elicitation capability, the person is asked through an elicitation form (approve: yes/no);
 otherwise the call is refused with "needs approval: ..." and audited.
 
@@ -11,27 +16,36 @@ Importing this module imports ``mcp``: only ``orchestrator mcp`` does, inside th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import math
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from orchestrator.escaping import json_safe
+from orchestrator.tools import catalog, mcp_front
 from orchestrator.tools.approval import Decision
-from orchestrator.tools.schemas import SPECS, InvalidArguments
+from orchestrator.tools.mcp_front import REPLAY_ID, Front, Line
+from orchestrator.tools.opening import OpenFailed, Opening
+from orchestrator.tools.schemas import InvalidArguments
 from orchestrator.tools.toolset import Answer, Toolset, refusal
+
+#: Where the tools come from: a toolset, or a wait for one (raising :class:`OpenFailed`).
+ToolsetSource = Toolset | Callable[[], Awaitable[Toolset]]
 
 log = logging.getLogger(__name__)
 
-READ_ONLY = {"list", "read", "stat", "context"}
 APPROVE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -46,19 +60,8 @@ APPROVE_SCHEMA: dict[str, Any] = {
 
 
 def tool_definitions() -> list[types.Tool]:
-    return [
-        types.Tool(
-            name=spec.name,
-            description=spec.description,
-            input_schema=spec.input_schema,
-            annotations=types.ToolAnnotations(
-                read_only_hint=spec.name in READ_ONLY,
-                destructive_hint=spec.name in ("delete", "write", "exec"),
-                open_world_hint=False,
-            ),
-        )
-        for spec in SPECS
-    ]
+    """The tools from :mod:`orchestrator.tools.catalog`, the front's source too."""
+    return [types.Tool.model_validate(entry, by_name=False) for entry in catalog.tool_entries()]
 
 
 def to_result(answer: Answer) -> types.CallToolResult:
@@ -113,7 +116,25 @@ async def ask(ctx: ServerRequestContext[Any], decision: Decision) -> bool:
     return reply.action == "accept" and (reply.content or {}).get("approve") is True
 
 
-def build_server(toolset: Toolset, *, version: str = "") -> Server[Any]:
+def build_server(
+    toolset: ToolsetSource,
+    *,
+    version: str = "",
+    on_open_failed: Callable[[types.RequestId], None] | None = None,
+) -> Server[Any]:
+    """The server for ``toolset``, or for the toolset a source waits for. A call answered
+    with a failure to open is passed to ``on_open_failed`` (its request id)."""
+    tools: Callable[[], Awaitable[Toolset]]
+    if isinstance(toolset, Toolset):
+        ready_toolset = toolset
+
+        async def ready() -> Toolset:
+            return ready_toolset
+
+        tools = ready
+    else:
+        tools = toolset
+
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -123,14 +144,20 @@ def build_server(toolset: Toolset, *, version: str = "") -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         try:
-            return await answer_call(ctx, params)
+            toolset = await tools()
+        except OpenFailed as exc:
+            if on_open_failed is not None and ctx.request_id is not None:
+                on_open_failed(ctx.request_id)
+            return to_result(refusal(str(exc), "failed"))
+        try:
+            return await answer_call(ctx, params, toolset)
         except Exception as exc:  # never let one call take the server down
             log.exception("tool %r failed unexpectedly", params.name)
             message = f"{params.name} failed unexpectedly: {type(exc).__name__}: {exc}"
             return to_result(refusal(message, "failed"))
 
     async def answer_call(
-        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, toolset: Toolset
     ) -> types.CallToolResult:
         name, args = params.name, params.arguments or {}
         approved = False
@@ -147,13 +174,9 @@ def build_server(toolset: Toolset, *, version: str = "") -> Server[Any]:
         return to_result(answer)
 
     return Server(
-        "orchestrator",
+        catalog.NAME,
         version=version,
-        instructions=(
-            "A sandbox for one worker: list '/' to see its folders, read and write files, "
-            "run commands with exec, and stage results for a person to review. Call "
-            "'context' to see what is readable, writable and needs approval."
-        ),
+        instructions=catalog.INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
@@ -167,14 +190,77 @@ async def _until_signal(scope: anyio.CancelScope, received: list[int]) -> None:
             return
 
 
-async def serve_stdio(toolset: Toolset, *, version: str = "") -> int | None:
-    """Serve over this process's stdin/stdout until the client closes stdin (None) or a
-    signal arrives (its number)."""
-    server = build_server(toolset, version=version)
+async def serve_stdio(toolset: ToolsetSource, *, version: str = "") -> int | None:
+    """Serve over this process's stdin/stdout (through its :mod:`~orchestrator.tools.mcp_front`,
+    started here if it is not yet) until the client closes stdin (None) or a signal arrives
+    (its number)."""
+    return await serve_front(mcp_front.start(), toolset, version=version)
+
+
+def waiting_for(opening: Opening) -> Callable[[], Awaitable[Toolset]]:
+    """A toolset source for a session still opening: the first call waits for it."""
+    made: list[Toolset] = []
+
+    async def tools() -> Toolset:
+        session = await anyio.to_thread.run_sync(opening.wait, abandon_on_cancel=True)
+        if not made:
+            made.append(Toolset(session))
+        return made[0]
+
+    return tools
+
+
+async def serve_front(
+    front: Front, toolset: ToolsetSource, *, version: str = "", signals: bool = True
+) -> int | None:
+    """Serve the client behind ``front`` (which may have answered its ``initialize``
+    already) until stdin ends (None), a signal arrives (its number), or a call was
+    answered that the session could not be opened (None; the caller knows why).
+    ``signals``: stop at SIGTERM, SIGINT or SIGHUP (only on the main thread)."""
+    loop = asyncio.get_running_loop()
+    inbound, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](math.inf)
+    write_stream, outbound = anyio.create_memory_object_stream[SessionMessage](0)
+    last_answers: set[types.RequestId] = set()
+
+    def put(line: Line) -> None:  # on the loop, in the order the lines came
+        if line is None:
+            inbound.close()
+            return
+        item: SessionMessage | Exception
+        try:
+            item = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except ValidationError as exc:  # as the SDK's stdio transport: the server answers it
+            item = exc
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            inbound.send_nowait(item)
+
+    async def write_out(scope: anyio.CancelScope) -> None:
+        async with outbound:
+            async for sent in outbound:
+                message = sent.message
+                answer_to = getattr(message, "id", None)
+                if answer_to == REPLAY_ID and not isinstance(message, types.JSONRPCRequest):
+                    continue  # the front answered this initialize already
+                line = message.model_dump_json(by_alias=True, exclude_unset=True)
+                await anyio.to_thread.run_sync(front.write, line)
+                if answer_to in last_answers and not isinstance(message, types.JSONRPCRequest):
+                    scope.cancel()
+        scope.cancel()
+
+    server = build_server(toolset, version=version, on_open_failed=last_answers.add)
     received: list[int] = []
     async with anyio.create_task_group() as group:
-        group.start_soon(_until_signal, group.cancel_scope, received)
-        async with stdio_server() as (read_stream, write_stream):
+        if signals:
+            group.start_soon(_until_signal, group.cancel_scope, received)
+        group.start_soon(write_out, group.cancel_scope)
+
+        def deliver(line: Line) -> None:  # on the front's reader thread
+            loop.call_soon_threadsafe(put, line)
+
+        front.attach(deliver)
+        try:
             await server.run(read_stream, write_stream, server.create_initialization_options())
-        group.cancel_scope.cancel()
+        finally:
+            front.detach()
+            inbound.close()
     return received[0] if received else None
