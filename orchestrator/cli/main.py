@@ -410,8 +410,9 @@ def images() -> None:
 def images_build(
     base: str | None, suite: str | None, rebuild_base: bool, with_orchestrator: bool
 ) -> None:
-    """Build orchestrator/worker and orchestrator/proxy (bootstrapping a base from the host's
-    apt sources if needed), and on request the orchestrator's own image."""
+    """Build orchestrator/worker, orchestrator/proxy and orchestrator/credproxy (bootstrapping
+    bases from the host's apt sources if needed), and on request the orchestrator's own
+    image."""
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import build_all
 

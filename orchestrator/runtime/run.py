@@ -33,6 +33,7 @@ from orchestrator.prepare import Prepared
 from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.broker import Broker
+from orchestrator.runtime.credproxy import credential_proxy
 from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import collect
 from orchestrator.runtime.inputs import InputInfo, place_inputs
@@ -186,7 +187,9 @@ class Run:
         self.staging = staging
         self.depth = depth
         self.values = _granted_secrets(prepared, secrets or {})
-        self.redactor = Redactor(list(self.values.values()))
+        self.egress_values = {n: (secrets or {}).get(n, "") for n in prepared.grant.egress}
+        """Egress credentials: only the run's credential proxy gets them."""
+        self.redactor = Redactor([*self.values.values(), *self.egress_values.values()])
         self.on_output = on_output
         self.gc = gc
         """Whether :meth:`open` first removes what dead owners left (a batch does it once)."""
@@ -250,7 +253,7 @@ class Run:
         except OrchestratorError as exc:
             self.outcome.error = str(exc)
             raise
-        for value in self.values.values():
+        for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and engine.pins_mounts()
@@ -294,6 +297,9 @@ class Run:
                     audit=self.audit,
                 )
                 self._broker.start()
+            self._stack.enter_context(  # egress credentials: the proxy, on the run's network
+                credential_proxy(engine, prepared, self.egress_values, self.audit)
+            )
             self._stack.enter_context(
                 delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
             )
@@ -523,7 +529,7 @@ class Run:
 
     def _sink(self) -> OutputSink | None:
         if self.on_output is not None and self.redactor:
-            return RedactingSink(self.on_output, self.values)
+            return RedactingSink(self.on_output, {**self.values, **self.egress_values})
         return self.on_output
 
     def _worker_as_main_process(self, sink: OutputSink | None) -> None:
@@ -604,7 +610,7 @@ class Run:
             audit=self.audit,
             depth=depth,
             staging=self.staging,
-            secrets=self.values,
+            secrets={**self.values, **self.egress_values},
         )
 
 
