@@ -289,7 +289,7 @@ class CredentialProxy:
     # -- responses ------------------------------------------------------------------------
 
     def _scrubber(self) -> Scrubber:
-        return Scrubber({c.value: c.placeholder for c in self.credentials})
+        return Scrubber({c.value: f"credential {c.name}" for c in self.credentials})
 
     @_guarded
     def responseheaders(self, flow: http.HTTPFlow) -> None:

@@ -73,7 +73,7 @@ def main() -> None:
         "--set", "http3=false",
         "-s", ADDON,
     ]  # fmt: skip
-    scrub = Scrubber({value: "[credential]" for value in values if value})
+    scrub = Scrubber({value: "credential" for value in values if value})
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     assert child.stdout is not None

@@ -91,17 +91,24 @@ def contains(data: bytes, secret: str) -> bool:
     return False
 
 
+def masked(label: str, length: int) -> bytes:
+    """``[label]`` padded with ``*`` (or cut) to exactly ``length`` bytes: a replacement
+    that keeps a response's Content-Length true."""
+    return f"[{label}]".encode().ljust(length, b"*")[:length]
+
+
 class Scrubber:
-    """Replaces secrets (each in every spelling) in a byte stream, across chunk boundaries.
+    """Replaces secrets (each in every spelling) in a byte stream, across chunk boundaries,
+    with a mark of the same length.
 
-    ``feed`` returns what can be passed on now and holds back a tail that may start a
-    secret; ``feed(b"")`` at the end releases the rest."""
+    Calling it with a chunk returns what can be passed on now and holds back a tail that
+    may start a secret; calling it with ``b""`` at the end releases the rest."""
 
-    def __init__(self, replacements: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str]) -> None:
         pairs: list[tuple[bytes, bytes]] = []
-        for secret, shown in replacements.items():
+        for secret, label in labels.items():
             for form in spellings(secret):
-                pairs.append((form, shown.encode() if form == secret.encode() else b"*" * 8))
+                pairs.append((form, masked(label, len(form))))
         self.pairs = sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
         self.keep = max((len(form) for form, _ in self.pairs), default=1) - 1
         self.pending = b""
