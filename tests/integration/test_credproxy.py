@@ -27,10 +27,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from orchestrator import Orchestrator
-from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN
 from orchestrator.config.allowlist import validate_allowlist
+from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN
 from orchestrator.docker.egress_gc import remove_egress
 from orchestrator.docker.images import WORKER_IMAGE, build_all
+from orchestrator.errors import ImageBuildError
 from orchestrator.policy.network import egress_key
 from tests.integration.conftest import unavailable
 from tests.integration.credfake import SERVER
@@ -111,7 +112,7 @@ def world(engine):
     if not engine.image_exists(CREDPROXY_IMAGE):
         try:
             build_credproxy_image(engine, rebuild_base=False, progress=lambda _: None)
-        except Exception as exc:  # no index or mirror here: a missing means
+        except ImageBuildError as exc:  # no index or mirror here: a missing means
             unavailable(f"cannot build {CREDPROXY_IMAGE}: {exc}")
     if not engine.image_exists(WORKER_IMAGE):
         build_all(engine, with_credproxy=False)
