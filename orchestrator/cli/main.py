@@ -457,6 +457,11 @@ def _describe(prepared: Prepared) -> str:
         f"workdir     {spec.workdir}",
         f"isolation   {_ISOLATION[spec.isolation]}",
         f"network     {_network_line(spec)}",
+        *[
+            f"credential  {b.name}: placeholder in {b.placeholder_env}; the run's credential "
+            f"proxy writes the value into {b.header} toward {', '.join(b.hosts)} only"
+            for b in spec.network.credentials
+        ],
         f"limits      memory {human_size(limits.memory)} (no swap), cpus {limits.cpus:g}, "
         f"pids {limits.pids}, timeout {limits.timeout_s:g} s, /tmp {human_size(tmp)}",
         f"ulimits     {', '.join(f'{u.name} {u.soft}/{u.hard}' for u in spec.ulimits) or '-'}",

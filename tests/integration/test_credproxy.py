@@ -14,6 +14,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import tarfile
 import time
 import uuid
@@ -27,12 +28,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from orchestrator import Orchestrator
-from orchestrator.config.allowlist import validate_allowlist
 from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN
+from orchestrator.docker.egress import EGRESS_KEY
 from orchestrator.docker.egress_gc import remove_egress
 from orchestrator.docker.images import WORKER_IMAGE, build_all
 from orchestrator.errors import ImageBuildError
-from orchestrator.policy.network import egress_key
 from tests.integration.conftest import unavailable
 from tests.integration.credfake import SERVER
 from tests.integration.credprobe import PROBE
@@ -167,8 +167,11 @@ def world(engine):
     finally:
         for container in made:
             engine.remove(container)
-        try:  # the allowlist's proxy joined the service network: it goes first
-            remove_egress(engine, egress_key(validate_allowlist(allow), [net]))
+        try:  # the allowlists' proxies joined the service network: they go first
+            for proxy in engine.api.containers(all=True, filters={"network": [net]}):
+                key = (proxy.get("Labels") or {}).get(EGRESS_KEY)
+                if key:
+                    remove_egress(engine, key)
         finally:
             engine.api.remove_network(net)
 
@@ -292,3 +295,38 @@ def test_a_placeholder_holding_worker_gets_answers_and_leaks_nothing(
     assert len(substituted) >= 4 and all(e["metadata"]["status"] for e in substituted)
     assert len(blocked) >= 11, blocked
     assert all("?" not in e["metadata"]["path"] for e in events)
+
+
+def test_the_summarise_example_calls_the_fake_api_without_its_key(
+    engine, world, tmp_path, monkeypatch
+):
+    """The example as shipped, pointed at the fake API: a cold one-shot run under gVisor."""
+    from tests.integration.conftest import require_gvisor
+
+    require_gvisor(engine)
+    example = Path(__file__).resolve().parents[2] / "examples" / "summarise"
+    root = tmp_path / "summarise"
+    shutil.copytree(example, root)
+    host = f"{world['llm']}:8443"
+    (root / "ca.pem").write_bytes(world["ca"])
+    config = (root / "orchestrator.yaml").read_text().replace("[api.openai.com]", f"[{host}]")
+    config += f"network:\n  services: [{{network: {world['net']}}}]\n  trust_ca: [ca.pem]\n"
+    (root / "orchestrator.yaml").write_text(config)
+    worker = root / "workers" / "summarise.worker"
+    worker.write_text(worker.read_text().replace("api.openai.com:443", host))
+    monkeypatch.setenv("OPENAI_API_KEY", world["real"])
+    with Orchestrator(root, engine=engine) as orch:
+        result = orch.run(
+            "summarise",
+            inputs=[root / "downloads"],
+            env={"OPENAI_BASE_URL": f"https://{host}/v1"},
+        )
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.error)
+        assert "2 summarised, 0 failed" in result.stdout
+        store = orch.staging.store
+        change = store.get(result.outbox.change_id)
+        (staged,) = [f for f in change.files if f.path == "summaries.json"]
+        with store.open_blob(change.id, staged.sha256) as blob:
+            summaries = json.loads(blob.read())
+    assert all(item["summary"].startswith("summary: ") for item in summaries), summaries
+    assert world["real"] not in json.dumps(summaries)
