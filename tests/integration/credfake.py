@@ -11,12 +11,33 @@ redirects. Role ``other`` answers 200 to everything and prints every request it 
 from __future__ import annotations
 
 SERVER = r"""
-import json, ssl, sys, threading, time
+import base64, hashlib, json, ssl, struct, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROLE = sys.argv[1]
 REAL = open("/srv/real").read().strip() if ROLE == "llm" else None
 OTHER = sys.argv[2] if len(sys.argv) > 2 else ""
+
+
+def ws_send(stream, text):
+    data = text.encode()
+    head = bytes([0x81, len(data)]) if len(data) < 126 else bytes([0x81, 126]) + struct.pack("!H", len(data))
+    stream.write(head + data)
+    stream.flush()
+
+
+def ws_read(stream):
+    head = stream.read(2)
+    if len(head) < 2 or head[0] & 0x0F == 8:
+        return None
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", stream.read(2))[0]
+    elif length == 127:
+        length = struct.unpack("!Q", stream.read(8))[0]
+    mask = stream.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+    data = stream.read(length)
+    return bytes(b ^ mask[i % 4] for i, b in enumerate(data)).decode(errors="replace")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -61,6 +82,21 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(0.05)
                 self.wfile.write((auth[half:] + "\n\n").encode())
                 self.wfile.flush()
+            self.close_connection = True
+            return
+        if path == "/ws":  # a WebSocket: first the Authorization header back, then echoes
+            accept = base64.b64encode(hashlib.sha1(
+                (self.headers["sec-websocket-key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()
+            ).digest()).decode()
+            self.send_response(101)
+            self.send_header("upgrade", "websocket")
+            self.send_header("connection", "Upgrade")
+            self.send_header("sec-websocket-accept", accept)
+            self.end_headers()
+            ws_send(self.wfile, "hello " + auth)
+            while (text := ws_read(self.rfile)) is not None:
+                print("WS RECEIVED", repr(text), flush=True)
+                ws_send(self.wfile, "echo:" + text)
             self.close_connection = True
             return
         if path == "/redirect":

@@ -93,6 +93,53 @@ def tunnel(target, sni):
     return ["answered", wrapped.recv(200).decode(errors="replace").split("\r\n")[0]]
 
 
+def websocket():
+    # a WebSocket to the bound host: the key is written into the handshake, the answer
+    # that reflects it comes back scrubbed, and a message holding the placeholder closes it
+    proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+    target = urllib.parse.urlsplit(LLM).netloc
+    raw = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+    raw.sendall(("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n").encode())
+    raw.recv(4096)
+    stream = ssl.create_default_context().wrap_socket(raw, server_hostname=target.split(":")[0])
+    key = base64.b64encode(os.urandom(16)).decode()
+    stream.sendall(("GET /ws HTTP/1.1\r\nHost: " + target + "\r\nUpgrade: websocket\r\n"
+                    "Connection: Upgrade\r\nSec-WebSocket-Key: " + key + "\r\n"
+                    "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer " + KEY + "\r\n\r\n").encode())
+    reader = stream.makefile("rb")
+    status = reader.readline().decode().split(" ")[1]
+    while reader.readline() not in (b"\r\n", b""):
+        pass
+
+    def read():
+        head = reader.read(2)
+        if len(head) < 2 or head[0] & 0x0F == 8:
+            return None
+        length = head[1] & 0x7F
+        if length == 126:
+            length = int.from_bytes(reader.read(2), "big")
+        return reader.read(length).decode(errors="replace")
+
+    def send(text):
+        data, mask = text.encode(), os.urandom(4)
+        stream.sendall(bytes([0x81, 0x80 | len(data)]) + mask
+                       + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+    first = read()
+    send("hello")
+    echoed = read()
+    send("steal " + KEY)
+    try:
+        after = read()
+    except OSError as exc:
+        after = "closed: " + type(exc).__name__
+    return [status, first, echoed, after]
+
+
+try:
+    results["websocket"] = websocket()
+except Exception as exc:
+    results["websocket"] = ["failed", repr(exc)[:300]]
 llm_host = urllib.parse.urlsplit(LLM).netloc
 results["sni_mismatch"] = tunnel(llm_host, OTHER)
 results["ip_literal_connect"] = tunnel("192.0.2.10:8443", "192.0.2.10")

@@ -270,6 +270,13 @@ def test_a_placeholder_holding_worker_gets_answers_and_leaks_nothing(
     assert seen["echo"][0] == 200 and "[credential llm]" in seen["echo"][1], seen["echo"]
     assert seen["sse"][0] == 200 and seen["sse"][1].count("[credential llm]") == 4, seen["sse"]
     assert "REALKEY" not in seen["echo"][1] + seen["sse"][1]
+    # a WebSocket: the handshake carried the key, its reflection came back scrubbed, and a
+    # message holding the placeholder closed it instead of reaching the server
+    status, first, echoed, after = seen["websocket"]
+    assert (status, echoed) == ("101", "echo:hello"), seen["websocket"]
+    assert first.startswith("hello Bearer [credential llm]"), first
+    assert after is None or after.startswith("closed"), after
+    assert "steal" not in engine.api.logs(world["servers"][0]).decode(errors="replace")
     assert seen["redirect"][0] == 403, seen["redirect"]
     # nothing of the value or the CA key inside the worker
     assert seen["state_visible"] is False
