@@ -295,3 +295,66 @@ def test_the_scrubber_removes_a_value_split_across_chunks_and_keeps_lengths():
     out = b"".join(scrub(data[i : i + 3]) for i in range(0, len(data), 3)) + scrub(b"")
     assert value.encode() not in out and len(out) == len(data)
     assert out.count(b"[credential llm]") == 6
+
+
+# -- the run's hook, with the fake engine -----------------------------------------------
+
+
+class _Recording:
+    """Wraps the fake engine's proxy start to see what the proxy is given."""
+
+    def __init__(self, engine):
+        self.engine, self.state, self.files = engine, None, {}
+        original = engine.start_credential_proxy
+
+        def start(spec, state, user):
+            self.state = state
+            self.files = {
+                p.name: (p.stat().st_mode & 0o777, p.read_bytes()) for p in state.iterdir()
+            }
+            self.bundle = next(m.source for m in spec.mounts if m.target == contract.WORKER_BUNDLE)
+            return original(spec, state, user)
+
+        engine.start_credential_proxy = start
+
+
+def test_the_proxy_starts_before_the_worker_and_goes_with_its_state(project):
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    seen = _Recording(engine)
+    value = "sk-unit-value-0123456789"
+    execute(
+        engine,
+        prepared,
+        audit=open_audit(prepared.project),
+        staging=None,
+        secrets={"llm": value},
+    )
+    calls = engine.calls
+    assert calls.index("network") < calls.index("credproxy") < calls.index("create")
+    # the proxy was given the value in a 0400 file, the CA key, and no value elsewhere
+    assert seen.files["value-0"] == (0o400, value.encode())
+    assert seen.files[contract.CA_NAME][0] == 0o400
+    assert b"PRIVATE KEY" in seen.files[contract.CA_NAME][1]
+    assert value.encode() not in seen.files[contract.CONFIG_NAME][1]
+    # ... and never to the worker: no /run/secrets, the bundle holds the certificate only
+    assert not prepared.paths.secrets_dir.exists()
+    assert not seen.state.exists()  # the values and the key are gone with the run
+    assert not Path(seen.bundle).exists()  # the run's folder too
+
+
+def test_without_a_value_no_proxy_and_no_worker_start(project):
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    with pytest.raises(OrchestratorError, match="egress credential.*llm.*not resolved"):
+        execute(engine, prepared, audit=open_audit(prepared.project), staging=None)
+    assert "credproxy" not in engine.calls and "create" not in engine.calls
