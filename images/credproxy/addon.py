@@ -211,6 +211,9 @@ class CredentialProxy:
         intercepted = request.scheme == "https" and flow.client_conn.tls_established
         bound = self.bound.get(target, []) if intercepted else []
         if intercepted and bound:
+            if len(request.headers.get_all("host")) > 1:
+                self._block(flow, ",".join(c.name for c in bound), "Host given twice")
+                return
             sni = (flow.client_conn.sni or "").lower().rstrip(".")
             host = _host_of(request.host_header or "", target[1])
             server = flow.server_conn.address
