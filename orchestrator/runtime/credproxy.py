@@ -45,6 +45,10 @@ __all__ = ["credential_proxy", "state_dir"]
 
 log = logging.getLogger(__name__)
 
+#: How long a run whose container idles (a session, a pooled run: work arrives by exec)
+#: may wait for work, for its CA's validity: past it, TLS to the bound hosts fails (closed).
+KEEP_ALIVE_S = 24 * 3600.0
+
 
 class _Engine(Containers, CredentialProxies, Protocol):
     """What the hook needs of an engine."""
@@ -117,7 +121,8 @@ def credential_proxy(
             "handed to the proxy from memory (mount a tmpfs there)"
         )
     hosts = [host.rpartition(":")[0] for b in bindings for host in b.hosts]
-    ca = make_run_ca(spec.run_id, hosts, lifetime_s=spec.limits.timeout_s)
+    waits = KEEP_ALIVE_S if spec.supervisor_user is not None else 0.0
+    ca = make_run_ca(spec.run_id, hosts, lifetime_s=spec.limits.timeout_s + waits)
     bundle = _bundle_source(spec)
     trust = _trusted(spec.network.trust_ca)
     container: str | None = None
