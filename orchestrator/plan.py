@@ -11,6 +11,7 @@ option strings, :mod:`orchestrator.render.k8s` as Kubernetes objects.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +20,13 @@ from typing import Any, Literal
 from orchestrator import labels
 from orchestrator.config import Project, Worker
 from orchestrator.config.models import ENV_NAME, Isolation
+from orchestrator.credproxy import (
+    CA_VARIABLES,
+    WORKER_BUNDLE,
+    Binding,
+    make_placeholder,
+    worker_env,
+)
 from orchestrator.egress import PROXY_VARIABLES, network_env
 from orchestrator.errors import ConfigError
 from orchestrator.policy import Grant
@@ -117,6 +125,11 @@ class Network:
     project: str = ""
     """With ``full``: the project's key (see :func:`project_key`); runs of one project
     share one ``full`` network, never another project's or the engine's default."""
+    credentials: list[Binding] = field(default_factory=list)
+    """With ``allowlist``: egress credentials, written into requests by the run's
+    credential proxy (the worker holds only each one's placeholder)."""
+    trust_ca: list[str] = field(default_factory=list)
+    """With credentials: host files of extra CAs the credential proxy trusts upstream."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +235,8 @@ def compile_plan(
     env = _environment(worker, run_id, env or {})
     if isinstance(grant.network, tuple):
         env.update(network_env())
+    bindings = _bindings(project, worker, grant)
+    env.update(worker_env(bindings) if bindings else {})
     env["ORCHESTRATOR_TRUST"] = grant.trust
     env["ORCHESTRATOR_SESSION"] = session_id
     outbox = next((zone for zone in grant.zones if zone.outbox), None)
@@ -236,6 +251,8 @@ def compile_plan(
     if grant.children and grant.paths is not None:
         mounts.append(Mount(source=str(grant.paths.broker_dir), target=BROKER_DIR, read_only=True))
         env["ORCHESTRATOR_BROKER"] = BROKER_SOCKET
+    if bindings and grant.paths is not None:  # the image's CAs and the run's, read-only
+        mounts.append(Mount(str(ca_bundle_path(grant.paths.run_dir)), WORKER_BUNDLE, True))
     inputs = inputs or worker.config.inputs is not None
     if inputs and grant.paths is not None:
         mounts.append(Mount(str(grant.paths.inputs_dir), INPUTS_DIR, read_only=True))
@@ -255,7 +272,7 @@ def compile_plan(
         env=env,
         mounts=mounts,
         tmpfs=tmpfs,
-        network=_network(project, grant),
+        network=_network(project, grant, bindings),
         limits=Limits(
             memory=limits.memory, cpus=limits.cpus, pids=limits.pids, timeout_s=limits.timeout
         ),
@@ -280,10 +297,54 @@ def compile_plan(
     )
 
 
-def _network(project: Project, grant: Grant) -> Network:
+def ca_bundle_path(run_dir: Path) -> Path:
+    """The host file a worker with egress credentials gets as its system CA bundle."""
+    return run_dir / "credproxy-ca.pem"
+
+
+def _bindings(project: Project, worker: Worker, grant: Grant) -> list[Binding]:
+    """The run's egress credentials, each with a fresh placeholder."""
+    found = []
+    for name in grant.egress:
+        config = project.config.credentials[name]
+        binding = config.egress
+        assert binding is not None  # granted as egress
+        found.append(
+            Binding(
+                name=name,
+                hosts=list(binding.hosts),
+                header=binding.header,
+                format=binding.format,
+                placeholder_env=config.placeholder_env,
+                placeholder=make_placeholder(name),
+            )
+        )
+    taken = [key for key in worker.config.env if key in CA_VARIABLES]
+    if found and taken:
+        raise ConfigError(
+            [
+                f"{worker.where('env', key)}: set by the orchestrator for egress credentials "
+                "(the run's CA bundle); remove it"
+                for key in taken
+            ]
+        )
+    return found
+
+
+def _network(project: Project, grant: Grant, bindings: list[Binding]) -> Network:
     if isinstance(grant.network, tuple):
         services = sorted({service.network for service in project.config.network.services})
-        return Network("allowlist", allow=[str(e) for e in grant.network], services=services)
+        trust = [
+            str(Path(os.path.normpath(project.root / Path(path).expanduser())))
+            for path in project.config.network.trust_ca
+        ]
+        return Network(
+            "allowlist",
+            allow=[str(e) for e in grant.network],
+            services=services,
+            credentials=bindings,
+            trust_ca=trust if bindings else [],
+        )
     if grant.network == "full":
         return Network("full", project=project_key(project.root))
     return Network("none")

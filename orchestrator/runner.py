@@ -380,13 +380,13 @@ class Orchestrator:
 
     def secrets_for(self, prepared: Prepared) -> Mapping[str, str]:
         """The values of the secrets ``prepared``'s grant allows, read on the host now."""
-        if not prepared.grant.secrets:
+        if not prepared.grant.secrets and not prepared.grant.egress:
             return {}
         from orchestrator.credentials import resolve
 
         credentials = self.project.config.credentials
         values = {}
-        for name in prepared.grant.secrets:
+        for name in (*prepared.grant.secrets, *prepared.grant.egress):
             credential = resolve(name, credentials[name], audit=self.audit, base=self.project.root)
             values[name] = credential.reveal()  # an 'inherit' credential holds no value: refused
             self.audit.record(
@@ -395,7 +395,12 @@ class Orchestrator:
                 run_id=prepared.spec.run_id,
                 session_id=prepared.session_id,
                 trust_level=prepared.spec.trust,
-                metadata={"credential": name, "use": "worker secret"},
+                metadata={
+                    "credential": name,
+                    "use": "egress credential"
+                    if name in prepared.grant.egress
+                    else "worker secret",
+                },
             )
         return values
 

@@ -301,8 +301,9 @@ def images() -> None:
 def images_build(
     base: str | None, suite: str | None, rebuild_base: bool, with_orchestrator: bool
 ) -> None:
-    """Build orchestrator/worker and orchestrator/proxy (bootstrapping a base from the host's
-    apt sources if needed), and on request the orchestrator's own image."""
+    """Build orchestrator/worker, orchestrator/proxy and orchestrator/credproxy (bootstrapping
+    bases from the host's apt sources if needed), and on request the orchestrator's own
+    image."""
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import build_all
 
@@ -347,6 +348,11 @@ def _describe(prepared: Prepared) -> str:
         f"workdir     {spec.workdir}",
         f"isolation   {_ISOLATION[spec.isolation]}",
         f"network     {_network_line(spec)}",
+        *[
+            f"credential  {b.name}: placeholder in {b.placeholder_env}; the run's credential "
+            f"proxy writes the value into {b.header} toward {', '.join(b.hosts)} only"
+            for b in spec.network.credentials
+        ],
         f"limits      memory {human_size(limits.memory)} (no swap), cpus {limits.cpus:g}, "
         f"pids {limits.pids}, timeout {limits.timeout_s:g} s, /tmp {human_size(tmp)}",
         f"ulimits     {', '.join(f'{u.name} {u.soft}/{u.hard}' for u in spec.ulimits) or '-'}",

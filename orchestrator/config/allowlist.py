@@ -163,6 +163,29 @@ def _check_ip(text: str) -> str:
     return str(address)
 
 
+def bound_host(entry: object) -> AllowEntry:
+    """One host an egress credential is bound to: an exact name, HTTPS, port 443 unless
+    written ``host:port``. Wildcards and IP literals are refused (a credential goes to a
+    name whose certificate the proxy verifies). Raises ValueError naming the fix."""
+    if not isinstance(entry, str):
+        raise ValueError("must be a host name such as api.example.org")
+    text = entry.strip()
+    if "*" in text:
+        raise ValueError(
+            f"{text!r}: wildcards are refused for a credential; list each exact host name"
+        )
+    try:
+        (found,) = _parse_entry(text if ":" in text else f"{text}:443")
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    if found.is_ip:
+        raise ValueError(
+            f"{text!r}: IP literals are refused for a credential; name the host "
+            "(its certificate is checked against that name)"
+        )
+    return found
+
+
 def allowlist_key(allow: Iterable[AllowEntry]) -> str:
     """The short hash naming the proxy and network of a normalised allowlist."""
     text = "\n".join(str(entry) for entry in sorted(set(allow)))

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.config.allowlist import validate_allowlist
+from orchestrator.config.allowlist import bound_host, validate_allowlist
 from orchestrator.timeouts import MAX_TIMEOUT_S
 
 # Trust levels and approvals are spelled in a leaf module (the CLI's --help reads them
@@ -215,6 +215,9 @@ class ProjectNetwork(Strict):
 
     services: list[LocalService] = []
     """Local services behind the allowlist: networks the egress proxy joins."""
+    trust_ca: list[str] = []
+    """PEM files of extra CAs the credential proxy trusts upstream (a local service with
+    its own CA), relative to the project folder."""
 
 
 class OutboxLimits(Strict):
@@ -233,6 +236,97 @@ class SandboxSettings(Strict):
     outbox: OutboxLimits = OutboxLimits()
 
 
+#: Headers a credential may never be written into: the proxy and HTTP framing own them.
+_FRAMING_HEADERS = frozenset(
+    {
+        "host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
+        "trailer", "keep-alive", "expect", "content-encoding", "content-type",
+    }
+)  # fmt: skip
+_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+#: Where a value could go other than a header: refused with a reason, not just "unknown".
+_INJECTION_KEYS = frozenset({"query", "body", "param", "params", "in", "location", "cookie"})
+
+
+class EgressBinding(Strict):
+    """``egress:`` under a credential: never given to the worker, which gets a random
+    placeholder instead; the run's credential proxy writes the real value into one header
+    of HTTPS requests to the bound hosts only (see docs/secrets.md)."""
+
+    hosts: list[str] = Field(min_length=1)
+    """Exact host names, HTTPS (port 443 unless ``host:port``); no wildcards, no IP
+    literals. Each must be on the worker's allowlist."""
+    header: str = "authorization"
+    """The one header the value may be written into."""
+    format: str | None = None
+    """The header's whole form, e.g. ``Bearer {value}``; unset: the placeholder is
+    replaced wherever it stands in that header."""
+    placeholder_env: str | None = None
+    """The worker's environment variable holding the placeholder (default: the
+    credential's ``env`` for ``source: env``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _header_only(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for key in data:
+                if str(key).lower() in _INJECTION_KEYS:
+                    raise ValueError(
+                        f"'{key}': a credential is only ever written into one request header; "
+                        "body, query and cookie injection are refused (remove it, see "
+                        "docs/secrets.md)"
+                    )
+        return data
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        problems = []
+        for index, host in enumerate(hosts):
+            try:
+                bound_host(host)
+            except ValueError as exc:
+                problems.append(f"hosts[{index}] {exc}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return [str(bound_host(host)) for host in hosts]
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, header: str) -> str:
+        name = header.strip().lower()
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"'{header}' is not an HTTP header name; write e.g. authorization")
+        if name in _FRAMING_HEADERS or name.startswith("proxy-") or name.startswith(":"):
+            raise ValueError(
+                f"'{header}' frames the request or belongs to the proxy; name the header the "
+                "API reads its key from (e.g. authorization, x-api-key)"
+            )
+        return name
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, form: str | None) -> str | None:
+        if form is None:
+            return None
+        rest = form.replace("{value}", "", 1)
+        if "{value}" not in form or "{" in rest or "}" in rest:
+            raise ValueError(
+                f"'{form}' must hold '{{value}}' exactly once and no other braces, "
+                "e.g. 'Bearer {value}'"
+            )
+        if not form.isascii() or not form.isprintable():
+            raise ValueError("must be printable ASCII on one line")
+        return form
+
+    @field_validator("placeholder_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not ENV_NAME.match(name):
+            raise ValueError(f"'{name}' is not a valid environment variable name")
+        return name
+
+
 class CredentialConfig(Strict):
     """Where a credential comes from and how a push may use it. Values never live here."""
 
@@ -247,6 +341,9 @@ class CredentialConfig(Strict):
     """``inherit``: git uses the host's agents and helpers; ``explicit``: only this value."""
     username: str = "x-access-token"
     """User name sent with the token over HTTP."""
+    egress: EgressBinding | None = None
+    """Written into requests by the run's credential proxy instead of being given to the
+    worker: the worker sees only a placeholder (see docs/secrets.md)."""
 
     @model_validator(mode="after")
     def _source_field(self) -> CredentialConfig:
@@ -254,7 +351,25 @@ class CredentialConfig(Strict):
         if self.mode == "explicit" and not needed:
             field = {"env": "env", "file": "path", "command": "command"}[self.source]
             raise ValueError(f"source '{self.source}' needs '{field}'")
+        if self.egress is not None:
+            if self.mode == "inherit":
+                raise ValueError(
+                    "an egress credential needs a value: use mode explicit (the default)"
+                )
+            if self.egress.placeholder_env is None and self.source != "env":
+                raise ValueError(
+                    "egress.placeholder_env: required unless source is env; name the "
+                    "variable the worker's client reads its key from"
+                )
         return self
+
+    @property
+    def placeholder_env(self) -> str:
+        """The worker's variable holding an egress credential's placeholder."""
+        binding = self.egress
+        if binding is None:
+            raise ValueError("not an egress credential")
+        return binding.placeholder_env or self.env or ""
 
 
 class ClearanceSettings(Strict):

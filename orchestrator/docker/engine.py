@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 import requests
@@ -22,7 +23,7 @@ from docker import errors as docker_errors
 from docker.utils import socket as docker_socket
 
 from orchestrator import labels
-from orchestrator.docker import hostconfig, kernel_log, podman, runtimes
+from orchestrator.docker import credproxy, hostconfig, kernel_log, podman, runtimes
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
@@ -475,6 +476,18 @@ class DockerEngine(DockerClient):
         from orchestrator.docker import networks
 
         return networks.collect_shared(self, idle_seconds)
+
+    # -- a run's credential proxy --------------------------------------------------------
+
+    def image_ca_bundle(self, image: str) -> bytes:
+        return credproxy.image_bundle(self, image)
+
+    def start_credential_proxy(self, spec: ContainerSpec, state: Path, user: str) -> str:
+        podman.check_spec(self, spec)
+        return credproxy.start_proxy(self, spec, state, user)
+
+    def credential_proxy_log(self, container_id: str) -> str:
+        return credproxy.proxy_log(self, container_id)
 
     def list_managed(self) -> list[ManagedObject]:
         label = {"label": labels.MANAGED}

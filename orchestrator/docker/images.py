@@ -26,6 +26,8 @@ import requests
 from docker import errors as docker_errors
 
 from orchestrator import labels
+from orchestrator.credproxy import CREDPROXY_IMAGE
+from orchestrator.docker.aptsources import carried_over, host_sources
 from orchestrator.docker.client import DockerClient, engine_errors
 from orchestrator.egress import PROXY_IMAGE
 from orchestrator.errors import ImageBuildError
@@ -37,6 +39,21 @@ ORCHESTRATOR_IMAGE = "orchestrator/orchestrator:latest"
 BASE_REPOSITORY = "orchestrator/base"
 BASE_PACKAGES = ("python3", "ca-certificates")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The credential proxy's base: mitmproxy 12 needs Python >= 3.12 (trixie has 3.13).
+CREDPROXY_SUITE = "trixie"
+CREDPROXY_PYTHON = "3.13"
+#: Pinned: a 12.x release (11.0.2, the last for Python 3.11, pins an h2 with a
+#: request-smuggling flaw).
+MITMPROXY_VERSION = "12.3.1"
+#: Platforms ``pip download`` may take binary wheels for (the image is x86-64 glibc).
+_WHEEL_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_26_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +90,16 @@ def host_suite() -> str:
     )
 
 
-def bootstrap_base(engine: DockerClient, tag: str, suite: str, progress: Progress) -> None:
-    """Create ``tag`` from a Debian root filesystem bootstrapped from the host's apt sources."""
+def bootstrap_base(
+    engine: DockerClient,
+    tag: str,
+    suite: str,
+    progress: Progress,
+    *,
+    mirrors: list[str] | None = None,
+) -> None:
+    """Create ``tag`` from a Debian root filesystem bootstrapped from the host's apt sources
+    (or from ``mirrors``: apt source lines, given on mmdebstrap's command line)."""
     tool = shutil.which("mmdebstrap")
     if tool is None:
         raise ImageBuildError(
@@ -94,6 +119,7 @@ def bootstrap_base(engine: DockerClient, tag: str, suite: str, progress: Progres
             "--dpkgopt=path-exclude=/usr/share/info/*",
             suite,
             str(rootfs),
+            *(mirrors or []),
         ]
         progress(f"bootstrapping a {suite} root filesystem from the host's apt sources")
         process = subprocess.Popen(
@@ -188,10 +214,12 @@ def build_all(
     suite: str | None = None,
     rebuild_base: bool = False,
     with_orchestrator: bool = False,
+    with_credproxy: bool = True,
     progress: Progress = lambda _: None,
 ) -> BuildResult:
     """Make sure the base exists (bootstrapping it if needed), then build the worker and
-    proxy images, and with ``with_orchestrator`` the orchestrator's own image."""
+    proxy images, the credential proxy's (on its own trixie base) unless
+    ``with_credproxy`` is False, and with ``with_orchestrator`` the orchestrator's own."""
     engine.ping()
     base_built = False
     if base is None:
@@ -210,10 +238,74 @@ def build_all(
     build_image(engine, "worker", WORKER_IMAGE, base, progress)
     build_image(engine, "proxy", PROXY_IMAGE, base, progress)
     built = [WORKER_IMAGE, PROXY_IMAGE]
+    if with_credproxy:
+        build_credproxy_image(engine, rebuild_base=rebuild_base, progress=progress)
+        built.append(CREDPROXY_IMAGE)
     if with_orchestrator:
         build_orchestrator_image(engine, base, progress)
         built.append(ORCHESTRATOR_IMAGE)
     return BuildResult(base=base, base_built=base_built, images=built)
+
+
+def credproxy_base(engine: DockerClient, *, rebuild: bool, progress: Progress) -> str:
+    """The trixie base the credential proxy is built on, bootstrapped when missing from
+    the host's apt sources with the host's release name replaced (read now, from
+    /etc/apt; no archive address is written anywhere)."""
+    tag = f"{BASE_REPOSITORY}:{CREDPROXY_SUITE}"
+    if engine.image_exists(tag) and not rebuild:
+        progress(f"base image {tag} present; reusing it")
+        return tag
+    host = host_suite()
+    mirrors: list[str] = []
+    if host != CREDPROXY_SUITE:
+        sources = carried_over(host_sources(), host, CREDPROXY_SUITE)
+        if not sources:
+            raise ImageBuildError(
+                f"cannot derive {CREDPROXY_SUITE} sources from the host's apt sources (no "
+                f"'{host}' entry in /etc/apt); import a {CREDPROXY_SUITE} image as {tag} "
+                "yourself (any image with python3 >= 3.12 and apt)"
+            )
+        mirrors = [source.line() for source in sources]
+    bootstrap_base(engine, tag, CREDPROXY_SUITE, progress, mirrors=mirrors)
+    return tag
+
+
+def download_wheels(into: Path, progress: Progress) -> None:
+    """``pip download`` mitmproxy and its dependencies as binary wheels for the credential
+    proxy's Python, with this machine's pip (its index and settings)."""
+    progress(f"downloading mitmproxy {MITMPROXY_VERSION} wheels for Python {CREDPROXY_PYTHON}")
+    platforms = [arg for platform in _WHEEL_PLATFORMS for arg in ("--platform", platform)]
+    command = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+        "--python-version", CREDPROXY_PYTHON, "--implementation", "cp", *platforms,
+        "--dest", str(into), f"mitmproxy=={MITMPROXY_VERSION}",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
+        raise ImageBuildError(
+            f"pip download of mitmproxy {MITMPROXY_VERSION} failed (exit {done.returncode}); "
+            f"is the package index reachable? Last output:\n{tail}"
+        )
+
+
+def build_credproxy_image(engine: DockerClient, *, rebuild_base: bool, progress: Progress) -> None:
+    """Build ``orchestrator/credproxy`` (``images/credproxy``) on the trixie base from
+    wheels downloaded here (no index in the build)."""
+    base = credproxy_base(engine, rebuild=rebuild_base, progress=progress)
+    with tempfile.TemporaryDirectory(prefix="orchestrator-credproxy-") as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(images_dir() / "credproxy", context)
+        download_wheels(context / "wheels", progress)
+        build_image(
+            engine,
+            "credproxy",
+            CREDPROXY_IMAGE,
+            base,
+            progress,
+            context=context,
+            buildargs={"PYTHON_VERSION": CREDPROXY_PYTHON, "MITMPROXY_VERSION": MITMPROXY_VERSION},
+        )
 
 
 def source_checkout() -> Path:

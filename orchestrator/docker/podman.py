@@ -306,6 +306,11 @@ def check_spec(engine: DockerClient, spec: ContainerSpec) -> None:
         raise EngineError(gvisor_refusal(kind, spec.worker, spec.trust))
     if spec.network.mode == "full":
         raise EngineError(full_network_refusal(kind, spec.worker))
+    if spec.network.credentials:
+        raise EngineError(
+            f"worker '{spec.worker}' holds egress credentials, whose credential proxy is "
+            f"not supported on {kind.label} yet: run it on Docker (docs/secrets.md)"
+        )
     refusal = limits_refusal(kind, spec.worker)
     limits = spec.limits
     if refusal is not None and (limits.memory or limits.pids or limits.cpus):

@@ -157,6 +157,9 @@ class Grant:
     children: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
     """Credential names delivered as files under /run/secrets (never for untrusted)."""
+    egress: tuple[str, ...] = ()
+    """Egress credentials: names whose value only the run's credential proxy holds (the
+    worker gets a placeholder); at every trust level, behind an allowlist only."""
     paths: RunPaths | None = field(default=None, compare=False)
     isolation: Isolation = "runc"
     """The runtime the container runs under: ``gvisor`` (runsc) or ``runc``."""
@@ -265,9 +268,9 @@ def assess_grant(
         own = Path(os.path.realpath(worker.file))
         extra = () if own.is_relative_to(paths.workers) or own in paths.policy else (own,)
         zones += _policy_guards(zones, replace(paths, policy=(*paths.policy, *extra)), problems)
-    _check_secrets(project, worker, level, problems)
     isolation = resolve_isolation(project, worker, level, problems)
     network = network_grant(worker.config.network or project.config.defaults.network)
+    _check_secrets(project, worker, level, network, problems)
     cap = project.config.untrusted_network
     if level == "untrusted" and network_rank(network) > {"none": 0, "allow": 1, "full": 2}[cap]:
         problems.append(
@@ -285,7 +288,8 @@ def assess_grant(
         limits=limits,
         masks=tuple(masks),
         children=tuple(worker.config.children),
-        secrets=tuple(worker.config.secrets),
+        secrets=tuple(n for n in worker.config.secrets if n not in egress_names(project)),
+        egress=tuple(n for n in worker.config.secrets if n in egress_names(project)),
         paths=paths,
         isolation=isolation,
     )
@@ -336,20 +340,84 @@ def _tmpfs_problems(project: Project, worker: Worker, limits: Limits) -> list[st
     ]
 
 
-def _check_secrets(project: Project, worker: Worker, level: Trust, problems: list[str]) -> None:
+def egress_names(project: Project) -> frozenset[str]:
+    """The project's credentials bound to egress hosts (never given to a worker)."""
+    return frozenset(n for n, c in project.config.credentials.items() if c.egress is not None)
+
+
+def _check_secrets(
+    project: Project, worker: Worker, level: Trust, network: NetworkGrant, problems: list[str]
+) -> None:
     secrets = worker.config.secrets
-    if secrets and level == "untrusted":
-        problems.append(
-            f"{worker.where('secrets')}: refused at trust 'untrusted' (credentials never reach an "
-            "untrusted worker); remove them or raise the worker's trust"
-        )
     known = project.config.credentials
+    bound = egress_names(project)
+    plain = [name for name in secrets if name in known and name not in bound]
+    if plain and level == "untrusted":
+        egress_hint = (
+            " or give the credential an egress binding in "
+            f"{project.file} (the worker then gets a placeholder, docs/secrets.md)"
+        )
+        problems.append(
+            f"{worker.where('secrets')}: {', '.join(plain)}: refused at trust 'untrusted' "
+            "(credentials never reach an untrusted worker); remove them, raise the worker's "
+            f"trust{egress_hint}"
+        )
     for name in secrets:
         if name not in known:
             offered = ", ".join(sorted(known)) or "none"
             problems.append(
                 f"{worker.where('secrets')}: '{name}' is not in {project.file} credentials "
                 f"(known: {offered}); add it there"
+            )
+    _check_egress(project, worker, [n for n in secrets if n in bound], network, problems)
+
+
+def _check_egress(
+    project: Project, worker: Worker, names: list[str], network: NetworkGrant, problems: list[str]
+) -> None:
+    """Egress credentials: behind an allowlist covering every bound host, one placeholder
+    variable and one (host, header) each."""
+    if not names:
+        return
+    credentials = project.config.credentials
+    where = worker.where("secrets")
+    if not isinstance(network, tuple):
+        problems.append(
+            f"{where}: egress credential(s) {', '.join(names)} need network: {{allow: [...]}} "
+            f"listing their hosts, not '{network}'; declare an allowlist"
+        )
+        return
+    seen_env: dict[str, str] = {}
+    seen_slot: dict[tuple[str, str], str] = {}
+    for name in names:
+        config = credentials[name]
+        binding = config.egress
+        assert binding is not None  # egress_names
+        for host in binding.hosts:
+            name_part, _, port = host.rpartition(":")
+            if not any(entry.matches(name_part, int(port)) for entry in network):
+                problems.append(
+                    f"{worker.where('network')}: credential '{name}' is bound to {host}, which "
+                    f"the allowlist does not admit; add '{host}' to network.allow"
+                )
+            slot = (host, binding.header)
+            if slot in seen_slot:
+                problems.append(
+                    f"{where}: credentials '{seen_slot[slot]}' and '{name}' both go into "
+                    f"header {binding.header} of {host}; keep one"
+                )
+            seen_slot[slot] = name
+        variable = config.placeholder_env
+        if variable in seen_env:
+            problems.append(
+                f"{where}: credentials '{seen_env[variable]}' and '{name}' both use "
+                f"placeholder_env {variable}; give each its own"
+            )
+        seen_env[variable] = name
+        if variable in worker.config.env:
+            problems.append(
+                f"{worker.where('env', variable)}: {variable} holds the placeholder of "
+                f"credential '{name}'; remove it from env"
             )
 
 

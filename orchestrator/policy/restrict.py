@@ -101,6 +101,12 @@ def restrict(
         for secret in own.secrets
         if secret not in parent.secrets
     ]
+    problems += [
+        f"child '{name}' asks egress credential '{secret}' but parent '{parent_name}' does "
+        "not hold it"
+        for secret in own.egress
+        if secret not in parent.egress
+    ]
     if problems:
         raise PolicyError(problems)
     masks = tuple(dict.fromkeys((*own.masks, *parent.masks)))

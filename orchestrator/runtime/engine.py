@@ -1,7 +1,8 @@
 """What the runtime needs from a container engine, as typed protocols split by concern.
 
 :class:`Containers` (one container's life), :class:`Networks` (a run's network and egress
-proxy) and :class:`Inventory` (what exists, for ``gc``) make up :class:`Engine`. The runtime
+proxy), :class:`CredentialProxies` (a run's credential proxy) and :class:`Inventory` (what
+exists, for ``gc``) make up :class:`Engine`. The runtime
 depends on these only and each function asks for the narrowest it uses;
 ``orchestrator.docker`` implements them with the Docker SDK, and the unit tests' fake is held
 to the same behaviour by a contract test run against both. Implementations retry transient
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Literal, Protocol
 
 from orchestrator.plan import ContainerSpec
@@ -137,6 +139,23 @@ class Networks(Protocol):
         """Remove shared objects (proxies, networks) that no container uses any more."""
 
 
+class CredentialProxies(Protocol):
+    """A run's credential proxy (:mod:`orchestrator.credproxy`): egress credentials are
+    written into requests there, and the worker holds only placeholders."""
+
+    def image_ca_bundle(self, image: str) -> bytes:
+        """The system CA bundle inside ``image`` (empty when it has none)."""
+
+    def start_credential_proxy(self, spec: ContainerSpec, state: Path, user: str) -> str:
+        """Start ``spec``'s credential proxy on the run's network (made already), with the
+        host folder ``state`` read-only at its state folder, as ``user``; return its
+        container id once it accepts connections (removed again on failure). Raise
+        EngineError when this engine cannot run one."""
+
+    def credential_proxy_log(self, container_id: str) -> str:
+        """The proxy's output, its event lines among others (empty when it is gone)."""
+
+
 class Inventory(Protocol):
     """Everything the orchestrator created on the engine, for ``gc`` and clean-up."""
 
@@ -147,7 +166,7 @@ class Inventory(Protocol):
         """Remove one managed object; True when it is gone."""
 
 
-class Engine(Containers, Networks, Inventory, Protocol):
+class Engine(Containers, Networks, CredentialProxies, Inventory, Protocol):
     """An engine as one run and ``gc`` use it: every concern, and a liveness check."""
 
     def ping(self) -> None:

@@ -85,11 +85,12 @@ def path_violations(project: Project) -> list[str]:
 
 def uses_run_dir(prepared: Prepared) -> bool:
     """Whether the run keeps something in its own folder: ``ask`` copies, a broker's socket
-    or inputs (a swarm run's results are claimed by the swarm; an access record holds its
-    owner itself)."""
+    inputs, or the CA bundle of egress credentials (a swarm run's results are claimed by
+    the swarm; an access record holds its owner itself)."""
     grant = prepared.grant
     asks = any(zone.ask_base is not None for zone in grant.zones)
-    return asks or bool(grant.children) or prepared.spec.inputs is not None
+    own = bool(grant.children) or bool(grant.egress) or prepared.spec.inputs is not None
+    return asks or own
 
 
 def pristine_of(copy: Path) -> Path:

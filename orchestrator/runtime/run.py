@@ -35,6 +35,7 @@ from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.backend import Backend, Launch, Outcome, OutputSink, Status, Tail
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
+from orchestrator.runtime.credproxy import credential_proxy
 from orchestrator.runtime.engine import EgressDecision, Engine, Stream
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
@@ -174,7 +175,9 @@ class Run:
         self.staging = staging
         self.depth = depth
         self.values = _granted_secrets(prepared, secrets or {})
-        self.redactor = Redactor(list(self.values.values()))
+        self.egress_values = {n: (secrets or {}).get(n, "") for n in prepared.grant.egress}
+        """Egress credentials: only the run's credential proxy gets them."""
+        self.redactor = Redactor([*self.values.values(), *self.egress_values.values()])
         self.on_output = on_output
         self.gc = gc
         """Whether :meth:`open` first removes what dead owners left (a batch does it once)."""
@@ -255,7 +258,7 @@ class Run:
         except OrchestratorError as exc:
             self.outcome.error = str(exc)
             raise
-        for value in self.values.values():
+        for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
         prepare_filesystem(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
@@ -300,6 +303,10 @@ class Run:
                     audit=self.audit,
                 )
                 self._broker.start()
+            if prepared.grant.egress:  # egress credentials: the proxy, on the run's network
+                self._stack.enter_context(
+                    credential_proxy(self.engine, prepared, self.egress_values, self.audit)
+                )
             if backend.secret_files:
                 self._stack.enter_context(
                     delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
@@ -548,7 +555,7 @@ class Run:
 
     def _sink(self) -> OutputSink | None:
         if self.on_output is not None and self.redactor:
-            return RedactingSink(self.on_output, self.values)
+            return RedactingSink(self.on_output, {**self.values, **self.egress_values})
         return self.on_output
 
     def _run_child(self, child: Prepared, depth: int) -> RunResult:
@@ -558,7 +565,7 @@ class Run:
             audit=self.audit,
             depth=depth,
             staging=self.staging,
-            secrets=self.values,
+            secrets={**self.values, **self.egress_values},
         )
 
 

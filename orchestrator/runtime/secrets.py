@@ -24,7 +24,8 @@ from orchestrator.runtime.engine import Stream
 REDACTED = AUDIT_REDACTED.encode()
 
 
-def _is_tmpfs(folder: Path) -> bool:
+def is_tmpfs(folder: Path) -> bool:
+    """Whether ``folder`` lies on an in-memory file system (tmpfs)."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
@@ -43,7 +44,7 @@ def delivered(folder: Path, values: Mapping[str, str], uid: int, gid: int) -> It
     if not values:
         yield None
         return
-    if not _is_tmpfs(folder.parent):
+    if not is_tmpfs(folder.parent):
         raise OrchestratorError(
             f"{folder.parent} is not an in-memory filesystem; secrets are only ever delivered "
             "from memory (mount a tmpfs there)"

@@ -166,7 +166,8 @@ class Session:
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         run = self._run
         spec = run.spec
-        sink = RedactingSink(on_output, run.values) if on_output and run.redactor else on_output
+        values = {**run.values, **run.egress_values}
+        sink = RedactingSink(on_output, values) if on_output and run.redactor else on_output
         with self._active():
             assert run.container_id is not None
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Literal
 
 from orchestrator import labels
@@ -238,6 +239,16 @@ class FakeEngine:
 
     def collect_shared(self, idle_seconds: float) -> list[str]:
         return []
+
+    def image_ca_bundle(self, image: str) -> bytes:
+        return b""
+
+    def start_credential_proxy(self, spec: ContainerSpec, state: Path, user: str) -> str:
+        self._answer("credproxy")
+        return f"credproxy-{spec.run_id}"
+
+    def credential_proxy_log(self, container_id: str) -> str:
+        return ""
 
     def list_managed(self) -> list[ManagedObject]:
         self._answer("list")

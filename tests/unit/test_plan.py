@@ -133,7 +133,10 @@ def test_plan_json_has_the_documented_keys(project, capsys):
     assert data["limits"] == {
         "memory": 512 << 20, "cpus": 1.0, "pids": 256, "timeout_s": 600.0
     }  # fmt: skip
-    assert data["network"] == {"mode": "none", "allow": [], "services": [], "project": ""}
+    assert data["network"] == {
+        "mode": "none", "allow": [], "services": [], "project": "", "credentials": [],
+        "trust_ca": [],
+    }  # fmt: skip
     assert {"target": "/tmp", "size": 64 << 20, "mode": 0o1777, "uid": None, "gid": None,
             "noexec": False, "mask": False} in data["tmpfs"]  # fmt: skip
     assert data["seccomp"] == "orchestrator-default" and data["no_new_privileges"] is True

@@ -93,6 +93,13 @@ def refusal(spec: ContainerSpec) -> str | None:
             "offer (its runs could reach each other on a shared overlay): run it with "
             "--engine docker, or declare network: none or an allowlist (docs/scale-out.md)"
         )
+    if spec.network.credentials:
+        names = ", ".join(binding.name for binding in spec.network.credentials)
+        return (
+            f"worker '{spec.worker}' holds egress credentials ({names}), whose per-run "
+            "credential proxy --engine swarm does not run: run it with --engine docker "
+            "(docs/secrets.md)"
+        )
     return None
 
 

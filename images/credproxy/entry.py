@@ -1,0 +1,87 @@
+#!/opt/credproxy/bin/python3
+"""Start mitmdump with the credential addon, and relay its output with the values removed.
+
+Environment:
+  CREDPROXY_STATE  the read-only, in-memory folder the orchestrator mounts for this run:
+                   config.json (port, upstream proxy, the credentials without their
+                   values), one file per value, mitmproxy-ca.pem (the run CA's key and
+                   certificate) and, optionally, trust-ca.pem (extra upstream CAs).
+
+mitmproxy's confdir is made in /tmp (a tmpfs): it holds a link to the CA file and the
+Diffie-Hellman parameters mitmproxy writes itself. Upstream certificates are checked
+against the image's CA bundle plus trust-ca.pem. Everything mitmdump prints passes
+through a scrubber that removes the values in every spelling before it reaches the log.
+``--check`` loads the configuration and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "/usr/local/lib/credproxy")
+
+from forms import Scrubber  # noqa: E402
+
+STATE = Path(os.environ.get("CREDPROXY_STATE", "/run/credproxy"))
+CONF = Path("/tmp/mitmproxy")
+SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+UPSTREAM_BUNDLE = Path("/tmp/upstream-ca.pem")
+ADDON = "/usr/local/lib/credproxy/addon.py"
+
+
+def fail(message: str) -> None:
+    print(f"credproxy: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def main() -> None:
+    try:
+        config = json.loads((STATE / "config.json").read_text())
+        values = [(STATE / c["value_file"]).read_text() for c in config["credentials"]]
+    except (OSError, ValueError, KeyError) as exc:
+        fail(f"cannot read the configuration in {STATE}: {type(exc).__name__}")
+    if not (STATE / "mitmproxy-ca.pem").is_file():
+        fail(f"no CA in {STATE}")
+    CONF.mkdir(mode=0o700, exist_ok=True)
+    link = CONF / "mitmproxy-ca.pem"
+    if not link.is_symlink():
+        link.symlink_to(STATE / "mitmproxy-ca.pem")
+    bundle = SYSTEM_BUNDLE.read_bytes()
+    trust = STATE / "trust-ca.pem"
+    if trust.is_file():
+        bundle += b"\n" + trust.read_bytes()
+    UPSTREAM_BUNDLE.write_bytes(bundle)
+    if "--check" in sys.argv:
+        print("credproxy: configuration ok")
+        return
+    command = [
+        "/opt/credproxy/bin/mitmdump",
+        "--mode", f"upstream:{config['upstream']}",
+        "--listen-port", str(config["port"]),
+        "--set", f"confdir={CONF}",
+        "--set", "upstream_cert=false",
+        "--set", f"ssl_verify_upstream_trusted_ca={UPSTREAM_BUNDLE}",
+        "--set", "body_size_limit=16m",
+        "--set", "flow_detail=0",
+        "--set", "termlog_verbosity=warn",
+        "--set", "block_global=false",
+        "--set", "http3=false",
+        "-s", ADDON,
+    ]  # fmt: skip
+    scrub = Scrubber({value: "credential" for value in values if value})
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    assert child.stdout is not None
+    for line in child.stdout:
+        sys.stdout.buffer.write(scrub.scrub(line))
+        sys.stdout.buffer.flush()
+    sys.exit(child.wait())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The credential proxy of :mod:`orchestrator.credproxy` as a container of one run, on Docker.
+
+One proxy per run holding egress credentials: a container from ``orchestrator/credproxy``
+on the run's own internal network (alias ``credproxy``), whose only way out is the run's
+allowlist proxy on that same network. Its state (configuration, the values, the run CA's
+key) comes read-only from a host folder in memory that only it mounts. It carries the
+run's labels and its owner's, so ``gc`` removes it after a crash like the run's container.
+Also here: reading an image's own CA bundle, which the worker's bundle starts from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import docker.types
+from docker import errors as docker_errors
+
+from orchestrator import labels
+from orchestrator.credproxy import (
+    CREDPROXY_ALIAS,
+    CREDPROXY_IMAGE,
+    CREDPROXY_MEMORY,
+    CREDPROXY_PIDS,
+    CREDPROXY_TMP_SIZE,
+    READY_MARK,
+    STATE_DIR,
+    WORKER_BUNDLE,
+)
+from orchestrator.docker import podman
+from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.docker.netnames import network_name
+from orchestrator.docker.seccomp import default_security_opt
+from orchestrator.egress import PROXY_LOG_OPTIONS, PROXY_NANO_CPUS, PROXY_NOFILE
+from orchestrator.errors import EngineError, ImageMissing
+from orchestrator.plan import ContainerSpec
+
+__all__ = ["ROLE", "image_bundle", "proxy_log", "start_proxy"]
+
+#: The label value (``io.orchestrator.role``) of a run's credential proxy.
+ROLE_LABEL = f"{labels.PREFIX}.role"
+ROLE = "credproxy"
+#: The largest CA bundle read from an image.
+_MAX_BUNDLE = 4 << 20
+#: Bundles already read, by image id (an image's files never change).
+_BUNDLES: dict[str, bytes] = {}
+
+
+def image_bundle(engine: DockerClient, image: str) -> bytes:
+    """The system CA bundle inside ``image`` (empty when it has none), read from a
+    container created, never started, and removed."""
+    with engine_errors(f"inspecting image {image}"):
+        try:
+            image_id = str(engine.api.inspect_image(image)["Id"])  # type: ignore[no-untyped-call]
+        except docker_errors.ImageNotFound:
+            raise ImageMissing(image) from None
+    if image_id in _BUNDLES:
+        return _BUNDLES[image_id]
+    with engine_errors(f"reading the CA bundle of {image}"):
+        created = engine.api.create_container(
+            image_id,
+            command=["/nonexistent"],
+            labels=engine.labels_for({ROLE_LABEL: "ca-reader"}),
+            network_disabled=True,
+            host_config=engine.api.create_host_config(network_mode="none"),
+        )
+        try:
+            try:
+                stream, _ = engine.api.get_archive(created["Id"], WORKER_BUNDLE)
+                raw = b"".join(stream)
+            except docker_errors.NotFound:
+                raw = b""
+        finally:
+            retrying(lambda: engine.api.remove_container(created["Id"], force=True))
+    bundle = _member(raw)
+    _BUNDLES[image_id] = bundle
+    return bundle
+
+
+def _member(archive: bytes) -> bytes:
+    """The one regular file in a ``get_archive`` tar stream (a link: its target is not
+    followed; empty)."""
+    if not archive:
+        return b""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar:
+            if member.isfile() and member.size <= _MAX_BUNDLE:
+                handle = tar.extractfile(member)
+                return handle.read() if handle is not None else b""
+    return b""
+
+
+def start_proxy(
+    engine: DockerClient, spec: ContainerSpec, state: Path, user: str, *, timeout: float = 30.0
+) -> str:
+    """Create and start the run's credential proxy on its network; return its id once it
+    accepts connections. On any failure it is removed and EngineError raised (with the
+    end of its log, which never holds a value)."""
+    network = network_name(spec)
+    host_config = engine.api.create_host_config(
+        network_mode=network,
+        binds={str(state): {"bind": STATE_DIR, "mode": "ro"}},
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=podman.security_opt_for(engine, default_security_opt()),
+        tmpfs={"/tmp": f"rw,nosuid,nodev,noexec,size={CREDPROXY_TMP_SIZE >> 20}m,mode=0700"},
+        mem_limit=CREDPROXY_MEMORY,
+        memswap_limit=CREDPROXY_MEMORY,
+        pids_limit=CREDPROXY_PIDS,
+        nano_cpus=PROXY_NANO_CPUS,
+        init=True,
+        ipc_mode="private",
+        ulimits=[
+            docker.types.Ulimit(name="nofile", soft=PROXY_NOFILE, hard=PROXY_NOFILE),
+            docker.types.Ulimit(name="core", soft=0, hard=0),
+        ],
+        log_config=docker.types.LogConfig(type="json-file", config=dict(PROXY_LOG_OPTIONS)),
+    )
+    networking = engine.api.create_networking_config(
+        {network: engine.api.create_endpoint_config(aliases=[CREDPROXY_ALIAS])}  # type: ignore[arg-type]
+    )
+    run_labels = {labels.RUN_ID: spec.run_id, labels.WORKER: spec.worker, ROLE_LABEL: ROLE}
+    name = f"orchestrator-credproxy-{spec.run_id}"
+    with engine_errors(f"creating the credential proxy {name}"):
+        try:
+            created = engine.api.create_container(
+                image=CREDPROXY_IMAGE,
+                name=name,
+                user=user,
+                labels=engine.labels_for(run_labels),
+                host_config=host_config,
+                networking_config=networking,
+                use_config_proxy=False,
+            )
+        except docker_errors.ImageNotFound:
+            raise ImageMissing(CREDPROXY_IMAGE) from None
+    container = str(created["Id"])
+    try:
+        with engine_errors(f"starting the credential proxy {name}"):
+            retrying(lambda: engine.api.start(container))
+        _wait_ready(engine, container, time.monotonic() + timeout)
+    except BaseException:
+        with (
+            engine_errors(f"removing the credential proxy {name}"),
+            contextlib.suppress(docker_errors.NotFound),
+        ):
+            engine.api.remove_container(container, force=True, v=True)
+        raise
+    return container
+
+
+def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
+    delay = 0.02
+    while True:
+        with engine_errors("reading the credential proxy's log"):
+            text: bytes = engine.api.logs(container, stdout=True, stderr=True)
+            if READY_MARK in text:
+                return
+            state: dict[str, Any] = engine.api.inspect_container(container)["State"]
+        if state.get("Status") in ("exited", "dead"):
+            tail = "\n".join(text.decode(errors="replace").splitlines()[-15:])
+            raise EngineError(
+                f"the credential proxy {container[:12]} exited with code "
+                f"{state.get('ExitCode')} before accepting connections; no worker starts "
+                f"without it:\n{tail}"
+            )
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"the credential proxy {container[:12]} did not accept connections in time; "
+                "no worker starts without it"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+def proxy_log(engine: DockerClient, container: str) -> str:
+    """The credential proxy's log (its event lines among mitmproxy's own)."""
+    with engine_errors("reading the credential proxy's events"):
+        try:
+            raw: bytes = engine.api.logs(container, stdout=True, stderr=False)
+        except docker_errors.NotFound:
+            return ""
+    return raw.decode(errors="replace")

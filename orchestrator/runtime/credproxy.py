@@ -1,0 +1,178 @@
+"""A run's credential proxy, set up before its worker exists and gone before its end.
+
+:func:`credential_proxy` is the one hook :class:`~orchestrator.runtime.run.Run` calls
+for a plan with egress credentials (``spec.network.credentials``), once the run's network
+exists: it makes the run's CA (:mod:`orchestrator.runca`), writes the proxy's state
+(configuration, each value as a 0400 file, the CA's key) into a private folder in the
+host's memory (``/dev/shm``) that only the proxy mounts, writes the worker's CA bundle
+(the image's own certificates plus the run's CA) where the plan mounts it, and starts the
+proxy through the engine. Nothing of the worker starts unless all of this succeeded. When
+the run ends, the proxy's events (each substitution and block) go into the audit log, the
+proxy is removed and the folder with the values and the key is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator.audit import AuditLog
+from orchestrator.credproxy import (
+    CA_NAME,
+    CONFIG_NAME,
+    CREDPROXY_UID,
+    TRUST_NAME,
+    WORKER_BUNDLE,
+    CredentialEvent,
+    parse_events,
+    proxy_config,
+    value_file,
+)
+from orchestrator.errors import OrchestratorError
+from orchestrator.plan import ContainerSpec
+from orchestrator.prepare import Prepared
+from orchestrator.runca import make_run_ca
+from orchestrator.runtime.engine import Containers, CredentialProxies
+from orchestrator.runtime.secrets import is_tmpfs
+
+__all__ = ["credential_proxy", "state_dir"]
+
+log = logging.getLogger(__name__)
+
+#: How long a run whose container idles (a session, a pooled run: work arrives by exec)
+#: may wait for work, for its CA's validity: past it, TLS to the bound hosts fails (closed).
+KEEP_ALIVE_S = 24 * 3600.0
+
+
+class _Engine(Containers, CredentialProxies, Protocol):
+    """What the hook needs of an engine."""
+
+
+def state_dir(prepared: Prepared) -> Path:
+    """The host folder (in memory) holding the proxy's state for this run; named like the
+    run's secrets folder, so ``gc`` sweeps it when its orchestrator was killed."""
+    secrets = prepared.paths.secrets_dir
+    return secrets.with_name(secrets.name + "-credproxy")
+
+
+def _bundle_source(spec: ContainerSpec) -> Path:
+    found = next((m.source for m in spec.mounts if m.target == WORKER_BUNDLE), None)
+    if found is None:
+        raise OrchestratorError(
+            f"the plan of '{spec.worker}' has egress credentials but no CA bundle mount; "
+            "rebuild the plan"
+        )
+    return Path(found)
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _trusted(paths: list[str]) -> bytes:
+    """The extra upstream CAs (``network.trust_ca``), each a PEM certificate file."""
+    found = b""
+    for name in paths:
+        try:
+            data = Path(name).read_bytes()
+        except OSError as exc:
+            raise OrchestratorError(
+                f"network.trust_ca: cannot read {name}: {exc.strerror}; fix the path in the "
+                "project file"
+            ) from None
+        if b"-----BEGIN CERTIFICATE-----" not in data or b"PRIVATE KEY" in data:
+            raise OrchestratorError(
+                f"network.trust_ca: {name} is not a PEM certificate (or holds a key); "
+                "name the CA's certificate only"
+            )
+        found += data.rstrip(b"\n") + b"\n"
+    return found
+
+
+@contextmanager
+def credential_proxy(
+    engine: _Engine, prepared: Prepared, values: Mapping[str, str], audit: AuditLog
+) -> Iterator[None]:
+    """Start the run's credential proxy for its egress credentials; audit its events and
+    remove it (and its state) when the block ends. A no-op without egress credentials."""
+    spec = prepared.spec
+    bindings = spec.network.credentials
+    if not bindings:
+        yield
+        return
+    missing = [b.name for b in bindings if not values.get(b.name)]
+    if missing:
+        raise OrchestratorError(
+            f"egress credential(s) {', '.join(missing)} for '{spec.worker}' were not "
+            "resolved; check the project's credentials"
+        )
+    state = state_dir(prepared)
+    if not is_tmpfs(state.parent):
+        raise OrchestratorError(
+            f"{state.parent} is not an in-memory filesystem; credential values are only ever "
+            "handed to the proxy from memory (mount a tmpfs there)"
+        )
+    hosts = [host.rpartition(":")[0] for b in bindings for host in b.hosts]
+    waits = KEEP_ALIVE_S if spec.supervisor_user is not None else 0.0
+    ca = make_run_ca(spec.run_id, hosts, lifetime_s=spec.limits.timeout_s + waits)
+    bundle = _bundle_source(spec)
+    trust = _trusted(spec.network.trust_ca)
+    container: str | None = None
+    state.mkdir(mode=0o700)
+    try:
+        _write(state / CONFIG_NAME, json.dumps(proxy_config(bindings)).encode(), 0o400)
+        for index, binding in enumerate(bindings):
+            _write(state / value_file(index), values[binding.name].encode(), 0o400)
+        _write(state / CA_NAME, ca.key + ca.certificate, 0o400)
+        if trust:
+            _write(state / TRUST_NAME, trust, 0o400)
+        if os.geteuid() == 0:
+            for entry in (*state.iterdir(), state):
+                os.chown(entry, CREDPROXY_UID, CREDPROXY_UID)
+            user = f"{CREDPROXY_UID}:{CREDPROXY_UID}"
+        else:
+            user = f"{os.getuid()}:{os.getgid()}"
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        image_bundle = engine.image_ca_bundle(spec.image).rstrip(b"\n")
+        _write(bundle, image_bundle + b"\n" + ca.certificate, 0o644)
+        container = engine.start_credential_proxy(spec, state, user)
+        yield
+    finally:
+        try:
+            if container is not None:
+                events = _events(engine, container, values)
+                engine.remove(container)
+                _audit(audit, spec, events)
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def _events(engine: _Engine, container: str, values: Mapping[str, str]) -> list[CredentialEvent]:
+    try:
+        text = engine.credential_proxy_log(container)
+    except OrchestratorError as exc:
+        log.warning("could not read the credential proxy's events: %s", exc)
+        return []
+    return parse_events(text, redact=values.values())
+
+
+def _audit(audit: AuditLog, spec: ContainerSpec, events: list[CredentialEvent]) -> None:
+    for event in events:
+        audit.record(
+            "egress.credential",
+            allowed=event.event == "substituted",
+            reason=event.reason or None,
+            worker=spec.worker,
+            run_id=spec.run_id,
+            session_id=spec.session_id,
+            trust_level=spec.trust,
+            metadata=event.to_dict(),
+        )

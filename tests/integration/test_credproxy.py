@@ -1,0 +1,339 @@
+"""Egress credentials against the real engine: the worker holds a placeholder, the run's
+credential proxy writes the key in toward the bound host only, and every attack below is
+tried from inside a real worker (runc and gVisor).
+
+The local internet: a fake OpenAI-compatible API (``llm``, accepting only the real key)
+and a recorder (``other``, printing every request it receives) on a declared service
+network, with certificates from a test CA given in ``network.trust_ca``. Clients: curl,
+urllib, requests and httpx in a test image built on the worker image.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import shutil
+import tarfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from orchestrator import Orchestrator
+from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN
+from orchestrator.docker.egress import EGRESS_KEY
+from orchestrator.docker.egress_gc import remove_egress
+from orchestrator.docker.images import WORKER_IMAGE, build_all
+from orchestrator.errors import ImageBuildError
+from tests.integration.conftest import unavailable
+from tests.integration.credfake import SERVER
+from tests.integration.credprobe import PROBE
+
+pytestmark = pytest.mark.docker
+
+CLIENT_IMAGE = "orchestrator/test-credclient:latest"
+TEST_LABEL = "io.orchestrator.test"
+CLIENT_DOCKERFILE = f"""
+FROM {WORKER_IMAGE}
+USER root
+RUN set -eu; export DEBIAN_FRONTEND=noninteractive; apt-get update; \\
+    apt-get install -y --no-install-recommends curl python3-requests python3-httpx; \\
+    apt-get clean; rm -rf /var/lib/apt/lists/*
+USER 10001:10001
+"""
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _certificates(names: list[str]) -> tuple[bytes, dict[str, tuple[bytes, bytes]]]:
+    """A test CA and, per name, a server certificate and key it signed."""
+    now = datetime.now(UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "credproxy test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaves = {}
+    for name in names:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(hours=1))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        leaves[name] = (_pem(cert), key_pem)
+    return _pem(ca), leaves
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid = len(data), 0o444, 0, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def world(engine):
+    """The service network, the fake API and the recorder; the client image."""
+    from orchestrator.docker.images import build_credproxy_image
+
+    if not engine.image_exists(CREDPROXY_IMAGE):
+        try:
+            build_credproxy_image(engine, rebuild_base=False, progress=lambda _: None)
+        except ImageBuildError as exc:  # no index or mirror here: a missing means
+            unavailable(f"cannot build {CREDPROXY_IMAGE}: {exc}")
+    if not engine.image_exists(WORKER_IMAGE):
+        build_all(engine, with_credproxy=False)
+    if not engine.image_exists(CLIENT_IMAGE):
+        for _ in engine.api.build(
+            fileobj=io.BytesIO(CLIENT_DOCKERFILE.encode()),
+            tag=CLIENT_IMAGE,
+            rm=True,
+            forcerm=True,
+            labels={TEST_LABEL: "credproxy"},
+            decode=True,
+        ):
+            pass
+    net = f"credtest-{uuid.uuid4().hex[:8]}"
+    llm, other = f"llm.{net}", f"other.{net}"
+    ca, leaves = _certificates([llm, other])
+    real = f"sk-REALKEY-{secrets.token_hex(16)}"
+    engine.api.create_network(net, driver="bridge")
+    made: list[str] = []
+    allow: list[str] = []
+    try:
+        for role in ("llm", "other"):
+            cert, key = leaves[f"{role}.{net}"]
+            container = engine.api.create_container(
+                image=WORKER_IMAGE,
+                command=["python3", "-c", SERVER, role, f"http://{other}:8080"],
+                name=f"orchestrator-test-cred{role}-{os.getpid()}-{net}",
+                labels=engine.labels_for({TEST_LABEL: "credproxy"}),
+                host_config=engine.api.create_host_config(
+                    cap_drop=["ALL"], security_opt=["no-new-privileges:true"], network_mode=net
+                ),
+                networking_config={"EndpointsConfig": {net: {"Aliases": [role]}}},
+            )["Id"]
+            made.append(container)
+            files = {"cert.pem": cert, "key.pem": key, "real": real.encode()}
+            engine.api.put_archive(container, "/srv", _tar(files))
+            engine.start(container)
+        deadline = time.monotonic() + 30
+        while not all(b"listening" in engine.api.logs(c) for c in made):
+            assert time.monotonic() < deadline, "the test servers did not start"
+            time.sleep(0.1)
+        allow = [f"{host}:{port}" for host in (llm, other) for port in (8443, 8080)]
+        yield {
+            "net": net,
+            "llm": llm,
+            "other": other,
+            "ca": ca,
+            "real": real,
+            "servers": made,
+            "allow": allow,
+        }
+    finally:
+        for container in made:
+            engine.remove(container)
+        try:  # the allowlists' proxies joined the service network: they go first
+            for proxy in engine.api.containers(all=True, filters={"network": [net]}):
+                key = (proxy.get("Labels") or {}).get(EGRESS_KEY)
+                if key:
+                    remove_egress(engine, key)
+        finally:
+            engine.api.remove_network(net)
+
+
+def _write_project(project, world, isolation: str) -> None:
+    (project.root / "ca.pem").write_bytes(world["ca"])
+    project.isolation = isolation
+    project.extra = (
+        "credentials:\n"
+        "  llm:\n"
+        "    source: env\n"
+        "    env: CREDTEST_REAL_KEY\n"
+        "    egress:\n"
+        f"      hosts: ['{world['llm']}:8443']\n"
+        "      format: 'Bearer {value}'\n"
+        "      placeholder_env: OPENAI_API_KEY\n"
+        "network:\n"
+        f"  services: [{{network: {world['net']}}}]\n"
+        "  trust_ca: [ca.pem]\n"
+    )
+    project.write_project()
+    allow = world["allow"]
+    project.worker(
+        "w",
+        f"""
+        image: {CLIENT_IMAGE}
+        command: ["python3", "-c", "pass"]
+        secrets: [llm]
+        network: {{allow: {json.dumps(allow)}}}
+        sandbox: {{}}
+        resources: {{memory: 512m}}
+        """,
+    )
+
+
+def test_a_placeholder_holding_worker_gets_answers_and_leaks_nothing(
+    engine, world, project, isolation, monkeypatch
+):
+    real = world["real"]
+    monkeypatch.setenv("CREDTEST_REAL_KEY", real)
+    _write_project(project, world, isolation)
+    logs: list[str] = []
+    original = type(engine).credential_proxy_log
+
+    def captured(self, container_id):  # the proxy's own log, as the hook reads it
+        text = original(self, container_id)
+        logs.append(text)
+        return text
+
+    monkeypatch.setattr(type(engine), "credential_proxy_log", captured)
+    with Orchestrator(project.root, engine=engine) as orch:
+        planned = json.dumps(orch.plan("w").spec.to_dict())
+        assert real not in planned
+        session = orch.open_session("w")
+        with session:
+            run = session._run
+            inspected = json.dumps(engine.api.inspect_container(run.container_id))
+            proxies = engine.api.containers(
+                filters={"label": f"io.orchestrator.run-id={run.spec.run_id}"}
+            )
+            proxy_inspect = json.dumps([engine.api.inspect_container(p["Id"]) for p in proxies])
+            done = session.exec(
+                ["python3", "-c", PROBE, f"https://{world['llm']}:8443", world["other"]],
+                timeout=240,
+            )
+        assert done.exit_code == 0, done.stderr[-2000:] + "".join(logs)[-3000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULTS "))
+        seen = json.loads(line.removeprefix("RESULTS "))
+    placeholder = seen["placeholder"]
+    assert PLACEHOLDER_PATTERN.fullmatch(placeholder), placeholder
+    # clients, unchanged, reach the API: the fake accepted only the real key
+    assert seen["curl"][0] == "200", seen["curl"]
+    for client in ("urllib", "requests", "httpx"):
+        assert seen[client][0] == 200, (client, seen[client])
+        assert "summary: summarise this" in seen[client][1]
+    # the placeholder anywhere else is blocked
+    for attempt in (
+        "other_http_header",
+        "other_http_query",
+        "other_http_body",
+        "llm_body",
+        "llm_query",
+        "llm_other_header",
+        "llm_body_base64",
+        "llm_body_percent",
+        "llm_body_json_escaped",
+        "llm_plain_http",
+        "host_mismatch",
+    ):
+        assert seen[attempt][0] == 403, (attempt, seen[attempt])
+    # tunnelled untouched to an unbound host: the placeholder, never the value, arrives
+    assert seen["other_https_header"][0] == 200, seen["other_https_header"]
+    assert seen["sni_mismatch"][0] == "tls-refused", seen["sni_mismatch"]
+    assert seen["ip_literal_connect"] == ["connect", "403"], seen["ip_literal_connect"]
+    # reflection and a streamed answer come back scrubbed; a redirect carries nothing
+    assert seen["echo"][0] == 200 and "[credential llm]" in seen["echo"][1], seen["echo"]
+    assert seen["sse"][0] == 200 and seen["sse"][1].count("[credential llm]") == 4, seen["sse"]
+    assert "REALKEY" not in seen["echo"][1] + seen["sse"][1]
+    # a WebSocket: the handshake carried the key, its reflection came back scrubbed, and a
+    # message holding the placeholder closed it instead of reaching the server
+    status, first, echoed, after = seen["websocket"]
+    assert (status, echoed) == ("101", "echo:hello"), seen["websocket"]
+    assert first.startswith("hello Bearer [credential llm]"), first
+    assert after is None or after.startswith("closed"), after
+    assert "steal" not in engine.api.logs(world["servers"][0]).decode(errors="replace")
+    assert seen["redirect"][0] == 403, seen["redirect"]
+    # nothing of the value or the CA key inside the worker
+    assert seen["state_visible"] is False
+    assert seen["found"] == [], seen["found"]
+    assert seen["env_ca"]["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+    # ... nor outside it, where it could be read back
+    assert real not in json.dumps(seen)
+    assert real not in inspected and placeholder in inspected
+    assert proxies and real not in proxy_inspect
+    assert logs and all(real not in text for text in logs)
+    received = engine.api.logs(world["servers"][1]).decode(errors="replace")
+    assert "RECEIVED" in received and real not in received
+    assert placeholder in received  # what went to the unbound host over HTTPS
+    sandbox = project.root / ".sandbox"
+    for path in sandbox.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert real.encode() not in path.read_bytes(), path
+    assert not any(Path("/dev/shm").glob(f"*{run.spec.run_id}*"))  # the state is gone
+    entries = [json.loads(x) for x in (sandbox / "audit.jsonl").read_text().splitlines()]
+    events = [e for e in entries if e["operation"] == "egress.credential"]
+    substituted = [e for e in events if e["allowed"]]
+    blocked = [e for e in events if not e["allowed"]]
+    assert len(substituted) >= 4 and all(e["metadata"]["status"] for e in substituted)
+    assert len(blocked) >= 11, blocked
+    assert all("?" not in e["metadata"]["path"] for e in events)
+
+
+def test_the_summarise_example_calls_the_fake_api_without_its_key(
+    engine, world, tmp_path, monkeypatch
+):
+    """The example as shipped, pointed at the fake API: a cold one-shot run under gVisor."""
+    from tests.integration.conftest import require_gvisor
+
+    require_gvisor(engine)
+    example = Path(__file__).resolve().parents[2] / "examples" / "summarise"
+    root = tmp_path / "summarise"
+    shutil.copytree(example, root)
+    host = f"{world['llm']}:8443"
+    (root / "ca.pem").write_bytes(world["ca"])
+    config = (root / "orchestrator.yaml").read_text().replace("[api.openai.com]", f"[{host}]")
+    config += f"network:\n  services: [{{network: {world['net']}}}]\n  trust_ca: [ca.pem]\n"
+    (root / "orchestrator.yaml").write_text(config)
+    worker = root / "workers" / "summarise.worker"
+    worker.write_text(worker.read_text().replace("api.openai.com:443", host))
+    monkeypatch.setenv("OPENAI_API_KEY", world["real"])
+    with Orchestrator(root, engine=engine) as orch:
+        result = orch.run(
+            "summarise",
+            inputs=[root / "downloads"],
+            env={"OPENAI_BASE_URL": f"https://{host}/v1"},
+        )
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.error)
+        assert "2 summarised, 0 failed" in result.stdout
+        store = orch.staging.store
+        change = store.get(result.outbox.change_id)
+        (staged,) = [f for f in change.files if f.path == "summaries.json"]
+        with store.open_blob(change.id, staged.sha256) as blob:
+            summaries = json.loads(blob.read())
+    assert all(item["summary"].startswith("summary: ") for item in summaries), summaries
+    assert world["real"] not in json.dumps(summaries)

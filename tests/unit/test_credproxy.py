@@ -1,0 +1,360 @@
+"""Egress credentials without an engine: the declaration's rules (plan time, one line each),
+the plan, the run CA, the proxy's contract and the image's encoding and scrubbing code."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import importlib.util
+import json
+import pickle
+import sys
+import urllib.parse
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from cryptography import x509
+
+from orchestrator import credproxy as contract
+from orchestrator.cli.main import main
+from orchestrator.config import load_project, load_worker
+from orchestrator.errors import ConfigError, PolicyError
+from orchestrator.prepare import prepare
+from orchestrator.runca import make_run_ca
+
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "credproxy"
+CREDENTIAL = """credentials:
+  llm:
+    source: env
+    env: OPENAI_API_KEY
+    egress:
+      hosts: [{hosts}]
+      format: 'Bearer {{value}}'
+"""
+
+
+def _forms() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("credproxy_forms", IMAGE / "forms.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["credproxy_forms"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _project(project, hosts="api.example.org", extra=""):
+    project.extra = CREDENTIAL.format(hosts=hosts) + extra
+    project.write_project()
+    return project
+
+
+def _prepare(project, front):
+    project.worker("w", 'command: ["true"]\n' + front)
+    loaded = load_project(project.root)
+    return prepare(loaded, load_worker(loaded, "w"))
+
+
+# -- the declaration, at plan time ------------------------------------------------------
+
+
+def test_an_untrusted_worker_gets_an_egress_credential_as_a_placeholder(project):
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    spec = prepared.spec
+    assert prepared.grant.trust == "untrusted" and prepared.grant.egress == ("llm",)
+    assert prepared.grant.secrets == ()  # nothing under /run/secrets
+    (binding,) = spec.network.credentials
+    assert binding.hosts == ["api.example.org:443"] and binding.header == "authorization"
+    assert contract.PLACEHOLDER_PATTERN.fullmatch(spec.env["OPENAI_API_KEY"])
+    assert spec.env["OPENAI_API_KEY"] == binding.placeholder
+    assert binding.placeholder.startswith("orcph-llm-")
+    for variable in contract.CA_VARIABLES:
+        assert spec.env[variable] == contract.WORKER_BUNDLE
+    assert spec.env["HTTPS_PROXY"] == contract.CREDPROXY_URL
+    assert [m.target for m in spec.mounts if m.target == contract.WORKER_BUNDLE]
+    assert not [m for m in spec.mounts if m.target == "/run/secrets"]
+    # a new run, a new placeholder
+    again = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    assert again.spec.env["OPENAI_API_KEY"] != spec.env["OPENAI_API_KEY"]
+
+
+@pytest.mark.parametrize(
+    ("network", "wanted"),
+    [
+        ("none", "need network: {allow: [...]}"),
+        ("full", "need network: {allow: [...]}"),
+        ("{allow: [other.example.org]}", "bound to api.example.org:443, which the allowlist"),
+        ("{allow: ['api.example.org:8443']}", "bound to api.example.org:443"),
+    ],
+)
+def test_an_egress_credential_needs_an_allowlist_covering_its_hosts(project, network, wanted):
+    _project(project, extra="untrusted_network: full\n")
+    with pytest.raises(PolicyError) as raised:
+        _prepare(project, f"secrets: [llm]\nnetwork: {network}")
+    (problem,) = raised.value.problems
+    assert wanted in problem and "w.worker:" in problem and "\n" not in problem
+
+
+def test_a_credential_without_egress_is_still_refused_at_untrusted(project):
+    project.extra = CREDENTIAL.format(hosts="api.example.org") + (
+        "  git: {source: env, env: GIT_TOKEN}\n"
+    )
+    project.write_project()
+    with pytest.raises(PolicyError, match="git: refused at trust 'untrusted'.*egress binding"):
+        _prepare(project, "secrets: [llm, git]\nnetwork: {allow: [api.example.org]}")
+
+
+def test_the_placeholder_variable_is_the_orchestrators(project):
+    _project(project)
+    with pytest.raises(PolicyError, match=r"w.worker:\d+: env.OPENAI_API_KEY: .*placeholder"):
+        _prepare(
+            project,
+            "secrets: [llm]\nnetwork: {allow: [api.example.org]}\nenv: {OPENAI_API_KEY: x}",
+        )
+    with pytest.raises(ConfigError, match="SSL_CERT_FILE: set by the orchestrator"):
+        _prepare(
+            project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}\nenv: {SSL_CERT_FILE: x}"
+        )
+
+
+@pytest.mark.parametrize(
+    ("binding", "wanted"),
+    [
+        ("hosts: ['*.example.org']", "wildcards are refused"),
+        ("hosts: [192.0.2.10]", "IP literals are refused"),
+        ("hosts: ['https://api.example.org/v1']", "without scheme"),
+        ("hosts: []", "at least 1 item"),
+        ("hosts: [api.example.org], header: host", "frames the request"),
+        ("hosts: [api.example.org], header: 'bad header'", "not an HTTP header name"),
+        ("hosts: [api.example.org], format: 'Bearer'", "'{value}' exactly once"),
+        ("hosts: [api.example.org], query: key", "body, query and cookie injection are refused"),
+        ("hosts: [api.example.org], body: true", "body, query and cookie injection are refused"),
+    ],
+)
+def test_bindings_are_checked_with_one_line_naming_file_line_and_field(project, binding, wanted):
+    project.extra = (
+        f"credentials:\n  llm:\n    source: env\n    env: K\n    egress: {{{binding}}}\n"
+    )
+    project.write_project()
+    with pytest.raises(ConfigError) as raised:
+        load_project(project.root)
+    (problem,) = raised.value.problems
+    assert wanted in problem, problem
+    assert problem.startswith(f"{project.root / 'orchestrator.yaml'}:6: credentials.llm.egress")
+    assert "\n" not in problem
+
+
+def test_the_cli_refuses_at_plan_time_with_exit_125(project, capsys):
+    _project(project)
+    project.worker("w", 'command: ["true"]\nsecrets: [llm]\nnetwork: none')
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "w", "--project", str(project.root)])
+    assert exited.value.code == 125
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "w.worker:3: secrets: egress credential(s) llm need network: {allow" in line
+
+
+def test_the_swarm_refuses_egress_credentials_in_one_line(project):
+    from orchestrator.swarm import render
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    refusal = render.refusal(replace(prepared.spec, isolation="runc"))
+    assert refusal is not None and "egress credentials (llm)" in refusal
+
+
+def test_a_child_gets_an_egress_credential_only_if_its_parent_holds_it(project):
+    from orchestrator.policy.restrict import restrict
+
+    _project(project)
+    parent = _prepare(project, "network: {allow: [api.example.org]}\nchildren: [c]")
+    project.worker("c", 'command: ["true"]\nsecrets: [llm]\nnetwork: {allow: [api.example.org]}')
+    loaded = load_project(project.root)
+    child = load_worker(loaded, "c")
+    with pytest.raises(PolicyError, match="asks egress credential 'llm' but parent"):
+        restrict(parent.grant, "w", loaded, child, parent.grant.paths)
+
+
+# -- the run CA -------------------------------------------------------------------------
+
+
+def test_the_run_ca_is_short_lived_and_limited_to_the_bound_names():
+    ca = make_run_ca("run1", ["api.example.org"], lifetime_s=600)
+    cert = x509.load_pem_x509_certificate(ca.certificate)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    names = cert.extensions.get_extension_for_class(x509.NameConstraints).value
+    assert [n.value for n in names.permitted_subtrees] == ["api.example.org"]
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds() < 3 * 3600
+    assert b"PRIVATE KEY" in ca.key and b"PRIVATE" not in ca.certificate
+    assert "PRIVATE" not in repr(ca)
+    with pytest.raises(TypeError):
+        pickle.dumps(ca)
+
+
+# -- the contract and the image ---------------------------------------------------------
+
+
+def test_events_are_parsed_and_a_line_holding_a_value_is_dropped():
+    good = {"event": "blocked", "credential": "llm", "host": "API.example.org", "port": 443}
+    good |= {"method": "POST", "path": "/v1?x=1", "status": 403, "reason": "placeholder"}
+    text = "\n".join(
+        [
+            "mitmproxy says hello",
+            "CREDPROXY " + json.dumps(good),
+            "CREDPROXY " + json.dumps({**good, "reason": "sk-the-real-value-123"}),
+            "CREDPROXY not json",
+        ]
+    )
+    (event,) = contract.parse_events(text, redact=["sk-the-real-value-123"])
+    assert (event.host, event.path, event.status, event.event) == (
+        "api.example.org",
+        "/v1",
+        403,
+        "blocked",
+    )
+
+
+def test_the_proxy_config_names_files_never_values():
+    binding = contract.Binding("llm", ["a.example.org:443"], "authorization", None, "K", "p")
+    config = contract.proxy_config([binding])
+    assert config["credentials"][0]["value_file"] == contract.value_file(0)
+    assert set(config["credentials"][0]) == {
+        "name",
+        "hosts",
+        "header",
+        "format",
+        "placeholder",
+        "value_file",
+    }
+
+
+def _constants(path: Path) -> dict[str, object]:
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = node.value.value
+    return found
+
+
+def test_the_image_reads_and_writes_what_the_contract_declares():
+    addon = _constants(IMAGE / "addon.py")
+    assert addon["EVENT_MARK"] == contract.EVENT_MARK
+    assert addon["READY_MARK"].encode() == contract.READY_MARK
+    source = (IMAGE / "addon.py").read_text() + (IMAGE / "entry.py").read_text()
+    for name in (
+        "config.json",
+        "value_file",
+        "mitmproxy-ca.pem",
+        "trust-ca.pem",
+        "CREDPROXY_STATE",
+    ):
+        assert name in source, name
+    assert contract.CONFIG_NAME in source and contract.CA_NAME in source
+    assert contract.TRUST_NAME in source and contract.ENV_STATE in source
+    for field in contract.EVENT_FIELDS:
+        assert f'"{field}"' in source, field
+    dockerfile = (IMAGE / "Dockerfile").read_text()
+    assert f"EXPOSE {contract.CREDPROXY_PORT}" in dockerfile
+    assert f"USER {contract.CREDPROXY_UID}:{contract.CREDPROXY_UID}" in dockerfile
+    assert f"CREDPROXY_STATE={contract.STATE_DIR}" in dockerfile
+
+
+PLACEHOLDER = "orcph-llm-0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "spelled",
+    [
+        PLACEHOLDER.encode(),
+        PLACEHOLDER.upper().encode(),
+        urllib.parse.quote("".join(f"%{ord(c):02X}" for c in PLACEHOLDER)).encode(),
+        ('{"k": "' + "".join(f"\\u{ord(c):04x}" for c in PLACEHOLDER) + '"}').encode(),
+        *[base64.b64encode(pre + PLACEHOLDER.encode() + b"!") for pre in (b"", b"a", b"ab")],
+        base64.urlsafe_b64encode(b"user:" + PLACEHOLDER.encode()),
+    ],
+)
+def test_the_placeholder_is_found_in_every_spelling(spelled):
+    forms = _forms()
+    assert forms.contains(b"prefix " + spelled + b" suffix", PLACEHOLDER)
+
+
+def test_nothing_is_found_where_it_is_not():
+    forms = _forms()
+    assert not forms.contains(b"orcph-llm- and an unrelated body " * 20, PLACEHOLDER)
+
+
+def test_the_scrubber_removes_a_value_split_across_chunks_and_keeps_lengths():
+    forms = _forms()
+    value = "sk-REALVALUE-1234567890"
+    data = f"a {value} b {json.dumps(value)} c".encode() * 3
+    scrub = forms.Scrubber({value: "credential llm"})
+    out = b"".join(scrub(data[i : i + 3]) for i in range(0, len(data), 3)) + scrub(b"")
+    assert value.encode() not in out and len(out) == len(data)
+    assert out.count(b"[credential llm]") == 6
+
+
+# -- the run's hook, with the fake engine -----------------------------------------------
+
+
+class _Recording:
+    """Wraps the fake engine's proxy start to see what the proxy is given."""
+
+    def __init__(self, engine):
+        self.engine, self.state, self.files = engine, None, {}
+        original = engine.start_credential_proxy
+
+        def start(spec, state, user):
+            self.state = state
+            self.files = {
+                p.name: (p.stat().st_mode & 0o777, p.read_bytes()) for p in state.iterdir()
+            }
+            self.bundle = next(m.source for m in spec.mounts if m.target == contract.WORKER_BUNDLE)
+            return original(spec, state, user)
+
+        engine.start_credential_proxy = start
+
+
+def test_the_proxy_starts_before_the_worker_and_goes_with_its_state(project):
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    seen = _Recording(engine)
+    value = "sk-unit-value-0123456789"
+    execute(
+        engine,
+        prepared,
+        audit=open_audit(prepared.project),
+        staging=None,
+        secrets={"llm": value},
+    )
+    calls = engine.calls
+    assert calls.index("network") < calls.index("credproxy") < calls.index("create")
+    # the proxy was given the value in a 0400 file, the CA key, and no value elsewhere
+    assert seen.files["value-0"] == (0o400, value.encode())
+    assert seen.files[contract.CA_NAME][0] == 0o400
+    assert b"PRIVATE KEY" in seen.files[contract.CA_NAME][1]
+    assert value.encode() not in seen.files[contract.CONFIG_NAME][1]
+    # ... and never to the worker: no /run/secrets, the bundle holds the certificate only
+    assert not prepared.paths.secrets_dir.exists()
+    assert not seen.state.exists()  # the values and the key are gone with the run
+    assert not Path(seen.bundle).exists()  # the run's folder too
+
+
+def test_without_a_value_no_proxy_and_no_worker_start(project):
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    with pytest.raises(OrchestratorError, match="egress credential.*llm.*not resolved"):
+        execute(engine, prepared, audit=open_audit(prepared.project), staging=None)
+    assert "credproxy" not in engine.calls and "create" not in engine.calls
