@@ -83,8 +83,8 @@ def collect_all(
 ) -> GcSummary:
     """See the module docstring. ``project_dir`` without a project file (or None): only
     what is not a project's. ``engine``: the Docker-shaped engine (default: Docker's)."""
+    from orchestrator.backends import make_backend
     from orchestrator.docker import DockerEngine
-    from orchestrator.runner import make_backend
     from orchestrator.runtime.mount_sources import sweep_pins
     from orchestrator.runtime.secrets import sweep_orphaned
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from orchestrator.audit import AuditLog
+from orchestrator.backends import make_backend
 from orchestrator.config import Project, Worker, load_project
 from orchestrator.errors import ConfigError, OrchestratorError, PolicyError
 from orchestrator.plan import supervisor_for
@@ -51,14 +52,12 @@ if TYPE_CHECKING:
     from orchestrator.batch import BatchResult
     from orchestrator.cleanup import GcSummary
     from orchestrator.clearance import ClearResult, Credential, Summary
-    from orchestrator.docker.swarm import SwarmBackend
     from orchestrator.runtime.backend import Backend
-    from orchestrator.runtime.container import ContainerBackend
     from orchestrator.runtime.engine import Engine
     from orchestrator.runtime.pool import WarmPool
     from orchestrator.runtime.session import Session
 
-__all__ = ["Orchestrator", "backend_class", "make_backend"]
+__all__ = ["Orchestrator"]
 
 
 #: Sessions not closed yet: a program that forgets to close one still removes its container
@@ -71,36 +70,6 @@ def _close_open_sessions() -> None:
     for session in list(_OPEN_SESSIONS):
         with contextlib.suppress(Exception):
             session.close()
-
-
-def backend_class(name: str) -> type[ContainerBackend] | type[SwarmBackend]:
-    """The class of the backend called ``name`` (one of
-    :data:`~orchestrator.vocabulary.BACKENDS`), imported now."""
-    if name == "swarm":
-        from orchestrator.docker.swarm import SwarmBackend
-
-        return SwarmBackend
-    if name != "docker":
-        raise ValueError(f"backend {name!r}: one of {', '.join(BACKENDS)}")
-    from orchestrator.runtime.container import ContainerBackend
-
-    return ContainerBackend
-
-
-def make_backend(name: str, *, engine: Engine | None = None) -> Backend:
-    """The backend called ``name``; ``engine``: the container engine of the docker
-    backend (default: Docker's, connected on first use)."""
-    if backend_class(name).name == "swarm":
-        from orchestrator.docker.swarm import SwarmBackend
-
-        return SwarmBackend()
-    from orchestrator.runtime.container import ContainerBackend
-
-    if engine is None:
-        from orchestrator.docker import DockerEngine
-
-        engine = DockerEngine()
-    return ContainerBackend(engine)
 
 
 class Orchestrator:

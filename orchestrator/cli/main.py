@@ -135,7 +135,8 @@ def plan(
     **options: Any,
 ) -> None:
     """Compile WORKER (a path or a name) into a container spec, without touching Docker."""
-    from orchestrator.runner import Orchestrator, backend_class
+    from orchestrator.backends import backend_class
+    from orchestrator.runner import Orchestrator
 
     if engine_name == "swarm" and output_format == "k8s":
         raise click.UsageError("--engine swarm and --format k8s: choose one")

@@ -157,7 +157,7 @@ def test_the_cli_refuses_at_plan_time_with_exit_125(project, capsys):
 
 
 def test_the_swarm_refuses_egress_credentials_in_one_line(project):
-    from orchestrator.swarm import render
+    from orchestrator.docker.swarm import render
 
     _project(project)
     prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
