@@ -9,6 +9,7 @@ from orchestrator.config.loader import (
     Worker,
     Zone,
     find_worker,
+    load_model,
     load_project,
     load_worker,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "ZoneConfig",
     "ZoneRequest",
     "find_worker",
+    "load_model",
     "load_project",
     "load_worker",
     "parse_size",

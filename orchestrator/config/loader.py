@@ -180,6 +180,17 @@ def load_worker(project: Project, spec: str) -> Worker:
     return Worker(file, config, instructions, _field_lines(node, offset))
 
 
+def load_model(file: Path, model: type[M]) -> M:
+    """Read a YAML file of another declaration (an integration's settings) into ``model``,
+    with the same checks and one-line problems (``FILE:LINE: FIELD: fix``) as the project
+    and worker files."""
+    text = _read(file)
+    data, node = _parse_yaml(file, text, line_offset=0)
+    if not isinstance(data, dict):
+        raise ConfigError([f"{file}:1: must be a mapping of fields such as 'name: value'"])
+    return _validate(model, data, file, node, line_offset=0)
+
+
 def _field_lines(node: yaml.Node | None, line_offset: int) -> dict[tuple[str | int, ...], int]:
     """The line of every field and list item under ``node``, by its path."""
     lines: dict[tuple[str | int, ...], int] = {}

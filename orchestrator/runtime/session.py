@@ -86,6 +86,7 @@ class Session:
         self._result: RunResult | None = None
         self._stop = threading.Event()
         self._closing = False
+        self._detached = False
         self._done = threading.Event()
         self._watchdog: threading.Thread | None = None
         if idle_timeout is not None or max_lifetime is not None:
@@ -286,6 +287,20 @@ class Session:
         """Stage ``/staged`` and ``ask`` zones, remove the container; the run's result."""
         return self._close("closed by its owner")
 
+    def detach(self) -> None:
+        """Leave the container running after this process ends, for a person to look into
+        (an eval harness's "keep the sandbox"). The session takes no more operations, no
+        timeout closes it, and closing it is refused; ``orchestrator gc`` removes the
+        container and the run's folders once this process has ended. Its outbox and ``ask``
+        zones are never staged."""
+        with self._lock:
+            if self._closing or self._result is not None:
+                raise SessionClosed(f"session {self.id} is already closed; nothing to keep")
+            self._detached = True
+            self._closed_because = "detached: left for `orchestrator gc`"
+        self._stop.set()
+        self._record("session.detached", True)
+
     def __enter__(self) -> Self:
         return self
 
@@ -296,6 +311,10 @@ class Session:
 
     def _close(self, because: str) -> RunResult:
         with self._lock:
+            if self._detached:
+                raise SessionClosed(
+                    f"session {self.id} was detached: its container is left for `orchestrator gc`"
+                )
             if self._result is not None:
                 return self._result
             closing = self._closing

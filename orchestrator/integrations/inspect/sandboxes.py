@@ -1,0 +1,207 @@
+"""Opening and closing a sample's sessions, through the public library API.
+
+One :class:`~orchestrator.Orchestrator` per project in this process; one warm pool per
+environment that asks for one (``pool: N``), kept until the task ends; every session the
+provider opened and has not closed, so that the task's end can close or keep them.
+
+Each run also gets a writable, size-capped ``/var/tmp`` (a tmpfs: the one thing added to
+the worker's plan), where Inspect places the helper its ``bash_session`` and
+``text_editor`` tools run; ``tools_tmp: null`` leaves it out.
+
+Blocking (engine calls): the provider calls these from worker threads. No Inspect import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Worker
+from orchestrator.errors import OrchestratorError
+from orchestrator.integrations.inspect.config import Environment, Settings
+from orchestrator.plan import Tmpfs
+from orchestrator.prepare import Prepared
+from orchestrator.runner import Orchestrator
+from orchestrator.runtime.pool import WarmPool
+from orchestrator.runtime.run import Run
+from orchestrator.runtime.session import Session
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Opened", "close_task", "open_sample"]
+
+#: Where Inspect's injected tools live (their helper goes in a folder below it).
+TOOLS_DIR = "/var/tmp"
+
+
+@dataclass(frozen=True)
+class Opened:
+    """One environment's live session, and what the provider needs to know of its run."""
+
+    name: str
+    session: Session
+    workdir: str
+    uid: int
+    gid: int
+    key: str
+
+
+class _Owner:
+    """An :class:`Orchestrator` whose prepared runs also get :data:`TOOLS_DIR` (the pool
+    owner protocol, so that a warm pool's runs get it too)."""
+
+    def __init__(self, orchestrator: Orchestrator, tools_tmp: int | None) -> None:
+        self.orchestrator = orchestrator
+        self.tools_tmp = tools_tmp
+
+    def prepare(
+        self,
+        worker: str | Worker,
+        *,
+        inputs: Sequence[str | os.PathLike[str]] = (),
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        **options: Any,
+    ) -> Prepared:
+        prepared = self.orchestrator.prepare(worker, inputs=inputs, env=env, args=args, **options)
+        spec = prepared.spec
+        if self.tools_tmp is None or spec.tmpfs_at(TOOLS_DIR) is not None:
+            return prepared
+        size = min(self.tools_tmp, spec.limits.memory)  # its pages count there anyway
+        tmpfs = [*spec.tmpfs, Tmpfs(TOOLS_DIR, size=size, mode=0o1777)]
+        return replace(prepared, spec=replace(spec, tmpfs=tmpfs))
+
+    def open_keep_alive(
+        self, prepared: Prepared, *, keep_alive: bool = True, gc: bool = True, output: bool = True
+    ) -> Run:
+        return self.orchestrator.open_keep_alive(
+            prepared, keep_alive=keep_alive, gc=gc, output=output
+        )
+
+    def open_session(
+        self,
+        worker: str | Worker | Prepared | Run,
+        *,
+        idle_timeout: float | None = None,
+        max_lifetime: float | None = None,
+        **options: Any,
+    ) -> Session:
+        return self.orchestrator.open_session(
+            worker, idle_timeout=idle_timeout, max_lifetime=max_lifetime, **options
+        )
+
+
+_lock = threading.Lock()
+_orchestrators: dict[Path, Orchestrator] = {}
+_pools: dict[tuple[str, str], WarmPool] = {}
+_live: dict[str, Opened] = {}
+
+
+def _orchestrator(settings: Settings) -> Orchestrator:
+    with _lock:
+        orch = _orchestrators.get(settings.project.root)
+        if orch is None:
+            orch = _orchestrators[settings.project.root] = Orchestrator(settings.project)
+        return orch
+
+
+def _options(env: Environment) -> dict[str, Any]:
+    return {} if env.worker is None or env.trust is None else {"trust": env.trust}
+
+
+def start_pools(settings: Settings) -> None:
+    """Open the warm pools the environments ask for (at the task's start)."""
+    for name, env in settings.environments:
+        if env.pool:
+            _pool(settings, name, env)
+
+
+def _pool(settings: Settings, name: str, env: Environment) -> WarmPool:
+    key = (settings.key, name)
+    with _lock:
+        pool = _pools.get(key)
+    if pool is not None:
+        return pool
+    owner = _Owner(_orchestrator(settings), env.tools_tmp)
+    made = WarmPool(owner, settings.worker(name), size=env.pool, **_options(env))
+    with _lock:
+        pool = _pools.setdefault(key, made)
+    if pool is not made:  # another sample made it meanwhile
+        made.close()
+    return pool
+
+
+def open_sample(settings: Settings) -> list[Opened]:
+    """One session per environment, the default first; on failure none is left open."""
+    opened: list[Opened] = []
+    try:
+        for name, env in settings.environments:
+            opened.append(_open(settings, name, env))
+    except BaseException:
+        for item in opened:
+            close(item)
+        raise
+    return opened
+
+
+def _open(settings: Settings, name: str, env: Environment) -> Opened:
+    if env.pool:
+        run = _pool(settings, name, env).take()
+    else:
+        owner = _Owner(_orchestrator(settings), env.tools_tmp)
+        run = owner.open_keep_alive(owner.prepare(settings.worker(name), **_options(env)))
+    try:
+        session = _orchestrator(settings).open_session(
+            run, idle_timeout=env.idle_timeout, max_lifetime=env.max_lifetime
+        )
+    except BaseException:
+        run.close(failed=True)
+        raise
+    spec = run.spec
+    item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key)
+    with _lock:
+        _live[session.id] = item
+    return item
+
+
+def close(item: Opened) -> None:
+    """Close one session (staging its outbox, removing its container); never raises for
+    the orchestrator's own failures, which are logged (``orchestrator gc`` removes what
+    is left)."""
+    with _lock:
+        _live.pop(item.session.id, None)
+    try:
+        item.session.close()
+    except (OrchestratorError, OSError) as exc:
+        log.warning("closing the sandbox %s (session %s) failed: %s", item.name, item.session.id,
+                    exc)  # fmt: skip
+
+
+def close_task(settings: Settings, *, cleanup: bool) -> list[Opened]:
+    """The task's end: close its warm pools; close the sessions still open, or with
+    ``cleanup`` False keep them (detached, for ``orchestrator gc``). What was kept."""
+    with _lock:
+        pools = [pool for (key, _), pool in _pools.items() if key == settings.key]
+        for key in [k for k in _pools if k[0] == settings.key]:
+            del _pools[key]
+        left = [item for item in _live.values() if item.key == settings.key]
+    for pool in pools:
+        pool.close()
+    kept: list[Opened] = []
+    for item in left:
+        if cleanup:
+            close(item)
+            continue
+        with _lock:
+            _live.pop(item.session.id, None)
+        try:
+            item.session.detach()
+        except OrchestratorError:
+            continue  # closed meanwhile (its idle timeout): nothing to keep
+        kept.append(item)
+    return kept
