@@ -22,10 +22,10 @@ NO_NEW_PRIVILEGES = "no-new-privileges:true"
 
 
 def tmpfs_options(tmpfs: Tmpfs) -> str:
-    """Docker's option string for one tmpfs folder (``rw,nosuid,nodev,size=..,mode=..``)."""
+    """Docker's option string for one tmpfs folder (``rw,nosuid,nodev,exec,size=..,mode=..``)."""
     parts = ["ro" if tmpfs.mask else "rw", "nosuid", "nodev"]
-    if tmpfs.noexec:
-        parts.append("noexec")
+    # Docker (and Podman) mount a tmpfs noexec unless told "exec": say which, always.
+    parts.append("noexec" if tmpfs.noexec or tmpfs.mask else "exec")
     parts += [f"size={tmpfs.size}", f"mode={tmpfs.mode:04o}"]
     if tmpfs.uid is not None:
         parts.append(f"uid={tmpfs.uid}")

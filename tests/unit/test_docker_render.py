@@ -78,7 +78,7 @@ def test_a_hardened_spec_renders_to_docker_s_exact_host_config():
         "MemorySwap": 512 << 20,  # the memory limit again: no swap beyond it
         "NanoCpus": 1_500_000_000,
         "Tmpfs": {
-            "/tmp": "rw,nosuid,nodev,size=67108864,mode=1777",
+            "/tmp": "rw,nosuid,nodev,exec,size=67108864,mode=1777",
             "/repo/.sandbox": "ro,nosuid,nodev,noexec,size=4096,mode=0555",
             "/staged": "rw,nosuid,nodev,noexec,size=1048576,mode=0700,uid=1000,gid=1001",
         },
