@@ -1,0 +1,241 @@
+"""``inspect eval`` end to end through the ``orchestrator`` sandbox, offline.
+
+A small task whose solver has Inspect's ``bash()`` tool is driven by Inspect's
+``mockllm/model`` with scripted tool calls (no model, no network beyond this machine):
+
+- one sample runs a command; its output reaches the eval log;
+- one sample is allowlisted to a local test service (a test web server on a network the
+  project declares): it reaches it and is refused another name of the same server, and
+  the audit log holds both decisions;
+- afterwards nothing the eval made is left: no container, network or run folder.
+
+Then ``--no-sandbox-cleanup`` keeps a sample's sandbox after the process has ended, and
+``inspect sandbox cleanup orchestrator PROJECT`` (the project's gc) removes it.
+
+Inspect finds the provider through the package's ``inspect_ai`` entry point, as installed
+by ``pip install -e '.[dev]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from orchestrator import labels
+from orchestrator.audit import AuditFilter
+from orchestrator.config import load_project
+from orchestrator.docker import egress as eg
+from orchestrator.docker import egress_gc as eg_gc
+from orchestrator.docker.images import BASE_REPOSITORY, build_image, host_suite
+from orchestrator.runtime import open_audit
+from tests.conftest import ProjectDir
+from tests.integration.conftest import require_gvisor, unavailable
+
+pytestmark = pytest.mark.docker
+
+TESTWEB_IMAGE = "orchestrator/testweb:latest"
+INSPECT = [sys.executable, "-m", "inspect_ai"]
+
+TASK = '''
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput, ModelUsage, get_model
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import bash
+from inspect_ai.util import SandboxEnvironmentSpec
+
+
+def script(messages, tools, tool_choice, config):
+    """The scripted model: run the sample's input with bash(), then report what it said."""
+    last = messages[-1]
+    if last.role == "tool":
+        output = ModelOutput.from_content("mockllm/model", "done: " + last.text)
+    else:
+        command = next(m for m in messages if m.role == "user").text
+        output = ModelOutput.for_tool_call("mockllm/model", "bash", {"command": command})
+    # Usage given: mockllm would otherwise count tokens with an encoding it downloads.
+    output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+    return output
+
+
+@task
+def probe():
+    return Task(
+        dataset=[
+            Sample(id="hello", input="echo hello from $(id -u)", target="hello from"),
+            Sample(
+                id="net",
+                input=FETCH,
+                target="web 200",
+                sandbox=SandboxEnvironmentSpec("orchestrator", "net.yaml"),
+            ),
+        ],
+        solver=[use_tools(bash(timeout=60)), generate()],
+        scorer=includes(),
+        sandbox=("orchestrator", "plain.yaml"),
+        model=get_model("mockllm/model", custom_outputs=script),
+    )
+'''
+
+FETCH = """python3 -c '
+import urllib.request, urllib.error
+for name in ("web", "other"):
+    try:
+        reply = urllib.request.urlopen("http://%s.NET/" % name, timeout=30)
+        print(name, reply.status, reply.read().decode().strip())
+    except urllib.error.HTTPError as refused:
+        print(name, refused.code)
+'"""
+
+
+@pytest.fixture(scope="module")
+def inspect_env():
+    """The environment for ``inspect``: the provider must be found by its entry point."""
+    if not entry_points(group="inspect_ai", name="orchestrator"):
+        unavailable(
+            "the 'inspect_ai' entry point 'orchestrator' is not installed; "
+            "run pip install -e '.[dev]' again"
+        )
+    return {**os.environ, "INSPECT_DISPLAY": "none", "INSPECT_LOG_LEVEL": "warning"}
+
+
+@pytest.fixture(scope="module")
+def service(engine):
+    """A test web server on a network of its own, answering as ``web`` and ``other``."""
+    require_gvisor(engine)
+    base = f"{BASE_REPOSITORY}:{host_suite()}"
+    eg.build_proxy_image(engine, base)
+    build_image(engine, "testweb", TESTWEB_IMAGE, base, lambda _: None)
+    net = f"svc-inspect-{uuid.uuid4().hex[:8]}"
+    engine.api.create_network(net, driver="bridge")
+    web = None
+    try:
+        web = engine.api.create_container(
+            image=TESTWEB_IMAGE,
+            name=f"orchestrator-test-inspectweb-{os.getpid()}",
+            environment={"TESTWEB_NAME": "service"},
+            labels=engine.labels_for({f"{labels.PREFIX}.test": "inspect"}),
+            host_config=engine.api.create_host_config(
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
+                network_mode=net,
+            ),
+            networking_config={"EndpointsConfig": {net: {"Aliases": ["web", "other"]}}},
+        )["Id"]
+        engine.start(web)
+        deadline = time.monotonic() + 20
+        while b"listening" not in engine.api.logs(web):
+            assert time.monotonic() < deadline, engine.api.logs(web).decode()
+            time.sleep(0.05)
+        yield net
+    finally:
+        if web is not None:
+            engine.remove(web)
+        try:
+            eg_gc.remove_egress(engine, eg.egress_key(eg.validate_allowlist([f"web.{net}"]), [net]))
+        finally:
+            engine.api.remove_network(net)
+
+
+def _task_folder(root: Path, net: str) -> ProjectDir:
+    project = ProjectDir(root)
+    project.extra = f"network:\n  services:\n    - network: {net}\n"
+    project.write_project()
+    task = TASK.replace("FETCH", repr(FETCH.replace("NET", net)))
+    (root / "task.py").write_text(task)
+    (root / "plain.yaml").write_text("project: .\nresources: {memory: 256m, timeout: 60}\n")
+    (root / "net.yaml").write_text(f"project: .\nnetwork: {{allow: [web.{net}]}}\n")
+    return project
+
+
+def _eval(root: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [*INSPECT, "eval", "task.py", "--log-dir", "logs", "--log-format", "json", *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output
+    return process, output
+
+
+def _left_by(engine, pid: int) -> list:
+    return [
+        o
+        for o in engine.list_managed()
+        if o.labels.get(labels.OWNER_PID) == str(pid) and o.labels.get(labels.SHARED) != "true"
+    ]
+
+
+def test_an_eval_runs_its_tools_in_the_sandbox_and_leaves_nothing(
+    engine, service, inspect_env, tmp_path
+):
+    project = _task_folder(tmp_path / "task", service)
+    process, output = _eval(project.root, inspect_env, "--model", "mockllm/model")
+    (log,) = (project.root / "logs").glob("*.json")
+    data = json.loads(log.read_text())
+    assert data["status"] == "success", (output, data.get("error"))
+    said = {
+        sample["id"]: [m["content"] for m in sample["messages"] if m["role"] == "tool"]
+        for sample in data["samples"]
+    }
+    uid = project.identity[0]
+    assert said["hello"] == [f"hello from {uid}\n"]
+    (fetched,) = said["net"]
+    assert "web 200 testweb service" in fetched, fetched
+    assert "other 403" in fetched, fetched
+    assert all(s["scores"]["includes"]["value"] == "C" for s in data["samples"])
+
+    audit = open_audit(load_project(project.root))
+    decisions = {
+        (e.metadata["host"], e.allowed)
+        for e in audit.query(AuditFilter(operation="egress.decision"))
+    }
+    assert (f"web.{service}", True) in decisions
+    assert (f"other.{service}", False) in decisions
+    execs = audit.query(AuditFilter(operation="session.exec"))
+    assert len({e.session_id for e in execs}) == 2  # one sandbox per sample
+
+    assert _left_by(engine, process.pid) == []
+    runs = project.root / ".sandbox" / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == []
+
+
+def test_a_kept_sandbox_outlives_the_eval_until_the_project_gc(
+    engine, service, inspect_env, tmp_path
+):
+    project = _task_folder(tmp_path / "task", service)
+    process, output = _eval(
+        project.root, inspect_env, "--model", "mockllm/model", "--sample-id", "hello",
+        "--no-sandbox-cleanup",
+    )  # fmt: skip
+    assert "kept 1 sandbox(es)" in output, output
+    kept = _left_by(engine, process.pid)
+    assert [o.kind for o in kept] == ["container"], kept
+    done = subprocess.run(
+        [*INSPECT, "sandbox", "cleanup", "orchestrator", str(project.root)],
+        env=inspect_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "orchestrator: gc:" in done.stdout, done.stdout + done.stderr
+    # (Any run's start also collects what dead owners left: on a shared engine another
+    # process may remove it first.)
+    assert _left_by(engine, process.pid) == []
