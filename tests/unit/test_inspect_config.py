@@ -1,0 +1,112 @@
+"""The Inspect AI provider's settings and its pure parts: no engine, no Inspect eval."""
+
+from __future__ import annotations
+
+import errno
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Orchestrator
+from orchestrator.errors import ConfigError
+from orchestrator.integrations.inspect import Environment, OrchestratorSandboxConfig
+from orchestrator.integrations.inspect.config import resolve
+from orchestrator.integrations.inspect.sandboxes import TOOLS_DIR, _Owner
+from orchestrator.integrations.inspect.transfer import failure
+
+
+def test_a_single_environment_may_be_given_at_the_top_level():
+    config = OrchestratorSandboxConfig.model_validate({"project": "p", "worker": "agent"})
+    assert config.project == "p"
+    assert list(config.environments) == ["default"]
+    assert config.environments["default"].worker == "agent"
+    assert hash(config) == hash(OrchestratorSandboxConfig.model_validate(config.model_dump()))
+
+
+def test_a_worker_file_and_inline_fields_are_not_mixed():
+    with pytest.raises(ValueError, match="drop them here"):
+        Environment(worker="agent", image="x", network="none")
+
+
+def test_a_settings_file_is_checked_with_file_line_and_field(tmp_path: Path, project):
+    settings = tmp_path / "sandbox.yaml"
+    settings.write_text(f"project: {project.root}\nenvironments:\n  main:\n    pool: -1\n")
+    with pytest.raises(ConfigError) as info:
+        resolve("sandbox.yaml", tmp_path)
+    assert info.value.problems == [
+        f"{settings}:4: environments.main.pool: must be at least 0; write 0 or more"
+    ]
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve("missing.yaml", tmp_path)
+    with pytest.raises(ConfigError, match="needs a config"):
+        resolve(None, tmp_path)
+
+
+def test_paths_resolve_against_the_settings_file_and_a_worker_file_finds_its_project(project):
+    project.worker("agent", "command: [sh]\nnetwork: none")
+    (project.root / "evals").mkdir()
+    (project.root / "evals" / "sandbox.yaml").write_text(
+        "project: ..\nenvironments:\n  a: {worker: ../workers/agent.worker}\n  b: {worker: agent}\n"
+    )
+    settings = resolve("evals/sandbox.yaml", project.root)
+    assert settings.project.root == project.root
+    assert settings.worker("a") == str(project.root / "workers" / "agent.worker")
+    assert settings.worker("b") == "agent"
+    by_file = resolve(str(project.root / "workers" / "agent.worker"), Path("/"))
+    assert by_file.project.root == project.root
+
+
+def test_an_inline_worker_gets_a_writable_var_tmp_for_inspect_s_tools(project):
+    settings = resolve(
+        OrchestratorSandboxConfig.model_validate(
+            {"project": str(project.root), "resources": {"memory": "64m"}, "tools_tmp": "1g"}
+        ),
+        Path("/"),
+    )
+    worker = settings.worker("default")
+    owner = _Owner(Orchestrator(project.root), 1 << 30)
+    spec = owner.prepare(worker).spec
+    assert spec.mounts == []  # no zones asked for: no mounts
+    tools = spec.tmpfs_at(TOOLS_DIR)
+    assert tools is not None and not tools.noexec
+    assert tools.size == spec.limits.memory == 64 << 20  # never more than the memory
+    assert _Owner(Orchestrator(project.root), None).prepare(worker).spec.tmpfs_at(TOOLS_DIR) is None
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind", "number"),
+    [
+        ("cat: a: No such file or directory\n", FileNotFoundError, errno.ENOENT),
+        ("sh: 1: cannot create a: Permission denied\n", PermissionError, errno.EACCES),
+        ("mkdir: cannot create directory 'x': Read-only file system\n", PermissionError,
+         errno.EROFS),
+        ("a: Is a directory\n", IsADirectoryError, errno.EISDIR),
+        ("cat: write error: No space left on device\n", OSError, errno.ENOSPC),
+        ("something else\n", OSError, errno.EIO),
+    ],
+)  # fmt: skip
+def test_transfer_failures_become_the_exceptions_inspect_expects(stderr, kind, number):
+    error = failure("dir/a", stderr, "read_file")
+    assert type(error) is kind
+    assert error.errno == number
+    assert "dir/a" in str(error)
+
+
+def test_the_provider_is_registered_through_the_inspect_ai_entry_point_group():
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    text = pyproject.read_text()
+    assert (
+        '[project.entry-points.inspect_ai]\norchestrator = "orchestrator.integrations.inspect.provider"'
+        in text
+    )
+    found = entry_points(group="inspect_ai", name="orchestrator")
+    # Installed from this pyproject under CI; on a laptop an older install may predate it.
+    if found or os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        assert [e.value for e in found] == ["orchestrator.integrations.inspect.provider"]
+    from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+
+    import orchestrator.integrations.inspect.provider as provider
+
+    assert registry_find_sandboxenv("orchestrator") is provider.OrchestratorSandboxEnvironment
