@@ -154,7 +154,7 @@ def _task_folder(root: Path, net: str) -> ProjectDir:
     project.write_project()
     task = TASK.replace("FETCH", repr(FETCH.replace("NET", net)))
     (root / "task.py").write_text(task)
-    (root / "plain.yaml").write_text("project: .\nresources: {memory: 256m, timeout: 60}\n")
+    (root / "plain.yaml").write_text("project: .\npool: 1\nresources: {memory: 256m, timeout: 60}\n")
     (root / "net.yaml").write_text(f"project: .\nnetwork: {{allow: [web.{net}]}}\n")
     return project
 

@@ -43,7 +43,7 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel
 
-from orchestrator.errors import ContainerStopped, OrchestratorError, PolicyError
+from orchestrator.errors import ConfigError, ContainerStopped, OrchestratorError, PolicyError
 from orchestrator.integrations.inspect import sandboxes, transfer
 from orchestrator.integrations.inspect.config import (
     PROVIDER,
@@ -67,25 +67,34 @@ STDERR_CAP = 64 << 10
 #: Exit status of the exec wrapper when the command cannot be executed.
 CANNOT_EXECUTE = 126
 
-_settings: dict[tuple[Any, str], Settings] = {}
+_settings: dict[Any, dict[str, Settings]] = {}
 
 
-def _settings_of(config: SandboxEnvironmentConfigType | None) -> Settings:
-    """The resolved settings, once per config and working folder (Inspect starts a task
-    in its own folder, where relative paths in the config belong)."""
+def _settings_of(config: SandboxEnvironmentConfigType | None, *, start: bool = False) -> Settings:
+    """The resolved settings of ``config``. Inspect starts each task in the task's folder,
+    where relative paths in its config belong, but runs samples wherever it was started:
+    a sample reuses what its task's start resolved."""
     if config is not None and not isinstance(config, str | OrchestratorSandboxConfig):
         raise TypeError(
             f"the '{PROVIDER}' sandbox's config must be an OrchestratorSandboxConfig or a "
             f"path, not {type(config).__name__}"
         )
     cwd = os.getcwd()
-    for key in ((config, cwd), (config, "")):
-        found = _settings.get(key)
-        if found is not None:
-            return found
-    settings = resolve(config, Path(cwd))
-    _settings[(config, cwd)] = _settings.setdefault((config, ""), settings)
-    return settings
+    known = _settings.setdefault(config, {})
+    if cwd in known:
+        return known[cwd]
+    if len(known) == 1 and not start:
+        return next(iter(known.values()))
+    if known and not start:
+        raise ConfigError(
+            [
+                f"the '{PROVIDER}' sandbox config {config!r} means different things in the "
+                f"folders of different tasks ({', '.join(sorted(known))}); give it with "
+                "absolute paths"
+            ]
+        )
+    known[cwd] = resolve(config, Path(cwd))
+    return known[cwd]
 
 
 class _TooMuch(Exception):
@@ -136,7 +145,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        settings = _settings_of(config)
+        settings = _settings_of(config, start=True)
         await anyio.to_thread.run_sync(sandboxes.start_pools, settings)
 
     @classmethod
