@@ -31,6 +31,7 @@ from typing import Any, Literal, overload
 
 import anyio
 import anyio.to_thread
+from inspect_ai._util.error import PrerequisiteError
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
@@ -145,8 +146,11 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        settings = _settings_of(config, start=True)
-        await anyio.to_thread.run_sync(sandboxes.start_pools, settings)
+        try:
+            settings = _settings_of(config, start=True)
+            await anyio.to_thread.run_sync(sandboxes.start_pools, settings)
+        except ConfigError as exc:  # a declaration's problems: said in lines, no traceback
+            raise PrerequisiteError(f"orchestrator: {exc}") from None
 
     @classmethod
     async def sample_init(
