@@ -271,11 +271,13 @@ def run_exec(
         _kill_group(engine, container_id, user, reader)
         reader.done.wait(timeout=KILL_GRACE_S)
     if reader.error is not None:  # the callback failed: the command does not run on unread
-        if finished:
-            _kill_group(engine, container_id, user, reader)
+        # Stop reading first: under gVisor, a command blocked on output nobody reads holds
+        # up the engine's other execs into that container, the kill's among them.
         close = getattr(handle.frames, "close", None)
         if close is not None:
             close()
+        if finished:
+            _kill_group(engine, container_id, user, reader)
         raise reader.error
     duration = round(time.monotonic() - started, 3)
     if finished:

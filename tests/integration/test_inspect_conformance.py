@@ -104,3 +104,37 @@ def sandbox_env(request, opened, monkeypatch):
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     monkeypatch.setattr(self_check, "anyio", types.SimpleNamespace(sleep=_brief_sleep))
     return opened
+
+
+# -- this provider's own promises, beside Inspect's checks ---------------------------------
+
+
+async def test_output_over_the_limit_raises_and_stops_the_command(opened):
+    from inspect_ai.util import OutputLimitExceededError
+    from inspect_ai.util._sandbox.limits import override_max_exec_output_size
+
+    with override_max_exec_output_size(64 << 10), pytest.raises(OutputLimitExceededError) as info:
+        await opened.exec(["sh", "-c", "echo started > /tmp/yes.pid; exec yes"], timeout=60)
+    assert "64 KiB" in str(info.value)
+    assert info.value.truncated_output.startswith("y\ny\n")
+    left = await opened.exec(["sh", "-c", "ps aux | grep -w yes | grep -v grep"])
+    assert left.stdout == ""
+
+
+async def test_users_env_and_files_outside_what_the_worker_may_are_refused(opened):
+    from inspect_ai.util import SandboxUserUnsupportedError
+
+    own = (await opened.exec(["id", "-u"])).stdout.strip()
+    assert (await opened.exec(["id", "-u"], user=own)).stdout.strip() == own
+    with pytest.raises(SandboxUserUnsupportedError, match="never run as root"):
+        await opened.exec(["id"], user="root")
+    with pytest.raises(PermissionError, match="HOME is owned by the sandbox"):
+        await opened.exec(["true"], env={"HOME": "/root"})
+    with pytest.raises(PermissionError) as info:
+        await opened.write_file("/etc/planted", "x")  # the root file system is read-only
+    assert "/etc/planted" in str(info.value)
+    # /var/tmp (Inspect's tools' place) is writable, and a command may run from there
+    await opened.write_file("/var/tmp/hello.sh", "#!/bin/sh\necho from var tmp\n")
+    done = await opened.exec(["sh", "-c", "chmod +x /var/tmp/hello.sh && /var/tmp/hello.sh"])
+    assert done.stdout == "from var tmp\n"
+    await opened.exec(["rm", "/var/tmp/hello.sh", "/tmp/yes.pid"])

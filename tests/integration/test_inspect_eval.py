@@ -9,8 +9,9 @@ A small task whose solver has Inspect's ``bash()`` tool is driven by Inspect's
   the audit log holds both decisions;
 - afterwards nothing the eval made is left: no container, network or run folder.
 
-Then ``--no-sandbox-cleanup`` keeps a sample's sandbox after the process has ended, and
-``inspect sandbox cleanup orchestrator PROJECT`` (the project's gc) removes it.
+Then a sample uses ``text_editor()`` and ``bash_session()`` (whose helper Inspect places in
+the sandbox's writable ``/var/tmp``), with ``--no-sandbox-cleanup``: its sandbox outlives
+the process until ``inspect sandbox cleanup orchestrator PROJECT`` (the project's gc).
 
 Inspect finds the provider through the package's ``inspect_ai`` entry point, as installed
 by ``pip install -e '.[dev]'``.
@@ -45,41 +46,62 @@ TESTWEB_IMAGE = "orchestrator/testweb:latest"
 INSPECT = [sys.executable, "-m", "inspect_ai"]
 
 TASK = '''
+import json
+
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate, use_tools
-from inspect_ai.tool import bash
+from inspect_ai.tool import bash, bash_session, text_editor
 from inspect_ai.util import SandboxEnvironmentSpec
 
 
 def script(messages, tools, tool_choice, config):
-    """The scripted model: run the sample's input with bash(), then report what it said."""
-    last = messages[-1]
-    if last.role == "tool":
-        output = ModelOutput.from_content("mockllm/model", "done: " + last.text)
+    """The scripted model: a sample's input is the tool calls to make, in order; then
+    it answers with what the tools said."""
+    calls = json.loads(next(m for m in messages if m.role == "user").text)
+    said = [m.text for m in messages if m.role == "tool"]
+    if len(said) < len(calls):
+        name, arguments = calls[len(said)]
+        output = ModelOutput.for_tool_call("mockllm/model", name, arguments)
     else:
-        command = next(m for m in messages if m.role == "user").text
-        output = ModelOutput.for_tool_call("mockllm/model", "bash", {"command": command})
+        output = ModelOutput.from_content("mockllm/model", "done: " + " | ".join(said))
     # Usage given: mockllm would otherwise count tokens with an encoding it downloads.
     output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
     return output
+
+
+def calls(*pairs):
+    return json.dumps(list(pairs))
 
 
 @task
 def probe():
     return Task(
         dataset=[
-            Sample(id="hello", input="echo hello from $(id -u)", target="hello from"),
+            Sample(
+                id="hello",
+                input=calls(["bash", {"command": "echo hello from $(id -u)"}]),
+                target="hello from",
+            ),
             Sample(
                 id="net",
-                input=FETCH,
+                input=calls(["bash", {"command": FETCH}]),
                 target="web 200",
                 sandbox=SandboxEnvironmentSpec("orchestrator", "net.yaml"),
             ),
+            Sample(
+                id="tools",
+                input=calls(
+                    ["text_editor", {"command": "create", "path": "/tmp/note.txt",
+                                     "file_text": "noted in the sandbox"}],
+                    ["bash_session", {"action": "type_submit", "input": "cat /tmp/note.txt"}],
+                ),
+                target="noted in the sandbox",
+            ),
         ],
-        solver=[use_tools(bash(timeout=60)), generate()],
+        solver=[use_tools(bash(timeout=60), text_editor(), bash_session()), generate()],
         scorer=includes(),
         sandbox=("orchestrator", "plain.yaml"),
         model=get_model("mockllm/model", custom_outputs=script),
@@ -154,7 +176,9 @@ def _task_folder(root: Path, net: str) -> ProjectDir:
     project.write_project()
     task = TASK.replace("FETCH", repr(FETCH.replace("NET", net)))
     (root / "task.py").write_text(task)
-    (root / "plain.yaml").write_text("project: .\npool: 1\nresources: {memory: 256m, timeout: 60}\n")
+    (root / "plain.yaml").write_text(
+        "project: .\npool: 1\nresources: {memory: 256m, timeout: 60}\n"
+    )
     (root / "net.yaml").write_text(f"project: .\nnetwork: {{allow: [web.{net}]}}\n")
     return project
 
@@ -185,7 +209,9 @@ def test_an_eval_runs_its_tools_in_the_sandbox_and_leaves_nothing(
     engine, service, inspect_env, tmp_path
 ):
     project = _task_folder(tmp_path / "task", service)
-    process, output = _eval(project.root, inspect_env, "--model", "mockllm/model")
+    process, output = _eval(
+        project.root, inspect_env, "--model", "mockllm/model", "--sample-id", "hello,net"
+    )
     (log,) = (project.root / "logs").glob("*.json")
     data = json.loads(log.read_text())
     assert data["status"] == "success", (output, data.get("error"))
@@ -215,14 +241,20 @@ def test_an_eval_runs_its_tools_in_the_sandbox_and_leaves_nothing(
     assert not runs.exists() or list(runs.iterdir()) == []
 
 
-def test_a_kept_sandbox_outlives_the_eval_until_the_project_gc(
+def test_inspect_s_tool_helper_runs_and_a_kept_sandbox_lasts_until_the_project_gc(
     engine, service, inspect_env, tmp_path
 ):
     project = _task_folder(tmp_path / "task", service)
     process, output = _eval(
-        project.root, inspect_env, "--model", "mockllm/model", "--sample-id", "hello",
+        project.root, inspect_env, "--model", "mockllm/model", "--sample-id", "tools",
         "--no-sandbox-cleanup",
     )  # fmt: skip
+    (log,) = (project.root / "logs").glob("*.json")
+    (sample,) = json.loads(log.read_text())["samples"]
+    said = [m["content"] for m in sample["messages"] if m["role"] == "tool"]
+    # bash_session and text_editor: Inspect's helper runs from the writable /var/tmp
+    assert said[0] == "File created successfully at: /tmp/note.txt", said
+    assert "noted in the sandbox" in said[1], said
     assert "kept 1 sandbox(es)" in output, output
     kept = _left_by(engine, process.pid)
     assert [o.kind for o in kept] == ["container"], kept

@@ -65,6 +65,8 @@ FILE_TIMEOUT = 600
 MAX_WRITE = 1 << 30
 #: Bytes of a transfer's stderr kept (its messages, never its content).
 STDERR_CAP = 64 << 10
+#: Seconds between polls of Inspect's tool helper (Inspect's default is 2, Docker's 0.2).
+POLL_S = 0.5
 #: Exit status of the exec wrapper when the command cannot be executed.
 CANNOT_EXECUTE = 126
 
@@ -135,6 +137,11 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         self._own_names: set[str] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
+
+    def default_polling_interval(self) -> float:
+        """How often Inspect's tools poll their helper (seconds); every poll is an exec
+        (and an audit entry), so not as often as Docker's provider does."""
+        return POLL_S
 
     @classmethod
     def config_files(cls) -> list[str]:
