@@ -11,7 +11,8 @@ A small task whose solver has Inspect's ``bash()`` tool is driven by Inspect's
 
 Then a sample uses ``text_editor()`` and ``bash_session()`` (whose helper Inspect places in
 the sandbox's writable ``/var/tmp``), with ``--no-sandbox-cleanup``: its sandbox outlives
-the process until ``inspect sandbox cleanup orchestrator PROJECT`` (the project's gc).
+the process until the provider's ``cli_cleanup`` (``inspect sandbox cleanup orchestrator
+PROJECT``: the project's gc).
 
 Inspect finds the provider through the package's ``inspect_ai`` entry point, as installed
 by ``pip install -e '.[dev]'``.
@@ -28,6 +29,7 @@ import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import anyio
 import pytest
 
 from orchestrator import labels
@@ -36,6 +38,7 @@ from orchestrator.config import load_project
 from orchestrator.docker import egress as eg
 from orchestrator.docker import egress_gc as eg_gc
 from orchestrator.docker.images import BASE_REPOSITORY, build_image, host_suite
+from orchestrator.integrations.inspect.provider import OrchestratorSandboxEnvironment
 from orchestrator.runtime import open_audit
 from tests.conftest import ProjectDir
 from tests.integration.conftest import require_gvisor, unavailable
@@ -99,6 +102,7 @@ def probe():
                     ["bash_session", {"action": "type_submit", "input": "cat /tmp/note.txt"}],
                 ),
                 target="noted in the sandbox",
+                sandbox=SandboxEnvironmentSpec("orchestrator", "tools.yaml"),
             ),
         ],
         solver=[use_tools(bash(timeout=60), text_editor(), bash_session()), generate()],
@@ -179,6 +183,7 @@ def _task_folder(root: Path, net: str) -> ProjectDir:
     (root / "plain.yaml").write_text(
         "project: .\npool: 1\nresources: {memory: 256m, timeout: 60}\n"
     )
+    (root / "tools.yaml").write_text("project: .\nresources: {memory: 512m, timeout: 60}\n")
     (root / "net.yaml").write_text(f"project: .\nnetwork: {{allow: [web.{net}]}}\n")
     return project
 
@@ -242,7 +247,7 @@ def test_an_eval_runs_its_tools_in_the_sandbox_and_leaves_nothing(
 
 
 def test_inspect_s_tool_helper_runs_and_a_kept_sandbox_lasts_until_the_project_gc(
-    engine, service, inspect_env, tmp_path
+    engine, service, inspect_env, tmp_path, capsys
 ):
     project = _task_folder(tmp_path / "task", service)
     process, output = _eval(
@@ -258,16 +263,9 @@ def test_inspect_s_tool_helper_runs_and_a_kept_sandbox_lasts_until_the_project_g
     assert "kept 1 sandbox(es)" in output, output
     kept = _left_by(engine, process.pid)
     assert [o.kind for o in kept] == ["container"], kept
-    done = subprocess.run(
-        [*INSPECT, "sandbox", "cleanup", "orchestrator", str(project.root)],
-        env=inspect_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "orchestrator: gc:" in done.stdout, done.stdout + done.stderr
+    # What `inspect sandbox cleanup orchestrator PROJECT` calls: the project's gc
+    anyio.run(OrchestratorSandboxEnvironment.cli_cleanup, str(project.root))
+    assert "orchestrator: gc:" in capsys.readouterr().out
     # (Any run's start also collects what dead owners left: on a shared engine another
     # process may remove it first.)
     assert _left_by(engine, process.pid) == []
