@@ -44,6 +44,7 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel
 
+from orchestrator import labels
 from orchestrator.errors import ConfigError, ContainerStopped, OrchestratorError, PolicyError
 from orchestrator.integrations.inspect import sandboxes, transfer
 from orchestrator.integrations.inspect.config import (
@@ -195,6 +196,10 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
                     f"  {item.name}: session {item.session.id}, run {item.session.run_id}, "
                     f"worker {item.session.worker}"
                 )
+            print(
+                "  look into one: docker exec -it $(docker ps -q --filter "
+                f"label={labels.SESSION}=SESSION) sh"
+            )
             print(
                 "  they stay until this process has ended and then "
                 f"`inspect sandbox cleanup {PROVIDER} {root}` (or `orchestrator gc --project "
