@@ -124,14 +124,22 @@ for name in ("web", "other"):
 
 
 @pytest.fixture(scope="module")
-def inspect_env():
-    """The environment for ``inspect``: the provider must be found by its entry point."""
+def inspect_env(tmp_path_factory):
+    """The environment for ``inspect``: the provider must be found by its entry point, and
+    Inspect's own files (traces, buffers) go to a folder of the test's, not the user's."""
     if not entry_points(group="inspect_ai", name="orchestrator"):
         unavailable(
             "the 'inspect_ai' entry point 'orchestrator' is not installed; "
             "run pip install -e '.[dev]' again"
         )
-    return {**os.environ, "INSPECT_DISPLAY": "none", "INSPECT_LOG_LEVEL": "warning"}
+    data = tmp_path_factory.mktemp("inspect-data")
+    return {
+        **os.environ,
+        "INSPECT_DISPLAY": "none",
+        "INSPECT_LOG_LEVEL": "warning",
+        "XDG_DATA_HOME": str(data),
+        "XDG_CACHE_HOME": str(data),
+    }
 
 
 @pytest.fixture(scope="module")
