@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ ROLE_LABEL = f"{labels.PREFIX}.role"
 ROLE = "credproxy"
 #: The largest CA bundle read from an image.
 _MAX_BUNDLE = 4 << 20
+#: The end of the proxy's log kept while waiting for it (for an error's tail).
+_MAX_LOG = 64 << 10
 #: Bundles already read, by image id (an image's files never change).
 _BUNDLES: dict[str, bytes] = {}
 
@@ -154,27 +157,38 @@ def start_proxy(
 
 
 def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
-    delay = 0.02
-    while True:
-        with engine_errors("reading the credential proxy's log"):
-            text: bytes = engine.api.logs(container, stdout=True, stderr=True)
-            if READY_MARK in text:
+    """Follow the proxy's log until it says it accepts connections: the engine pushes each
+    line as it is written, so the wait ends with the line (no poll interval). The log ends
+    when the proxy exits, and is closed at ``deadline``: both are errors (fail closed)."""
+    with engine_errors("reading the credential proxy's log"):
+        stream = engine.api.logs(container, stdout=True, stderr=True, stream=True, follow=True)
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), stream.close)
+    timer.daemon = True
+    timer.start()
+    seen = b""
+    try:
+        for chunk in stream:
+            seen = (seen + chunk)[-_MAX_LOG:]
+            if READY_MARK in seen:
                 return
-            state: dict[str, Any] = engine.api.inspect_container(container)["State"]
-        if state.get("Status") in ("exited", "dead"):
-            tail = "\n".join(text.decode(errors="replace").splitlines()[-15:])
-            raise EngineError(
-                f"the credential proxy {container[:12]} exited with code "
-                f"{state.get('ExitCode')} before accepting connections; no worker starts "
-                f"without it:\n{tail}"
-            )
-        if time.monotonic() > deadline:
-            raise EngineError(
-                f"the credential proxy {container[:12]} did not accept connections in time; "
-                "no worker starts without it"
-            )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.2)
+    except (OSError, ValueError, AttributeError, docker_errors.DockerException):
+        pass  # closed at the deadline (the socket goes away under the reader)
+    finally:
+        timer.cancel()
+        stream.close()
+    with engine_errors("inspecting the credential proxy"):
+        state: dict[str, Any] = engine.api.inspect_container(container)["State"]
+    if state.get("Status") in ("exited", "dead"):
+        tail = "\n".join(seen.decode(errors="replace").splitlines()[-15:])
+        raise EngineError(
+            f"the credential proxy {container[:12]} exited with code "
+            f"{state.get('ExitCode')} before accepting connections; no worker starts "
+            f"without it:\n{tail}"
+        )
+    raise EngineError(
+        f"the credential proxy {container[:12]} did not accept connections in time; "
+        "no worker starts without it"
+    )
 
 
 def proxy_log(engine: DockerClient, container: str) -> str:

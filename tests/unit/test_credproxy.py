@@ -9,6 +9,7 @@ import importlib.util
 import json
 import pickle
 import sys
+import time
 import urllib.parse
 from dataclasses import replace
 from pathlib import Path
@@ -335,7 +336,9 @@ def test_the_proxy_starts_before_the_worker_and_goes_with_its_state(project):
         secrets={"llm": value},
     )
     calls = engine.calls
-    assert calls.index("network") < calls.index("credproxy") < calls.index("create")
+    # the proxy starts while the worker's container is made, and serves before it starts
+    assert calls.index("network") < calls.index("credproxy") < calls.index("start")
+    assert calls.index("network") < calls.index("create") < calls.index("start")
     # the proxy was given the value in a 0400 file, the CA key, and no value elsewhere
     assert seen.files["value-0"] == (0o400, value.encode())
     assert seen.files[contract.CA_NAME][0] == 0o400
@@ -358,3 +361,51 @@ def test_without_a_value_no_proxy_and_no_worker_start(project):
     with pytest.raises(OrchestratorError, match="egress credential.*llm.*not resolved"):
         execute(engine, prepared, audit=open_audit(prepared.project), staging=None)
     assert "credproxy" not in engine.calls and "create" not in engine.calls
+
+
+def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
+    """The proxy's start overlaps the worker's creation; the worker's start waits for it,
+    and a proxy that fails (after the worker's container was made) leaves it unstarted."""
+    import threading
+
+    from orchestrator.errors import EngineError
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    created = threading.Event()
+    original_create, original_start = engine.create, engine.start_credential_proxy
+
+    def create(spec):
+        created.set()
+        return original_create(spec)
+
+    def slow(spec, state, user):
+        assert created.wait(10)  # the worker's container is made meanwhile
+        time.sleep(0.2)
+        engine.calls.append("proxy-ready")
+        return original_start(spec, state, user)
+
+    engine.create, engine.start_credential_proxy = create, slow
+    execute(
+        engine, prepared, audit=open_audit(prepared.project), staging=None, secrets={"llm": "v"}
+    )
+    assert engine.calls.index("create") < engine.calls.index("proxy-ready")
+    assert engine.calls.index("proxy-ready") < engine.calls.index("start")
+
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+
+    def broken(spec, state, user):
+        raise EngineError("the credential proxy exited with code 2 before accepting")
+
+    engine.start_credential_proxy = broken
+    with pytest.raises(EngineError, match="before accepting"):
+        execute(
+            engine, prepared, audit=open_audit(prepared.project), staging=None, secrets={"llm": "v"}
+        )
+    assert "start" not in engine.calls
+    assert engine.containers == set()  # the worker's container, made meanwhile, is gone
+    assert not any(Path("/dev/shm").glob(f"*{prepared.spec.run_id}*"))
