@@ -409,3 +409,56 @@ def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
     assert "start" not in engine.calls
     assert engine.containers == set()  # the worker's container, made meanwhile, is gone
     assert not any(Path("/dev/shm").glob(f"*{prepared.spec.run_id}*"))
+
+
+def test_an_images_ca_bundle_is_read_once_and_kept_for_the_next_process(tmp_path, monkeypatch):
+    """The bundle is read from a container made for it once per image id; the next process
+    finds it in the user's cache folder, unless another user could have written there."""
+    import io
+    import tarfile
+
+    from orchestrator.docker import credproxy as docker_credproxy
+
+    made: list[str] = []
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("ca-certificates.crt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"CERTS"))
+
+    class Api:
+        def inspect_image(self, image):
+            return {"Id": "sha256:" + "ab" * 32}
+
+        def create_container(self, image, **_):
+            made.append(image)
+            return {"Id": "reader"}
+
+        def create_host_config(self, **_):
+            return {}
+
+        def get_archive(self, container, path):
+            return [archive.getvalue()], {}
+
+        def remove_container(self, container, force):
+            pass
+
+    class Engine:
+        api = Api()
+
+        def labels_for(self, extra):
+            return extra
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
+    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})  # a new process
+    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    assert len(made) == 1
+    folder = docker_credproxy.bundle_cache()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    folder.chmod(0o770)  # another user's write would be trusted: not used
+    (folder / ("ab" * 32 + ".pem")).write_bytes(b"PLANTED")
+    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
+    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    assert len(made) == 2
