@@ -1,4 +1,4 @@
-"""A run's credential proxy, set up before its worker exists and gone before its end.
+"""A run's credential proxy, serving before its worker starts and gone before its end.
 
 :func:`credential_proxy` is the one hook :class:`~orchestrator.runtime.run.Run` calls
 for a plan with egress credentials (``spec.network.credentials``), once the run's network
