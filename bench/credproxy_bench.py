@@ -1,10 +1,16 @@
 """Egress credential cost: a trivial allowlisted worker with and without an egress credential.
 
 Runs through the Python API in one process, interleaved, N cold runs each (runc; the
-allowlist proxy is started once before measuring), then the hand-out of a pooled run with
-the credential. Target (issue 18): cold ≤ +300 ms, pooled ≈ 0. See docs/performance.md.
+allowlist proxy is started once before measuring), against the raw baseline measured in
+the same rounds: the docker SDK's create, start, wait and remove of the same ``true`` in
+the worker image. Each credential run starts as a new process would (the in-memory cache
+of the worker image's CA bundle emptied: the on-disk one is what a new process finds).
+Also: how long the proxy took to start (create, start, mitmproxy serving), overlapped with
+the worker's creation, and the hand-out of a pooled run with the credential. Target
+(issue 18): cold ≤ +300 ms over the run without the credential, pooled ≈ 0. See
+docs/performance.md.
 
-    python bench/credproxy_bench.py [--runs 4]
+    python bench/credproxy_bench.py [--runs 5]
 """
 
 from __future__ import annotations
@@ -14,9 +20,13 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orchestrator import DockerEngine, Orchestrator
+from orchestrator.docker import credproxy as docker_credproxy
+from orchestrator.docker.images import WORKER_IMAGE
 
 PROJECT = """zones: {}
 isolation: {untrusted: runc}
@@ -26,11 +36,38 @@ credentials:
 ALLOW = "network: {allow: [bench.example.org]}"
 
 
+def raw_run(engine: DockerEngine) -> None:
+    """The engine's floor: create, start, wait for and remove a container running true."""
+    api = engine.api
+    created = api.create_container(WORKER_IMAGE, command=["true"], network_disabled=True)
+    try:
+        api.start(created["Id"])
+        api.wait(created["Id"])
+    finally:
+        api.remove_container(created["Id"], force=True)
+
+
+def timed(seen: list[float], call: Callable[[], Any]) -> Any:
+    start = time.monotonic()
+    try:
+        return call()
+    finally:
+        seen.append(time.monotonic() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     os.environ["BENCH_CREDENTIAL"] = "sk-bench-" + os.urandom(12).hex()
+    engine = DockerEngine()
+    proxy_starts: list[float] = []
+    start_proxy = engine.start_credential_proxy
+
+    def start_and_time(*a: Any, **k: Any) -> str:
+        return str(timed(proxy_starts, lambda: start_proxy(*a, **k)))
+
+    engine.start_credential_proxy = start_and_time  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "workers").mkdir()
@@ -38,18 +75,34 @@ def main() -> None:
         for name, extra in (("plain", ""), ("credential", "\nsecrets: [llm]")):
             front = f'command: ["true"]\n{ALLOW}{extra}\n'
             (root / "workers" / f"{name}.worker").write_text(f"---\n{front}---\n")
-        with Orchestrator(root, engine=DockerEngine()) as orch:
-            times: dict[str, list[float]] = {"plain": [], "credential": []}
-            for name in times:  # warm up: image caches, the allowlist's proxy
+        with Orchestrator(root, engine=engine) as orch:
+            times: dict[str, list[float]] = {"raw": [], "plain": [], "credential": []}
+            raw_run(engine)  # warm up: image caches, the allowlist's proxy
+            for name in ("plain", "credential"):
                 orch.run(name)
+            proxy_starts.clear()
             for _ in range(args.runs):
-                for name, seen in times.items():
-                    start = time.monotonic()
-                    result = orch.run(name)
-                    seen.append(time.monotonic() - start)
+                timed(times["raw"], lambda: raw_run(engine))
+                for name in ("plain", "credential"):
+                    docker_credproxy._BUNDLES.clear()  # as a new process
+                    result = timed(times[name], lambda name=name: orch.run(name))
                     assert result.exit_code == 0, result.error
-            for name, seen in times.items():
-                print(f"{name:<11} cold  median {statistics.median(seen) * 1000:6.0f} ms")
+            median = {name: statistics.median(seen) for name, seen in times.items()}
+            print(f"{args.runs} interleaved rounds, medians (ratio to the raw baseline):")
+            labels = {
+                "raw": "raw docker create/start/wait/rm",
+                "plain": "allowlisted run, no credential",
+                "credential": "allowlisted run, egress credential",
+            }
+            for name, label in labels.items():
+                ratio = median[name] / median["raw"]
+                print(f"  {label:<36} {median[name] * 1000:6.0f} ms  {ratio:5.2f} x raw")
+            extra = median["credential"] - median["plain"]
+            print(f"  the credential's cold cost             {extra * 1000:+6.0f} ms (target +300)")
+            print(
+                f"  its proxy's start (overlapped)         "
+                f"{statistics.median(proxy_starts) * 1000:6.0f} ms"
+            )
             with orch.pool("credential", size=1) as pool:
                 time.sleep(10)  # let the pool open its run, proxy included
                 start = time.monotonic()
@@ -58,7 +111,7 @@ def main() -> None:
                 run.run_worker()
                 run.collect()
                 run.close()
-            print(f"credential  pooled take()  {took * 1000:6.0f} ms")
+            print(f"  pooled take() with the credential      {took * 1000:6.0f} ms")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/opt/credproxy/bin/python3
-"""Start mitmdump with the credential addon, and relay its output with the values removed.
+"""Start mitmproxy with the credential addon (launch.py: a lean mitmdump), and relay its
+output with the values removed.
 
 Environment:
   CREDPROXY_STATE  the read-only, in-memory folder the orchestrator mounts for this run:
@@ -9,7 +10,7 @@ Environment:
 
 mitmproxy's confdir is made in /tmp (a tmpfs): it holds a link to the CA file and the
 Diffie-Hellman parameters mitmproxy writes itself. Upstream certificates are checked
-against the image's CA bundle plus trust-ca.pem. Everything mitmdump prints passes
+against the image's CA bundle plus trust-ca.pem. Everything mitmproxy prints passes
 through a scrubber that removes the values in every spelling before it reaches the log.
 ``--check`` loads the configuration and exits.
 """
@@ -31,7 +32,7 @@ STATE = Path(os.environ.get("CREDPROXY_STATE", "/run/credproxy"))
 CONF = Path("/tmp/mitmproxy")
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 UPSTREAM_BUNDLE = Path("/tmp/upstream-ca.pem")
-ADDON = "/usr/local/lib/credproxy/addon.py"
+LAUNCH = "/usr/local/lib/credproxy/launch.py"
 
 
 def fail(message: str) -> None:
@@ -60,18 +61,15 @@ def main() -> None:
         print("credproxy: configuration ok")
         return
     command = [
-        "/opt/credproxy/bin/mitmdump",
+        "/opt/credproxy/bin/python3", LAUNCH,
         "--mode", f"upstream:{config['upstream']}",
         "--listen-port", str(config["port"]),
         "--set", f"confdir={CONF}",
         "--set", "upstream_cert=false",
         "--set", f"ssl_verify_upstream_trusted_ca={UPSTREAM_BUNDLE}",
         "--set", "body_size_limit=16m",
-        "--set", "flow_detail=0",
         "--set", "termlog_verbosity=warn",
-        "--set", "block_global=false",
         "--set", "http3=false",
-        "-s", ADDON,
     ]  # fmt: skip
     scrub = Scrubber({value: "credential" for value in values if value})
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

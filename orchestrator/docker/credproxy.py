@@ -5,14 +5,19 @@ on the run's own internal network (alias ``credproxy``), whose only way out is t
 allowlist proxy on that same network. Its state (configuration, the values, the run CA's
 key) comes read-only from a host folder in memory that only it mounts. It carries the
 run's labels and its owner's, so ``gc`` removes it after a crash like the run's container.
-Also here: reading an image's own CA bundle, which the worker's bundle starts from.
+Also here: reading an image's own CA bundle, which the worker's bundle starts from (once
+per image: kept by image id in memory and in the user's cache folder).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import stat
 import tarfile
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,8 @@ ROLE_LABEL = f"{labels.PREFIX}.role"
 ROLE = "credproxy"
 #: The largest CA bundle read from an image.
 _MAX_BUNDLE = 4 << 20
+#: The end of the proxy's log kept while waiting for it (for an error's tail).
+_MAX_LOG = 64 << 10
 #: Bundles already read, by image id (an image's files never change).
 _BUNDLES: dict[str, bytes] = {}
 
@@ -60,6 +67,10 @@ def image_bundle(engine: DockerClient, image: str) -> bytes:
             raise ImageMissing(image) from None
     if image_id in _BUNDLES:
         return _BUNDLES[image_id]
+    cached = _cached_bundle(image_id)
+    if cached is not None:
+        _BUNDLES[image_id] = cached
+        return cached
     with engine_errors(f"reading the CA bundle of {image}"):
         created = engine.api.create_container(
             image_id,
@@ -78,7 +89,69 @@ def image_bundle(engine: DockerClient, image: str) -> bytes:
             retrying(lambda: engine.api.remove_container(created["Id"], force=True))
     bundle = _member(raw)
     _BUNDLES[image_id] = bundle
+    _cache_bundle(image_id, bundle)
     return bundle
+
+
+def bundle_cache() -> Path:
+    """Where the bundles read are kept across processes: the user's cache folder."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "orchestrator" / "ca-bundles"
+
+
+def _cache_file(image_id: str) -> Path | None:
+    """The cache file of an image id (a content hash: its files never change), in a folder
+    only this user may write; None when there is no such folder."""
+    digest = image_id.removeprefix("sha256:")
+    if not digest.isalnum():
+        return None
+    folder = bundle_cache()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.getuid()
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        return None
+    return folder / f"{digest}.pem"
+
+
+def _cached_bundle(image_id: str) -> bytes | None:
+    """A bundle read by an earlier process (a regular file of this user), else None."""
+    path = _cache_file(image_id)
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return None
+        return handle.read(_MAX_BUNDLE + 1)[:_MAX_BUNDLE]
+
+
+def _cache_bundle(image_id: str, bundle: bytes) -> None:
+    """Keep a bundle for the next process (best effort: written whole, then renamed)."""
+    path = _cache_file(image_id)
+    if path is None:
+        return
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".bundle-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(bundle)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
 
 
 def _member(archive: bytes) -> bytes:
@@ -154,27 +227,38 @@ def start_proxy(
 
 
 def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
-    delay = 0.02
-    while True:
-        with engine_errors("reading the credential proxy's log"):
-            text: bytes = engine.api.logs(container, stdout=True, stderr=True)
-            if READY_MARK in text:
+    """Follow the proxy's log until it says it accepts connections: the engine pushes each
+    line as it is written, so the wait ends with the line (no poll interval). The log ends
+    when the proxy exits, and is closed at ``deadline``: both are errors (fail closed)."""
+    with engine_errors("reading the credential proxy's log"):
+        stream = engine.api.logs(container, stdout=True, stderr=True, stream=True, follow=True)
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), stream.close)
+    timer.daemon = True
+    timer.start()
+    seen = b""
+    try:
+        for chunk in stream:
+            seen = (seen + chunk)[-_MAX_LOG:]
+            if READY_MARK in seen:
                 return
-            state: dict[str, Any] = engine.api.inspect_container(container)["State"]
-        if state.get("Status") in ("exited", "dead"):
-            tail = "\n".join(text.decode(errors="replace").splitlines()[-15:])
-            raise EngineError(
-                f"the credential proxy {container[:12]} exited with code "
-                f"{state.get('ExitCode')} before accepting connections; no worker starts "
-                f"without it:\n{tail}"
-            )
-        if time.monotonic() > deadline:
-            raise EngineError(
-                f"the credential proxy {container[:12]} did not accept connections in time; "
-                "no worker starts without it"
-            )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.2)
+    except (OSError, ValueError, AttributeError, docker_errors.DockerException):
+        pass  # closed at the deadline (the socket goes away under the reader)
+    finally:
+        timer.cancel()
+        stream.close()
+    with engine_errors("inspecting the credential proxy"):
+        state: dict[str, Any] = engine.api.inspect_container(container)["State"]
+    if state.get("Status") in ("exited", "dead"):
+        tail = "\n".join(seen.decode(errors="replace").splitlines()[-15:])
+        raise EngineError(
+            f"the credential proxy {container[:12]} exited with code "
+            f"{state.get('ExitCode')} before accepting connections; no worker starts "
+            f"without it:\n{tail}"
+        )
+    raise EngineError(
+        f"the credential proxy {container[:12]} did not accept connections in time; "
+        "no worker starts without it"
+    )
 
 
 def proxy_log(engine: DockerClient, container: str) -> str:

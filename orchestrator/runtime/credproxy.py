@@ -1,4 +1,4 @@
-"""A run's credential proxy, set up before its worker exists and gone before its end.
+"""A run's credential proxy, serving before its worker starts and gone before its end.
 
 :func:`credential_proxy` is the one hook :class:`~orchestrator.runtime.run.Run` calls
 for a plan with egress credentials (``spec.network.credentials``), once the run's network
@@ -6,9 +6,12 @@ exists: it makes the run's CA (:mod:`orchestrator.runca`), writes the proxy's st
 (configuration, each value as a 0400 file, the CA's key) into a private folder in the
 host's memory (``/dev/shm``) that only the proxy mounts, writes the worker's CA bundle
 (the image's own certificates plus the run's CA) where the plan mounts it, and starts the
-proxy through the engine. Nothing of the worker starts unless all of this succeeded. When
-the run ends, the proxy's events (each substitution and block) go into the audit log, the
-proxy is removed and the folder with the values and the key is deleted.
+proxy through the engine. The proxy's start (its container, mitmproxy's start) runs in the
+background while the run creates the worker's container: :meth:`ProxyStart.ready` waits
+for it, and the run calls it before the worker's container can start, so nothing of the
+worker starts unless all of this succeeded (fails closed). When the run ends, the proxy's
+events (each substitution and block) go into the audit log, the proxy is removed and the
+folder with the values and the key is deleted.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -41,7 +45,7 @@ from orchestrator.runca import make_run_ca
 from orchestrator.runtime.engine import Containers, CredentialProxies
 from orchestrator.runtime.secrets import is_tmpfs
 
-__all__ = ["credential_proxy", "state_dir"]
+__all__ = ["ProxyStart", "credential_proxy", "state_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,39 @@ KEEP_ALIVE_S = 24 * 3600.0
 
 class _Engine(Containers, CredentialProxies, Protocol):
     """What the hook needs of an engine."""
+
+
+class ProxyStart:
+    """A run's credential proxy starting in the background (or none to start)."""
+
+    def __init__(self, start: Callable[[], str] | None = None) -> None:
+        self.container: str | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if start is not None:
+            self._thread = threading.Thread(
+                target=self._run, args=(start,), name="credproxy-start", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, start: Callable[[], str]) -> None:
+        try:
+            self.container = start()
+        except BaseException as exc:  # noqa: BLE001 - handed over: ready() raises it
+            self._error = exc
+
+    def finish(self) -> str | None:
+        """Wait for the start to end, however it ends; the proxy's container, if any."""
+        if self._thread is not None:
+            self._thread.join()
+        return self.container
+
+    def ready(self) -> None:
+        """Return once the proxy accepts connections; raise why it does not (it is gone
+        then). Call before the worker's container may start."""
+        self.finish()
+        if self._error is not None:
+            raise self._error
 
 
 def state_dir(prepared: Prepared) -> Path:
@@ -100,13 +137,15 @@ def _trusted(paths: list[str]) -> bytes:
 @contextmanager
 def credential_proxy(
     engine: _Engine, prepared: Prepared, values: Mapping[str, str], audit: AuditLog
-) -> Iterator[None]:
-    """Start the run's credential proxy for its egress credentials; audit its events and
-    remove it (and its state) when the block ends. A no-op without egress credentials."""
+) -> Iterator[ProxyStart]:
+    """Start the run's credential proxy for its egress credentials (in the background: the
+    block gets its :class:`ProxyStart`, whose ``ready()`` must return before the worker
+    starts); audit its events and remove it (and its state) when the block ends. Nothing to
+    start (``ready()`` returns at once) without egress credentials."""
     spec = prepared.spec
     bindings = spec.network.credentials
     if not bindings:
-        yield
+        yield ProxyStart()
         return
     missing = [b.name for b in bindings if not values.get(b.name)]
     if missing:
@@ -125,7 +164,7 @@ def credential_proxy(
     ca = make_run_ca(spec.run_id, hosts, lifetime_s=spec.limits.timeout_s + waits)
     bundle = _bundle_source(spec)
     trust = _trusted(spec.network.trust_ca)
-    container: str | None = None
+    starting: ProxyStart | None = None
     state.mkdir(mode=0o700)
     try:
         _write(state / CONFIG_NAME, json.dumps(proxy_config(bindings)).encode(), 0o400)
@@ -143,10 +182,11 @@ def credential_proxy(
         bundle.parent.mkdir(parents=True, exist_ok=True)
         image_bundle = engine.image_ca_bundle(spec.image).rstrip(b"\n")
         _write(bundle, image_bundle + b"\n" + ca.certificate, 0o644)
-        container = engine.start_credential_proxy(spec, state, user)
-        yield
+        starting = ProxyStart(lambda: engine.start_credential_proxy(spec, state, user))
+        yield starting
     finally:
         try:
+            container = starting.finish() if starting is not None else None
             if container is not None:
                 events = _events(engine, container, values)
                 engine.remove(container)

@@ -35,7 +35,7 @@ from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.backend import Backend, Launch, Outcome, OutputSink, Status, Tail
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
-from orchestrator.runtime.credproxy import credential_proxy
+from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
 from orchestrator.runtime.engine import EgressDecision, Engine, Stream
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
@@ -303,8 +303,9 @@ class Run:
                     audit=self.audit,
                 )
                 self._broker.start()
+            proxy = ProxyStart()
             if prepared.grant.egress:  # egress credentials: the proxy, on the run's network
-                self._stack.enter_context(
+                proxy = self._stack.enter_context(
                     credential_proxy(self.engine, prepared, self.egress_values, self.audit)
                 )
             if backend.secret_files:
@@ -314,11 +315,18 @@ class Run:
             self._hold_sources()  # last: every source exists now (the secrets folder too)
             self._created = True
             self.outcome.removed = False
+            # The credential proxy starts while the worker's container is made: only a
+            # container launch's one-shot container waits for run_worker to start; any other
+            # (a keep-alive one, another backend's) may start at create, so waits before it.
+            overlap = isinstance(self.launch, ContainerLaunch) and not self.keeps_alive
+            if not overlap:
+                proxy.ready()
             self.launch.create(
                 self._engine_spec(),
                 {} if backend.secret_files else self.values,
                 started=lambda: self._check_sources("once its container started"),
             )
+            proxy.ready()  # before open returns: no worker starts without its proxy serving
         except Interrupted as exc:
             self.outcome.interrupted(exc)
             raise

@@ -32,7 +32,7 @@ from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN
 from orchestrator.docker.egress import EGRESS_KEY
 from orchestrator.docker.egress_gc import remove_egress
 from orchestrator.docker.images import WORKER_IMAGE, build_all
-from orchestrator.errors import ImageBuildError
+from orchestrator.errors import EngineError, ImageBuildError
 from tests.integration.conftest import unavailable
 from tests.integration.credfake import SERVER
 from tests.integration.credprobe import PROBE
@@ -337,3 +337,141 @@ def test_the_summarise_example_calls_the_fake_api_without_its_key(
             summaries = json.loads(blob.read())
     assert all(item["summary"].startswith("summary: ") for item in summaries), summaries
     assert world["real"] not in json.dumps(summaries)
+
+
+# -- sessions, the warm pool, batch and child workers -----------------------------------
+#
+# The placeholder, the proxy and the CA are per run whatever opens the run: these check that
+# each way of opening one (a batch's warm pool, a session, a child through the broker) hands
+# the proxy its value and the worker its placeholder. The proxy is the same container under
+# either runtime, and the main test above already tries every attack under both, so these
+# run under runc only (the worker's runtime changes nothing of the paths tested here).
+
+#: A call to the fake API as an SDK makes it: POST, the key from the environment. It prints
+#: ``STATUS <code> <answer>`` and exits 0 only on a 200.
+CALL = """
+import json, os, sys, urllib.error, urllib.request
+url, text = sys.argv[1], sys.argv[2]
+if text.startswith("/"):
+    text = open(text).read()
+request = urllib.request.Request(
+    url + "/v1/chat/completions",
+    data=json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode(),
+    headers={"authorization": "Bearer " + os.environ.get("OPENAI_API_KEY", ""),
+             "content-type": "application/json"},
+)
+try:
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        body = json.loads(answer.read())
+        print("STATUS", answer.status, body["choices"][0]["message"]["content"], flush=True)
+except urllib.error.HTTPError as exc:
+    print("STATUS", exc.code, exc.read()[:200], flush=True)
+    sys.exit(3)
+"""
+
+
+def _worker_front(world, command: list[str], extra: str = "") -> str:
+    return (
+        f"image: {CLIENT_IMAGE}\n"
+        f"command: {json.dumps(command)}\n"
+        f"network: {{allow: {json.dumps(world['allow'])}}}\n"
+        "resources: {memory: 512m}\n" + extra
+    )
+
+
+def _no_proxy_left(engine, run_ids: set[str]) -> None:
+    """The runs' proxies and their state are gone (other projects' runs may be going on)."""
+    for run_id in run_ids:
+        label = f"io.orchestrator.run-id={run_id}"
+        assert not engine.api.containers(all=True, filters={"label": label}), run_id
+        assert not any(Path("/dev/shm").glob(f"*{run_id}*")), run_id
+
+
+def _substitutions(project) -> list[dict]:
+    audit = project.root / ".sandbox" / "audit.jsonl"
+    entries = [json.loads(x) for x in audit.read_text().splitlines()]
+    return [e for e in entries if e["operation"] == "egress.credential" and e["allowed"]]
+
+
+def test_a_batch_from_the_warm_pool_calls_the_api_once_per_input(
+    engine, world, project, monkeypatch
+):
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    _write_project(project, world, "runc")
+    url = f"https://{world['llm']}:8443"
+    script = "import os, subprocess, sys\n" + "".join(
+        [
+            "name = os.listdir('/inputs')[0]\n",
+            f"sys.exit(subprocess.call(['python3', '-c', {CALL!r}, {url!r}, '/inputs/' + name]))\n",
+        ]
+    )
+    project.worker("each", _worker_front(world, ["python3", "-c", script], "secrets: [llm]\n"))
+    folder = project.root / "docs"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"d{n}.txt").write_text(f"document number {n}")
+    done = Orchestrator(project.root, engine=engine).batch("each", [folder], concurrency=2)
+    assert [r["status"] for r in done.records] == ["succeeded"] * 3, done.records
+    assert done.exit_code == 0
+    # each input's run had its own proxy, which wrote the key in: the fake accepted it
+    calls = [e for e in _substitutions(project) if e["metadata"]["path"] == "/v1/chat/completions"]
+    runs = {e["run_id"] for e in calls}
+    assert len(runs) == 3, calls
+    _no_proxy_left(engine, runs)
+
+
+def test_a_child_gets_the_credential_through_its_parent_and_only_then(
+    engine, world, project, monkeypatch
+):
+    from orchestrator.audit import AuditFilter
+
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    _write_project(project, world, "runc")
+    url = f"https://{world['llm']}:8443"
+    child = ["python3", "-c", CALL, url, "hello from the child"]
+    project.worker("child", _worker_front(world, child, "trust: session\nsecrets: [llm]\n"))
+    holder = "trust: session\nsecrets: [llm]\nchildren: [child]\n"
+    project.worker("parent", _worker_front(world, ["sleep", "infinity"], holder))
+    lacking = "trust: session\nchildren: [child]\n"
+    project.worker("lacking", _worker_front(world, ["orchestrator-call", "child"], lacking))
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("parent") as session:
+        own = session.exec(["python3", "-c", CALL, url, "hello from the session"], timeout=120)
+        assert own.exit_code == 0, own.stdout + own.stderr
+        assert "STATUS 200 summary: hello from the session" in own.stdout
+        called = session.exec(["orchestrator-call", "child"], timeout=180)
+        assert called.exit_code == 0, called.stdout + called.stderr
+        assert "STATUS 200 summary: hello from the child" in called.stdout
+        assert world["real"] not in own.stdout + called.stdout + called.stderr
+    # a parent without the credential cannot hand it on: refused before any child exists
+    refused = orch.run("lacking")
+    assert refused.exit_code != 0, refused.stdout
+    assert "egress credential 'llm'" in refused.stderr, refused.stderr
+    calls = orch.audit.query(AuditFilter(operation="broker.call"))
+    assert [e.metadata["child"] for e in calls] == ["child"], calls
+    (refusal,) = orch.audit.query(AuditFilter(operation="broker.refused"))
+    assert "egress credential 'llm'" in (refusal.reason or ""), refusal
+    runs = {e["run_id"] for e in _substitutions(project)}
+    assert len(runs) == 2  # the session's own run and its child's: each its own proxy
+    _no_proxy_left(engine, runs)
+
+
+def test_a_proxy_that_does_not_serve_starts_no_worker(engine, world, project, monkeypatch):
+    """Fails closed: the proxy starts while the worker's container is made, and a proxy that
+    exits before serving (here: an image without one) leaves the worker unstarted."""
+    from orchestrator.docker import credproxy as docker_credproxy
+
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    monkeypatch.setattr(docker_credproxy, "CREDPROXY_IMAGE", WORKER_IMAGE)
+    _write_project(project, world, "runc")
+    project.zone("work", "rw")
+    front = "trust: session\nsecrets: [llm]\nsandbox: {zones: [{name: work, mode: rw}]}\n"
+    project.worker("touch", _worker_front(world, ["touch", "/work/started"], front))
+    with pytest.raises(EngineError, match="before accepting connections; no worker starts"):
+        Orchestrator(project.root, engine=engine).run("touch")
+    assert not (project.root / "work" / "started").exists()
+    audit = project.root / ".sandbox" / "audit.jsonl"
+    entries = [json.loads(x) for x in audit.read_text().splitlines()]
+    (ended,) = [e for e in entries if e["operation"] == "run.ended"]
+    assert ended["allowed"] is False and ended["metadata"]["container_removed"], ended
+    _no_proxy_left(engine, {ended["run_id"]})

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import pickle
 import sys
+import time
 import urllib.parse
 from dataclasses import replace
 from pathlib import Path
@@ -335,7 +336,9 @@ def test_the_proxy_starts_before_the_worker_and_goes_with_its_state(project):
         secrets={"llm": value},
     )
     calls = engine.calls
-    assert calls.index("network") < calls.index("credproxy") < calls.index("create")
+    # the proxy starts while the worker's container is made, and serves before it starts
+    assert calls.index("network") < calls.index("credproxy") < calls.index("start")
+    assert calls.index("network") < calls.index("create") < calls.index("start")
     # the proxy was given the value in a 0400 file, the CA key, and no value elsewhere
     assert seen.files["value-0"] == (0o400, value.encode())
     assert seen.files[contract.CA_NAME][0] == 0o400
@@ -358,3 +361,104 @@ def test_without_a_value_no_proxy_and_no_worker_start(project):
     with pytest.raises(OrchestratorError, match="egress credential.*llm.*not resolved"):
         execute(engine, prepared, audit=open_audit(prepared.project), staging=None)
     assert "credproxy" not in engine.calls and "create" not in engine.calls
+
+
+def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
+    """The proxy's start overlaps the worker's creation; the worker's start waits for it,
+    and a proxy that fails (after the worker's container was made) leaves it unstarted."""
+    import threading
+
+    from orchestrator.errors import EngineError
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    created = threading.Event()
+    original_create, original_start = engine.create, engine.start_credential_proxy
+
+    def create(spec):
+        created.set()
+        return original_create(spec)
+
+    def slow(spec, state, user):
+        assert created.wait(10)  # the worker's container is made meanwhile
+        time.sleep(0.2)
+        engine.calls.append("proxy-ready")
+        return original_start(spec, state, user)
+
+    engine.create, engine.start_credential_proxy = create, slow
+    execute(
+        engine, prepared, audit=open_audit(prepared.project), staging=None, secrets={"llm": "v"}
+    )
+    assert engine.calls.index("create") < engine.calls.index("proxy-ready")
+    assert engine.calls.index("proxy-ready") < engine.calls.index("start")
+
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+
+    def broken(spec, state, user):
+        raise EngineError("the credential proxy exited with code 2 before accepting")
+
+    engine.start_credential_proxy = broken
+    with pytest.raises(EngineError, match="before accepting"):
+        execute(
+            engine, prepared, audit=open_audit(prepared.project), staging=None, secrets={"llm": "v"}
+        )
+    assert "start" not in engine.calls
+    assert engine.containers == set()  # the worker's container, made meanwhile, is gone
+    assert not any(Path("/dev/shm").glob(f"*{prepared.spec.run_id}*"))
+
+
+def test_an_images_ca_bundle_is_read_once_and_kept_for_the_next_process(tmp_path, monkeypatch):
+    """The bundle is read from a container made for it once per image id; the next process
+    finds it in the user's cache folder, unless another user could have written there."""
+    import io
+    import tarfile
+
+    from orchestrator.docker import credproxy as docker_credproxy
+
+    made: list[str] = []
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("ca-certificates.crt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"CERTS"))
+
+    class Api:
+        def inspect_image(self, image):
+            return {"Id": "sha256:" + "ab" * 32}
+
+        def create_container(self, image, **_):
+            made.append(image)
+            return {"Id": "reader"}
+
+        def create_host_config(self, **_):
+            return {}
+
+        def get_archive(self, container, path):
+            return [archive.getvalue()], {}
+
+        def remove_container(self, container, force):
+            pass
+
+    class Engine:
+        api = Api()
+
+        def labels_for(self, extra):
+            return extra
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
+    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})  # a new process
+    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    assert len(made) == 1
+    folder = docker_credproxy.bundle_cache()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    folder.chmod(0o770)  # another user's write would be trusted: not used
+    (folder / ("ab" * 32 + ".pem")).write_bytes(b"PLANTED")
+    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
+    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    assert len(made) == 2
