@@ -250,7 +250,7 @@ class PodmanService:
         finally:
             target.close()
         os.environ["DOCKER_HOST"] = self.url
-        build_all(DockerEngine())
+        build_all(DockerEngine(), with_credproxy=False)  # refused under Podman: never used
 
     def log_tail(self) -> str:
         try:

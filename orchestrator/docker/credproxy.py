@@ -37,6 +37,7 @@ from orchestrator.credproxy import (
     WORKER_BUNDLE,
 )
 from orchestrator.docker import podman
+from orchestrator.docker.cache import user_cache
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.netnames import network_name
 from orchestrator.docker.seccomp import default_security_opt
@@ -93,31 +94,14 @@ def image_bundle(engine: DockerClient, image: str) -> bytes:
     return bundle
 
 
-def bundle_cache() -> Path:
-    """Where the bundles read are kept across processes: the user's cache folder."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "orchestrator" / "ca-bundles"
-
-
 def _cache_file(image_id: str) -> Path | None:
     """The cache file of an image id (a content hash: its files never change), in a folder
     only this user may write; None when there is no such folder."""
     digest = image_id.removeprefix("sha256:")
     if not digest.isalnum():
         return None
-    folder = bundle_cache()
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(folder)
-    except OSError:
-        return None
-    if (
-        not stat.S_ISDIR(info.st_mode)
-        or info.st_uid != os.getuid()
-        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    ):
-        return None
-    return folder / f"{digest}.pem"
+    folder = user_cache("ca-bundles")
+    return None if folder is None else folder / f"{digest}.pem"
 
 
 def _cached_bundle(image_id: str) -> bytes | None:

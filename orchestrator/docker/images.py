@@ -14,6 +14,7 @@ so that the image build itself needs no package index.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from docker import errors as docker_errors
 from orchestrator import labels
 from orchestrator.credproxy import CREDPROXY_IMAGE
 from orchestrator.docker.aptsources import carried_over, host_sources
+from orchestrator.docker.cache import user_cache
 from orchestrator.docker.client import DockerClient, engine_errors
 from orchestrator.egress import PROXY_IMAGE
 from orchestrator.errors import ImageBuildError
@@ -272,7 +274,16 @@ def credproxy_base(engine: DockerClient, *, rebuild: bool, progress: Progress) -
 
 def download_wheels(into: Path, progress: Progress) -> None:
     """``pip download`` mitmproxy and its dependencies as binary wheels for the credential
-    proxy's Python, with this machine's pip (its index and settings)."""
+    proxy's Python, with this machine's pip (its index and settings), into ``into``. The
+    wheels of one version are kept in the user's cache folder (:func:`user_cache`) and
+    copied from there by later builds: one download per machine, not per build."""
+    key = f"mitmproxy-{MITMPROXY_VERSION}-cp{CREDPROXY_PYTHON}"
+    cache = user_cache("wheels")
+    kept = cache / key if cache is not None else None
+    if kept is not None and (kept / ".complete").is_file() and not kept.is_symlink():
+        progress(f"mitmproxy {MITMPROXY_VERSION} wheels from {kept}")
+        shutil.copytree(kept, into, ignore=shutil.ignore_patterns(".complete"))
+        return
     progress(f"downloading mitmproxy {MITMPROXY_VERSION} wheels for Python {CREDPROXY_PYTHON}")
     platforms = [arg for platform in _WHEEL_PLATFORMS for arg in ("--platform", platform)]
     command = [
@@ -287,6 +298,15 @@ def download_wheels(into: Path, progress: Progress) -> None:
             f"pip download of mitmproxy {MITMPROXY_VERSION} failed (exit {done.returncode}); "
             f"is the package index reachable? Last output:\n{tail}"
         )
+    if kept is not None and cache is not None:  # whole, then renamed into place
+        with contextlib.suppress(OSError):
+            staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{key}-"))
+            shutil.copytree(into, staging, dirs_exist_ok=True)
+            (staging / ".complete").write_text("")
+            try:
+                os.rename(staging, kept)
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)  # another build kept them first
 
 
 def build_credproxy_image(engine: DockerClient, *, rebuild_base: bool, progress: Progress) -> None:

@@ -8,6 +8,7 @@ import base64
 import importlib.util
 import json
 import pickle
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -455,10 +456,35 @@ def test_an_images_ca_bundle_is_read_once_and_kept_for_the_next_process(tmp_path
     monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})  # a new process
     assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
     assert len(made) == 1
-    folder = docker_credproxy.bundle_cache()
+    folder = tmp_path / "orchestrator" / "ca-bundles"
     assert folder.stat().st_mode & 0o777 == 0o700
     folder.chmod(0o770)  # another user's write would be trusted: not used
     (folder / ("ab" * 32 + ".pem")).write_bytes(b"PLANTED")
     monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
     assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
     assert len(made) == 2
+
+
+def test_the_proxy_wheels_are_downloaded_once_and_kept_in_the_users_cache(monkeypatch, tmp_path):
+    from orchestrator.docker import images
+
+    calls = []
+
+    def download(command, **_kwargs):
+        calls.append(command)
+        dest = Path(command[command.index("--dest") + 1])
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "mitmproxy-x.whl").write_bytes(b"wheel")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(images.subprocess, "run", download)
+    images.download_wheels(tmp_path / "one", lambda _: None)
+    images.download_wheels(tmp_path / "two", lambda _: None)
+    assert len(calls) == 1  # the second build copied them from the cache
+    assert (tmp_path / "two" / "mitmproxy-x.whl").read_bytes() == b"wheel"
+    assert not (tmp_path / "two" / ".complete").exists()
+    folder = tmp_path / "cache" / "orchestrator" / "wheels"
+    folder.chmod(0o777)  # a folder others may write is not trusted: downloaded again
+    images.download_wheels(tmp_path / "three", lambda _: None)
+    assert len(calls) == 2
