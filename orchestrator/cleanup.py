@@ -104,14 +104,15 @@ def collect_all(
         return summary  # nothing of a project's to do (sessions need one: refused below)
     project = load_project(project_dir)
     sandbox = project.sandbox_root
+    audit = open_audit(project)
     if os.geteuid() == 0:  # what runs of dead orchestrators opened up for their workers
         from orchestrator.runtime.access import sweep as sweep_access
 
-        summary.access = sweep_access(sandbox, everything=everything, audit=open_audit(project))
+        summary.access = sweep_access(sandbox, everything=everything, audit=audit)
     if (sandbox / "runs").is_dir():  # after access: it frees some
         from orchestrator.runtime.run_folders import sweep as sweep_folders
 
-        summary.folders = sweep_folders(sandbox, everything=everything, audit=open_audit(project))
+        summary.folders = sweep_folders(sandbox, everything=everything, audit=audit)
     containers = [o for o in summary.removed if isinstance(o, ManagedObject)]
     if containers:
         from orchestrator.runtime.session_folders import remove_empty_sessions
@@ -120,5 +121,5 @@ def collect_all(
     if sessions_age is not None:
         from orchestrator.runtime.session_folders import prune_old_sessions
 
-        summary.sessions = prune_old_sessions(docker, sandbox, sessions_age, open_audit(project))
+        summary.sessions = prune_old_sessions(docker, sandbox, sessions_age, audit)
     return summary
