@@ -13,6 +13,11 @@ Diffie-Hellman parameters mitmproxy writes itself. Upstream certificates are che
 against the image's CA bundle plus trust-ca.pem. Everything mitmproxy prints passes
 through a scrubber that removes the values in every spelling before it reaches the log.
 ``--check`` loads the configuration and exits.
+
+A spare proxy (``CREDPROXY_SPARE_IDLE``: seconds) is started before any run needs it, with
+an empty state folder and no network: mitmproxy imports everything, then both wait. A run
+takes it by moving its state in (config.json last) and attaching it to its network; past
+the idle time untaken, it exits.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, "/usr/local/lib/credproxy")
@@ -40,7 +46,8 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def main() -> None:
+def read_state() -> tuple[dict, list[str]]:
+    """The run's configuration and values; mitmproxy's confdir and upstream bundle made."""
     try:
         config = json.loads((STATE / "config.json").read_text())
         values = [(STATE / c["value_file"]).read_text() for c in config["credentials"]]
@@ -57,11 +64,46 @@ def main() -> None:
     if trust.is_file():
         bundle += b"\n" + trust.read_bytes()
     UPSTREAM_BUNDLE.write_bytes(bundle)
+    return config, values
+
+
+def wait_for_state(child: subprocess.Popen[bytes]) -> None:
+    """A spare (CREDPROXY_SPARE_IDLE set): wait until a run hands its state over (the
+    orchestrator writes config.json last); past the idle time, stop mitmproxy and exit."""
+    idle = float(os.environ.get("CREDPROXY_SPARE_IDLE") or 0)
+    if not idle:
+        return  # a run's own proxy: its state was there before it started
+    deadline = time.monotonic() + idle
+    while not (STATE / "config.json").exists():
+        if time.monotonic() >= deadline:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait()
+            print("credproxy: spare not taken, exiting", flush=True)
+            sys.exit(0)
+        time.sleep(0.005)
+
+
+def main() -> None:
     if "--check" in sys.argv:
+        read_state()
         print("credproxy: configuration ok")
         return
-    command = [
-        "/opt/credproxy/bin/python3", LAUNCH,
+    # mitmproxy starts importing at once and waits for its settings on stdin.
+    child = subprocess.Popen(
+        ["/opt/credproxy/bin/python3", LAUNCH],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    wait_for_state(child)
+    try:
+        config, values = read_state()
+    except SystemExit:
+        child.kill()
+        raise
+    settings = [
         "--mode", f"upstream:{config['upstream']}",
         "--listen-port", str(config["port"]),
         "--set", f"confdir={CONF}",
@@ -72,9 +114,9 @@ def main() -> None:
         "--set", "http3=false",
     ]  # fmt: skip
     scrub = Scrubber({value: "credential" for value in values if value})
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    assert child.stdout is not None
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(json.dumps(settings).encode() + b"\n")
+    child.stdin.close()
     for line in child.stdout:
         sys.stdout.buffer.write(scrub.scrub(line))
         sys.stdout.buffer.flush()

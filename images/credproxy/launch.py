@@ -12,14 +12,18 @@ starts mitmproxy's own ``Master`` with exactly these, in the order ``mitmdump`` 
 Importing a submodule of ``mitmproxy.addons`` runs that package's ``__init__``, which
 imports every addon; the package is therefore registered empty (its folder as its path)
 before the five are imported. The options are mitmdump's, given the same way
-(``--set name=value``, ``--mode``, ``--listen-port``). The credential addon is imported
-directly, not through ``-s``: an addon that fails to load stops the proxy (no worker
-starts without it), where the script loader would log it and serve without it.
+(``--set name=value``, ``--mode``, ``--listen-port``), as one JSON list on stdin: mitmproxy
+is imported first, then the line awaited, so a spare proxy (started before any run needs
+it, see entry.py) has paid its start-up before its run's configuration exists. The
+credential addon is imported directly, not through ``-s``, once the line came: an addon
+that fails to load stops the proxy (no worker starts without it), where the script loader
+would log it and serve without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import types
@@ -32,7 +36,7 @@ _ADDONS.__package__ = "mitmproxy.addons"
 sys.modules["mitmproxy.addons"] = _ADDONS
 mitmproxy.addons = _ADDONS  # type: ignore[attr-defined]
 
-from mitmproxy import exceptions, master, options  # noqa: E402
+from mitmproxy import exceptions, http, master, options, tls  # noqa: E402, F401
 from mitmproxy.addons import (  # noqa: E402
     core,
     disable_h2c,
@@ -43,7 +47,7 @@ from mitmproxy.addons import (  # noqa: E402
 )
 
 sys.path.insert(0, "/usr/local/lib/credproxy")
-import addon  # noqa: E402
+import forms  # noqa: E402, F401
 
 
 def _settings(argv: list[str]) -> dict[str, str]:
@@ -63,6 +67,8 @@ def _settings(argv: list[str]) -> dict[str, str]:
 
 
 async def _main(settings: dict[str, str]) -> None:
+    import addon  # reads the run's configuration: only once it is there
+
     opts = options.Options()
     proxy = master.Master(opts, with_termlog=True)
     proxy.addons.add(
@@ -87,4 +93,10 @@ async def _main(settings: dict[str, str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_main(_settings(sys.argv[1:])))
+    # Everything heavy is imported above; the settings (mitmdump's arguments, as a JSON
+    # list) arrive on stdin once the run's state is there: at once for a run's own proxy,
+    # when a run takes it for a spare. No line: the spare was never taken.
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    asyncio.run(_main(_settings(json.loads(line))))

@@ -5,6 +5,18 @@ on the run's own internal network (alias ``credproxy``), whose only way out is t
 allowlist proxy on that same network. Its state (configuration, the values, the run CA's
 key) comes read-only from a host folder in memory that only it mounts. It carries the
 run's labels and its owner's, so ``gc`` removes it after a crash like the run's container.
+
+Starting one costs about a second (mitmproxy's imports), so a run takes a *spare* when
+there is one: a proxy started earlier, with no network and an empty state folder, that has
+imported everything and waits (``CREDPROXY_SPARE_IDLE``). Taking it is atomic across
+processes (its folder is renamed away: one taker wins), then the run's state is moved in
+(config.json last), the spare is detached from ``none`` and attached to the run's network
+and renamed after the run's state folder, which names its owner: from then on it is the
+run's proxy and ``gc`` treats it as the run's (:func:`owner_labels`). A spare holds
+nothing before it is taken and serves one run only. After each start one spare is made
+ready for the next run (``ORCHESTRATOR_CREDPROXY_SPARES``: how many, 0: make none); an
+untaken spare exits by itself after :data:`SPARE_IDLE_S`, and ``gc`` removes it then.
+
 Also here: reading an image's own CA bundle, which the worker's bundle starts from (once
 per image: kept by image id in memory and in the user's cache folder).
 """
@@ -13,12 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
+import secrets
+import shutil
 import stat
 import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +43,13 @@ from docker import errors as docker_errors
 
 from orchestrator import labels
 from orchestrator.credproxy import (
+    CONFIG_NAME,
     CREDPROXY_ALIAS,
     CREDPROXY_IMAGE,
     CREDPROXY_MEMORY,
     CREDPROXY_PIDS,
     CREDPROXY_TMP_SIZE,
+    CREDPROXY_UID,
     READY_MARK,
     STATE_DIR,
     WORKER_BUNDLE,
@@ -42,14 +60,44 @@ from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.netnames import network_name
 from orchestrator.docker.seccomp import default_security_opt
 from orchestrator.egress import PROXY_LOG_OPTIONS, PROXY_NANO_CPUS, PROXY_NOFILE
-from orchestrator.errors import EngineError, ImageMissing
+from orchestrator.errors import EngineError, ImageMissing, OrchestratorError
 from orchestrator.plan import ContainerSpec
+from orchestrator.policy.grant import SECRETS_PREFIX
+from orchestrator.runtime.secrets import folder_owner
 
-__all__ = ["ROLE", "image_bundle", "proxy_log", "start_proxy"]
+__all__ = [
+    "ROLE",
+    "SPARE_ROLE",
+    "image_bundle",
+    "owner_labels",
+    "proxy_log",
+    "remove_spares",
+    "start_proxy",
+    "wait_for_spares",
+]
+
+log = logging.getLogger(__name__)
 
 #: The label value (``io.orchestrator.role``) of a run's credential proxy.
 ROLE_LABEL = f"{labels.PREFIX}.role"
 ROLE = "credproxy"
+#: The label value of a spare proxy (also once a run took it).
+SPARE_ROLE = "credproxy-spare"
+#: The label holding a spare's host state folder (until a run takes it).
+SPARE_STATE_LABEL = f"{labels.PREFIX}.credproxy-state"
+#: The label holding the user a spare runs as (a run takes only one of its own user).
+_USER_LABEL = f"{labels.PREFIX}.credproxy-user"
+#: The name of a spare (its container and its state folder in /dev/shm) before it is taken.
+SPARE_PREFIX = "orchestrator-credproxy-spare-"
+#: The name of a taken spare: this, then its run's state folder's name (its owner's).
+TAKEN_PREFIX = "orchestrator-credproxy-"
+#: The environment variable saying how many spares to keep ready (default 1, 0: none).
+ENV_SPARES = "ORCHESTRATOR_CREDPROXY_SPARES"
+#: How long a spare waits for a run before it exits by itself.
+SPARE_IDLE_S = 600
+#: A spare this old is not taken any more (it could exit while being taken).
+_SPARE_MAX_AGE_S = SPARE_IDLE_S - 60
+_SHM = Path("/dev/shm")
 #: The largest CA bundle read from an image.
 _MAX_BUNDLE = 4 << 20
 #: The end of the proxy's log kept while waiting for it (for an error's tail).
@@ -151,14 +199,9 @@ def _member(archive: bytes) -> bytes:
     return b""
 
 
-def start_proxy(
-    engine: DockerClient, spec: ContainerSpec, state: Path, user: str, *, timeout: float = 30.0
-) -> str:
-    """Create and start the run's credential proxy on its network; return its id once it
-    accepts connections. On any failure it is removed and EngineError raised (with the
-    end of its log, which never holds a value)."""
-    network = network_name(spec)
-    host_config = engine.api.create_host_config(
+def _host_config(engine: DockerClient, network: str, state: Path) -> Any:
+    """How a credential proxy runs: read-only, no capabilities, capped, its state mounted."""
+    return engine.api.create_host_config(
         network_mode=network,
         binds={str(state): {"bind": STATE_DIR, "mode": "ro"}},
         read_only=True,
@@ -177,6 +220,32 @@ def start_proxy(
         ],
         log_config=docker.types.LogConfig(type="json-file", config=dict(PROXY_LOG_OPTIONS)),
     )
+
+
+def start_proxy(
+    engine: DockerClient, spec: ContainerSpec, state: Path, user: str, *, timeout: float = 30.0
+) -> str:
+    """Give the run's credential proxy on its network the state in ``state``: a spare when
+    there is one (:func:`_take_spare`), else a new one; return its id once it accepts
+    connections, and make a spare ready for the next run. On any failure it is removed and
+    EngineError raised (with the end of its log, which never holds a value)."""
+    deadline = time.monotonic() + timeout
+    wanted = spares_wanted()
+    taken = _take_spare(engine, spec, state, user)
+    container = taken if taken is not None else _start_new(engine, spec, state, user)
+    try:
+        _wait_ready(engine, container, deadline)
+    except BaseException:
+        _remove(engine, container)
+        raise
+    if wanted:
+        _replenish(engine, user, wanted)
+    return container
+
+
+def _start_new(engine: DockerClient, spec: ContainerSpec, state: Path, user: str) -> str:
+    """Create and start a proxy for this run on its network (no spare at hand)."""
+    network = network_name(spec)
     networking = engine.api.create_networking_config(
         {network: engine.api.create_endpoint_config(aliases=[CREDPROXY_ALIAS])}  # type: ignore[arg-type]
     )
@@ -189,7 +258,7 @@ def start_proxy(
                 name=name,
                 user=user,
                 labels=engine.labels_for(run_labels),
-                host_config=host_config,
+                host_config=_host_config(engine, network, state),
                 networking_config=networking,
                 use_config_proxy=False,
             )
@@ -199,15 +268,243 @@ def start_proxy(
     try:
         with engine_errors(f"starting the credential proxy {name}"):
             retrying(lambda: engine.api.start(container))
-        _wait_ready(engine, container, time.monotonic() + timeout)
     except BaseException:
-        with (
-            engine_errors(f"removing the credential proxy {name}"),
-            contextlib.suppress(docker_errors.NotFound),
-        ):
-            engine.api.remove_container(container, force=True, v=True)
+        _remove(engine, container)
         raise
     return container
+
+
+def _remove(engine: DockerClient, container: str) -> None:
+    with (
+        engine_errors(f"removing the credential proxy {container[:12]}"),
+        contextlib.suppress(docker_errors.NotFound),
+    ):
+        engine.api.remove_container(container, force=True, v=True)
+
+
+# -- spares ----------------------------------------------------------------------------------
+
+
+def spares_wanted() -> int:
+    """How many spares to keep ready (``ORCHESTRATOR_CREDPROXY_SPARES``, default 1; with
+    0, a run still takes one that is there, and makes none)."""
+    text = os.environ.get(ENV_SPARES, "1").strip()
+    if not text.isdigit() or int(text) > 8:
+        raise OrchestratorError(
+            f"{ENV_SPARES}={text!r}: say how many spare credential proxies to keep ready, "
+            "a whole number from 0 (none) to 8"
+        )
+    return int(text)
+
+
+def _spares(engine: DockerClient) -> list[dict[str, Any]]:
+    """Every spare container (running or not, taken or not), newest first."""
+    with engine_errors("listing spare credential proxies"):
+        found = engine.api.containers(all=True, filters={"label": f"{ROLE_LABEL}={SPARE_ROLE}"})
+    return sorted(found, key=lambda c: -int(c.get("Created") or 0))
+
+
+def _is_free(spare: Mapping[str, Any]) -> bool:
+    """A spare no run took (its name still a spare's)."""
+    name = str((spare.get("Names") or [""])[0]).lstrip("/")
+    return name.startswith(SPARE_PREFIX)
+
+
+def _takeable(engine: DockerClient, user: str) -> list[dict[str, Any]]:
+    """Free, running spares of the current proxy image, for ``user``, young enough."""
+    with engine_errors(f"inspecting image {CREDPROXY_IMAGE}"):
+        try:
+            image_id = engine.api.inspect_image(CREDPROXY_IMAGE)["Id"]  # type: ignore[no-untyped-call]
+        except docker_errors.ImageNotFound:
+            raise ImageMissing(CREDPROXY_IMAGE) from None
+    oldest = time.time() - _SPARE_MAX_AGE_S
+    return [
+        c
+        for c in _spares(engine)
+        if _is_free(c)
+        and c.get("State") == "running"
+        and c.get("ImageID") == image_id
+        and (c.get("Labels") or {}).get(_USER_LABEL) == user
+        and int(c.get("Created") or 0) > oldest
+    ]
+
+
+def _take_spare(engine: DockerClient, spec: ContainerSpec, state: Path, user: str) -> str | None:
+    """Take a spare for this run: claim its folder, move the run's state in, attach it to
+    the run's network. None when there is none to take (or taking one failed: the caller
+    starts a new proxy, and a half-taken spare is removed)."""
+    for spare in _takeable(engine, user):
+        folder = Path((spare.get("Labels") or {}).get(SPARE_STATE_LABEL, ""))
+        if folder.parent != _SHM or not folder.name.startswith(SPARE_PREFIX):
+            continue
+        claimed = state.with_name(state.name + "-taking")
+        try:
+            os.rename(folder, claimed)  # the claim: only one taker's rename finds it
+        except OSError:
+            continue
+        container = str(spare["Id"])
+        try:
+            _hand_over(state, claimed)
+            _attach(engine, container, spec, state)
+        except (OSError, OrchestratorError) as exc:
+            log.warning("could not take a spare credential proxy (%s); starting one", exc)
+            _remove(engine, container)
+            _give_back(state, claimed)
+            return None
+        return container
+    return None
+
+
+def _hand_over(state: Path, claimed: Path) -> None:
+    """Move the run's state files into the claimed spare's folder (the configuration last:
+    the spare starts reading when it appears), then the folder to the state's own name."""
+    info = os.lstat(claimed)
+    owners = {os.getuid(), CREDPROXY_UID} if os.geteuid() == 0 else {os.getuid()}
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or any(claimed.iterdir()):
+        raise OSError(f"{claimed} is not an empty spare folder of this user")
+    names = sorted(entry.name for entry in state.iterdir())
+    names.sort(key=lambda name: name == CONFIG_NAME)
+    for name in names:
+        os.rename(state / name, claimed / name)
+    os.rmdir(state)
+    os.rename(claimed, state)
+
+
+def _give_back(state: Path, claimed: Path) -> None:
+    """Undo :func:`_hand_over` as far as it went: the run's state back in ``state``."""
+    if claimed.is_dir() and not claimed.is_symlink():
+        state.mkdir(mode=0o700, exist_ok=True)
+        for entry in claimed.iterdir():
+            os.rename(entry, state / entry.name)
+        shutil.rmtree(claimed, ignore_errors=True)
+
+
+def _attach(engine: DockerClient, container: str, spec: ContainerSpec, state: Path) -> None:
+    """The taken spare: out of ``none``, into the run's network as ``credproxy``, named
+    after the run's state folder (its owner, for gc)."""
+    with engine_errors("attaching a spare credential proxy to the run's network"):
+        engine.api.disconnect_container_from_network(container, "none")
+        engine.api.connect_container_to_network(
+            container, network_name(spec), aliases=[CREDPROXY_ALIAS]
+        )
+        engine.api.rename(container, TAKEN_PREFIX + state.name)
+
+
+def owner_labels(name: str, found: Mapping[str, str]) -> dict[str, str]:
+    """The labels ``gc`` judges a spare container by: a taken one is its run's (owned by
+    the process its name says, with its run's id, see :func:`_attach`); a free one is
+    shared (no owner)."""
+    taken = name.removeprefix(TAKEN_PREFIX)
+    if found.get(ROLE_LABEL) != SPARE_ROLE or not taken.startswith(SECRETS_PREFIX):
+        return dict(found)
+    owned = {k: v for k, v in found.items() if k != labels.SHARED}
+    run_id = taken.removesuffix("-credproxy").split("-", 4)[-1]  # prefix, pid, start, run
+    return {**owned, **folder_owner(taken), labels.RUN_ID: run_id}
+
+
+_STARTING: list[threading.Thread] = []
+_STARTING_LOCK = threading.Lock()
+
+
+def _replenish(engine: DockerClient, user: str, wanted: int) -> None:
+    """Make spares ready for the next runs, in the background (the run goes on)."""
+    thread = threading.Thread(
+        target=_keep_ready, args=(engine, user, wanted), name="credproxy-spare"
+    )
+    with _STARTING_LOCK:
+        _STARTING[:] = [t for t in _STARTING if t.is_alive()]
+        if _STARTING:
+            return  # one at a time per process
+        _STARTING.append(thread)
+    thread.start()
+
+
+def wait_for_spares() -> None:
+    """Wait until this process's spares being made are made (tests, before cleaning up)."""
+    with _STARTING_LOCK:
+        starting = list(_STARTING)
+    for thread in starting:
+        thread.join()
+
+
+def _keep_ready(engine: DockerClient, user: str, wanted: int) -> None:
+    try:
+        remove_spares(engine, _SPARE_MAX_AGE_S)
+        for _ in range(wanted - len(_takeable(engine, user))):
+            _start_spare(engine, user)
+    except OrchestratorError as exc:
+        log.warning("could not make a spare credential proxy ready: %s", exc)
+
+
+def _start_spare(engine: DockerClient, user: str) -> None:
+    """Start a spare: an empty state folder in memory, no network, mitmproxy imported."""
+    name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+    folder = _SHM / name
+    folder.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(folder, CREDPROXY_UID, CREDPROXY_UID)
+    spare_labels = {
+        labels.MANAGED: "true",
+        labels.SHARED: "true",
+        ROLE_LABEL: SPARE_ROLE,
+        SPARE_STATE_LABEL: str(folder),
+        _USER_LABEL: user,
+    }
+    try:
+        with engine_errors(f"starting the spare credential proxy {name}"):
+            created = engine.api.create_container(
+                image=CREDPROXY_IMAGE,
+                name=name,
+                user=user,
+                labels=spare_labels,
+                environment={"CREDPROXY_SPARE_IDLE": str(SPARE_IDLE_S)},
+                host_config=_host_config(engine, "none", folder),
+                use_config_proxy=False,
+            )
+            try:
+                retrying(lambda: engine.api.start(created["Id"]))
+            except BaseException:
+                _remove(engine, str(created["Id"]))
+                raise
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _remove_spare(engine: DockerClient, spare: Mapping[str, Any]) -> None:
+    _remove(engine, str(spare["Id"]))
+    folder = Path((spare.get("Labels") or {}).get(SPARE_STATE_LABEL, ""))
+    if folder.parent == _SHM and folder.name.startswith(SPARE_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_spares(
+    engine: DockerClient, idle_seconds: float, *, made_since: float | None = None
+) -> list[str]:
+    """``gc``'s pass over free spares: remove those that exited or are older than
+    ``idle_seconds`` (0: every one), with their folders; return their names. With
+    ``made_since`` (a time): only those made since then, whatever their age."""
+    removed = []
+    oldest = time.time() - idle_seconds
+    spares = _spares(engine)
+    for spare in spares:
+        created = int(spare.get("Created") or 0)
+        if made_since is not None:
+            chosen = created >= int(made_since)
+        else:
+            chosen = spare.get("State") != "running" or created <= oldest
+        if _is_free(spare) and chosen:
+            _remove_spare(engine, spare)
+            removed.append((spare.get("Names") or [""])[0].lstrip("/"))
+    # Folders whose spare is gone (removed by hand, or its start failed half-way): once
+    # they are older than a start takes, so that a spare being made keeps its own.
+    known = {(c.get("Labels") or {}).get(SPARE_STATE_LABEL) for c in spares}
+    for folder in _SHM.glob(f"{SPARE_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if str(folder) not in known and folder.lstat().st_mtime < time.time() - 60:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+    return removed
 
 
 def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:

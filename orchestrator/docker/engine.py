@@ -495,7 +495,8 @@ class DockerEngine(DockerClient):
         with engine_errors("listing the orchestrator's objects"):
             for c in self.api.containers(all=True, filters=label):
                 name = (c.get("Names") or [""])[0].lstrip("/")
-                found.append(ManagedObject("container", c["Id"], name, c.get("Labels") or {}))
+                tags = credproxy.owner_labels(name, c.get("Labels") or {})
+                found.append(ManagedObject("container", c["Id"], name, tags))
             for n in self.api.networks(filters=label):
                 found.append(ManagedObject("network", n["Id"], n["Name"], n.get("Labels") or {}))
             for v in self.api.volumes(filters=label).get("Volumes") or []:

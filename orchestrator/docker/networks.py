@@ -21,6 +21,7 @@ from orchestrator import labels
 from orchestrator.config.allowlist import validate_allowlist
 from orchestrator.docker import podman
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.docker.credproxy import remove_spares
 from orchestrator.docker.egress import (
     BRIDGE_PREFIX,
     EGRESS_ROLE,
@@ -173,8 +174,10 @@ def _in_any(address: str, subnets: list[ipaddress.IPv4Network]) -> bool:
 
 
 def collect_shared(engine: DockerClient, idle_seconds: float) -> list[str]:
-    """Remove idle egress proxies and networks, and project networks no container uses."""
-    removed = remove_idle_egress(engine, idle_seconds)
+    """Remove idle egress proxies and networks, project networks no container uses, and
+    spare credential proxies that exited or waited ``idle_seconds``."""
+    removed = remove_spares(engine, idle_seconds)
+    removed += remove_idle_egress(engine, idle_seconds)
     with engine_errors("listing shared networks"):
         networks = engine.api.networks(filters={"label": f"{EGRESS_ROLE}=full"})
     for network in networks:

@@ -130,17 +130,20 @@ class RedactingSink:
                 self.sink(stream, rest)
 
 
+def folder_owner(name: str) -> dict[str, str]:
+    """The owner labels a run's secrets folder's name (or a name starting with it) gives:
+    the process that made it, in this pid namespace (:data:`SECRETS_PREFIX`, pid, start)."""
+    pid, _, rest = name.removeprefix(SECRETS_PREFIX).partition("-")
+    start = rest.partition("-")[0]
+    ns = labels.current_owner().pid_ns
+    return {labels.OWNER_PID: pid, labels.OWNER_START: start, labels.OWNER_NS: ns}
+
+
 def sweep_orphaned(root: Path = Path("/dev/shm")) -> list[str]:
     """Remove secret folders whose run's orchestrator is gone (killed before cleaning up)."""
     removed = []
-    me = labels.current_owner()
     for folder in root.glob(f"{SECRETS_PREFIX}*"):
-        pid, _, rest = folder.name.removeprefix(SECRETS_PREFIX).partition("-")
-        start = rest.partition("-")[0]
-        state = labels.owner_state(
-            {labels.OWNER_PID: pid, labels.OWNER_START: start, labels.OWNER_NS: me.pid_ns}
-        )
-        if state == "gone":
+        if labels.owner_state(folder_owner(folder.name)) == "gone":
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(str(folder))
     return removed

@@ -381,9 +381,11 @@ def _worker_front(world, command: list[str], extra: str = "") -> str:
 
 def _no_proxy_left(engine, run_ids: set[str]) -> None:
     """The runs' proxies and their state are gone (other projects' runs may be going on)."""
+    names = [c["Names"][0] for c in engine.api.containers(all=True)]
     for run_id in run_ids:
         label = f"io.orchestrator.run-id={run_id}"
         assert not engine.api.containers(all=True, filters={"label": label}), run_id
+        assert not [name for name in names if run_id in name], run_id  # a taken spare
         assert not any(Path("/dev/shm").glob(f"*{run_id}*")), run_id
 
 
@@ -475,3 +477,206 @@ def test_a_proxy_that_does_not_serve_starts_no_worker(engine, world, project, mo
     (ended,) = [e for e in entries if e["operation"] == "run.ended"]
     assert ended["allowed"] is False and ended["metadata"]["container_removed"], ended
     _no_proxy_left(engine, {ended["run_id"]})
+
+
+# -- spare proxies ----------------------------------------------------------------------
+#
+# A run takes a spare proxy (started earlier, mitmproxy imported, waiting) when there is one,
+# and leaves one ready for the next run. These check what a spare is before it is taken,
+# that one taker wins, that a taken spare of a killed orchestrator is gc's, and the opt-out.
+
+
+def _spare_names(engine) -> dict[str, str]:
+    """Free spares: id -> name."""
+    from orchestrator.docker import credproxy as dcp
+
+    found = engine.api.containers(all=True, filters={"label": f"{dcp.ROLE_LABEL}={dcp.SPARE_ROLE}"})
+    free = {c["Id"]: c["Names"][0].lstrip("/") for c in found}
+    return {cid: name for cid, name in free.items() if name.startswith(dcp.SPARE_PREFIX)}
+
+
+def _one_spare(engine) -> str:
+    """Exactly one fresh free spare, ready (made as a run makes it); its id."""
+    from orchestrator.docker import credproxy as dcp
+
+    dcp.wait_for_spares()
+    dcp.remove_spares(engine, 0)
+    dcp._keep_ready(engine, f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}", 1)
+    (spare,) = _spare_names(engine)
+    return spare
+
+
+def test_a_spare_holds_nothing_and_reaches_nothing_until_a_run_takes_it(
+    engine, world, project, monkeypatch
+):
+    from orchestrator.docker import credproxy as dcp
+
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    _write_project(project, world, "runc")
+    spare = _one_spare(engine)
+    info = engine.api.inspect_container(spare)
+    assert info["HostConfig"]["NetworkMode"] == "none"
+    assert set(info["NetworkSettings"]["Networks"]) == {"none"}
+    assert info["HostConfig"]["ReadonlyRootfs"] and info["HostConfig"]["CapDrop"] == ["ALL"]
+    folder = Path(info["Config"]["Labels"][dcp.SPARE_STATE_LABEL])
+    assert folder.is_dir() and not any(folder.iterdir())  # no value, no key, no config
+    assert info["Config"]["Labels"]["io.orchestrator.shared"] == "true"
+    # mitmproxy is imported and waits: the spare's own processes, not a run's proxy yet
+    deadline = time.monotonic() + 20
+    while not any("launch.py" in " ".join(p) for p in engine.api.top(spare)["Processes"]):
+        assert time.monotonic() < deadline, engine.api.top(spare)
+        time.sleep(0.1)
+    # a run takes it: its request is answered through it, and it goes with the run
+    url = f"https://{world['llm']}:8443"
+    project.worker(
+        "call", _worker_front(world, ["python3", "-c", CALL, url, "hi"], "secrets: [llm]\n")
+    )
+    result = Orchestrator(project.root, engine=engine).run("call")
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.error)
+    assert "STATUS 200 summary: hi" in result.stdout
+    assert spare not in _spare_names(engine)
+    with pytest.raises(Exception, match="No such container"):
+        engine.api.inspect_container(spare)
+    assert not folder.exists()
+    # and one is ready for the next run
+    dcp.wait_for_spares()
+    (after,) = _spare_names(engine)
+    assert after != spare
+    _no_proxy_left(engine, {result.run_id})
+
+
+def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypatch):
+    """The claim is the rename of the spare's folder: of two runs taking at once, one gets
+    the spare and its state moves in; the other gets none (and starts its own proxy)."""
+    import threading
+
+    from orchestrator.docker import credproxy as dcp
+
+    spare = _one_spare(engine)
+    attached: list[str] = []
+    monkeypatch.setattr(dcp, "_attach", lambda _e, container, _s, _st: attached.append(container))
+    user = f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}"
+    states, got = [], {}
+    barrier = threading.Barrier(2)
+    shm = Path("/dev/shm")
+
+    def take(n: int) -> None:
+        barrier.wait()
+        got[n] = dcp._take_spare(engine, None, states[n], user)
+
+    try:
+        for n in range(2):
+            state = shm / f"orchestrator-secrets-{os.getpid()}-0-racetest{n}-credproxy"
+            state.mkdir(mode=0o700)
+            (state / "config.json").write_text(json.dumps({"credentials": []}))
+            states.append(state)
+        threads = [threading.Thread(target=take, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(got.values(), key=str) == [None, spare] or sorted(got.values(), key=str) == [
+            spare,
+            None,
+        ], got
+        assert attached == [spare]
+        for n, state in enumerate(states):  # each run's state is where it left it
+            assert (state / "config.json").is_file(), n
+        assert not list(shm.glob("*racetest*-taking"))
+    finally:
+        for state in states:
+            shutil.rmtree(state, ignore_errors=True)
+        engine.remove(spare)
+        dcp.remove_spares(engine, 0)
+
+
+def test_a_taken_spare_of_a_killed_orchestrator_is_removed_by_gc(
+    engine, world, project, monkeypatch
+):
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.cleanup import collect_all
+    from orchestrator.docker import credproxy as dcp
+
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    _write_project(project, world, "runc")
+    project.worker("idle", _worker_front(world, ["sleep", "300"], "secrets: [llm]\n"))
+    spare = _one_spare(engine)
+    env = {**os.environ, "ORCHESTRATOR_CREDPROXY_SPARES": "0"}  # takes, leaves none behind
+    child = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "idle", "--project", str(project.root)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        taken = f"{dcp.TAKEN_PREFIX}orchestrator-secrets-{child.pid}-"
+        while not [
+            c for c in engine.api.containers() if c["Names"][0].lstrip("/").startswith(taken)
+        ]:
+            assert child.poll() is None and time.monotonic() < deadline, "no spare was taken"
+            time.sleep(0.2)
+        assert spare not in _spare_names(engine)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    # the taken spare is its run's now: gc removes it with the run's container and network
+    done = collect_all(project.root, idle=3600)
+    names = {o.name for o in done.removed}
+    assert any(name.startswith(taken) for name in names), names
+    assert not [c for c in engine.api.containers(all=True) if taken in c["Names"][0]]
+    assert not list(Path("/dev/shm").glob(f"orchestrator-secrets-{child.pid}-*"))
+
+
+def test_an_untaken_spare_exits_by_itself_and_gc_removes_it(engine, world, monkeypatch):
+    from orchestrator.docker import credproxy as dcp
+
+    dcp.wait_for_spares()
+    dcp.remove_spares(engine, 0)
+    monkeypatch.setattr(dcp, "SPARE_IDLE_S", 2)
+    dcp._start_spare(engine, f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}")
+    (spare,) = _spare_names(engine)
+    folder = Path(engine.api.inspect_container(spare)["Config"]["Labels"][dcp.SPARE_STATE_LABEL])
+    assert engine.api.wait(spare, timeout=30)["StatusCode"] == 0
+    assert b"spare not taken" in engine.api.logs(spare)
+    name = _spare_names(engine)[spare]
+    assert dcp.remove_spares(engine, 3600) == [name]  # exited: removed however young
+    assert not _spare_names(engine) and not folder.exists()
+
+
+def test_no_spares_when_asked_and_a_bad_count_is_one_line(engine, world, project, monkeypatch):
+    import subprocess
+
+    from orchestrator.docker import credproxy as dcp
+
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    _write_project(project, world, "runc")
+    dcp.wait_for_spares()
+    dcp.remove_spares(engine, 0)
+    url = f"https://{world['llm']}:8443"
+    project.worker(
+        "call", _worker_front(world, ["python3", "-c", CALL, url, "hi"], "secrets: [llm]\n")
+    )
+    monkeypatch.setenv("ORCHESTRATOR_CREDPROXY_SPARES", "0")
+    result = Orchestrator(project.root, engine=engine).run("call")
+    assert result.exit_code == 0 and "STATUS 200" in result.stdout, result
+    dcp.wait_for_spares()
+    assert not _spare_names(engine)  # a new proxy served the run, none was left ready
+    import sys
+
+    env = {**os.environ, "ORCHESTRATOR_CREDPROXY_SPARES": "many"}
+    console = Path(sys.executable).with_name("orchestrator")  # the real entry point
+    done = subprocess.run(
+        [str(console), "run", "call", "--project", str(project.root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 125, done
+    last = done.stderr.splitlines()[-1]  # after the run's own line
+    assert "ORCHESTRATOR_CREDPROXY_SPARES='many'" in last and "from 0 (none) to 8" in last
+    assert "Traceback" not in done.stderr

@@ -488,3 +488,21 @@ def test_the_proxy_wheels_are_downloaded_once_and_kept_in_the_users_cache(monkey
     folder.chmod(0o777)  # a folder others may write is not trusted: downloaded again
     images.download_wheels(tmp_path / "three", lambda _: None)
     assert len(calls) == 2
+
+
+def test_a_taken_spare_is_owned_by_the_process_its_name_gives_and_a_free_one_by_none():
+    from orchestrator import labels
+    from orchestrator.docker import credproxy as dcp
+
+    me = labels.current_owner()
+    spare = {labels.MANAGED: "true", labels.SHARED: "true", dcp.ROLE_LABEL: dcp.SPARE_ROLE}
+    free = dcp.owner_labels(f"{dcp.SPARE_PREFIX}0123456789abcdef", spare)
+    assert free == spare  # shared: gc's owner pass leaves it alone
+    mine = f"{dcp.TAKEN_PREFIX}orchestrator-secrets-{me.pid}-{me.start}-r1-credproxy"
+    owned = dcp.owner_labels(mine, spare)
+    assert labels.SHARED not in owned and labels.owner_state(owned) == "alive"
+    assert owned[labels.RUN_ID] == "r1"
+    dead = f"{dcp.TAKEN_PREFIX}orchestrator-secrets-{me.pid}-1-r1-credproxy"  # pid reused
+    assert labels.owner_state(dcp.owner_labels(dead, spare)) == "gone"
+    other = {labels.MANAGED: "true", labels.SHARED: "true", dcp.ROLE_LABEL: "egress"}
+    assert dcp.owner_labels(mine, other) == other  # only spares are judged by their name
