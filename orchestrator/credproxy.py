@@ -59,10 +59,11 @@ __all__ = [
     "worker_env",
 ]
 
+#: What the orchestrator gives the proxy and expects of it; bump when that changes (the
+#: image's tag says it: checkouts of different versions on one machine use their own).
+CREDPROXY_VERSION = "2"
 #: The proxy image, built from ``images/credproxy`` on a Debian trixie base.
-CREDPROXY_IMAGE = "orchestrator/credproxy:latest"
-#: What the orchestrator gives the proxy and expects of it; bump when that changes.
-CREDPROXY_VERSION = "1"
+CREDPROXY_IMAGE = f"orchestrator/credproxy:v{CREDPROXY_VERSION}"
 
 # -- how workers reach it ---------------------------------------------------------------
 

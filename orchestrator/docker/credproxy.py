@@ -9,11 +9,12 @@ run's labels and its owner's, so ``gc`` removes it after a crash like the run's 
 Starting one costs about a second (mitmproxy's imports), so a run takes a *spare* when
 there is one: a proxy started earlier, with no network and an empty state folder, that has
 imported everything and waits (``CREDPROXY_SPARE_IDLE``). Taking it is atomic across
-processes (its folder is renamed away: one taker wins), then the run's state is moved in
-(config.json last), the spare is detached from ``none`` and attached to the run's network
-and renamed after the run's state folder, which names its owner: from then on it is the
-run's proxy and ``gc`` treats it as the run's (:func:`owner_labels`). A spare holds
-nothing before it is taken and serves one run only. After each start one spare is made
+processes (its folder is renamed away: one taker wins); the container is then renamed
+after the run's state folder, which names its owner (before any value is in it), the
+run's state is moved in (config.json last) and the spare detached from ``none`` and
+attached to the run's network: from then on it is the run's proxy and ``gc`` treats it
+as the run's (:func:`owner_labels`). A spare holds nothing before it is taken and serves
+one run only. After each start one spare is made
 ready for the next run (``ORCHESTRATOR_CREDPROXY_SPARES``: how many, 0: make none); an
 untaken spare exits by itself after :data:`SPARE_IDLE_S`, and ``gc`` removes it then.
 
@@ -330,9 +331,11 @@ def _takeable(engine: DockerClient, user: str) -> list[dict[str, Any]]:
 
 
 def _take_spare(engine: DockerClient, spec: ContainerSpec, state: Path, user: str) -> str | None:
-    """Take a spare for this run: claim its folder, move the run's state in, attach it to
-    the run's network. None when there is none to take (or taking one failed: the caller
-    starts a new proxy, and a half-taken spare is removed)."""
+    """Take a spare for this run: claim its folder, name the container after the run's
+    state folder (from then on gc judges it as the run's: before any value is in it),
+    move the run's state in, attach it to the run's network. None when there is none to
+    take (or taking one failed: the caller starts a new proxy, and a half-taken spare is
+    removed)."""
     for spare in _takeable(engine, user):
         folder = Path((spare.get("Labels") or {}).get(SPARE_STATE_LABEL, ""))
         if folder.parent != _SHM or not folder.name.startswith(SPARE_PREFIX):
@@ -344,8 +347,10 @@ def _take_spare(engine: DockerClient, spec: ContainerSpec, state: Path, user: st
             continue
         container = str(spare["Id"])
         try:
-            _hand_over(state, claimed)
-            _attach(engine, container, spec, state)
+            with engine_errors("taking a spare credential proxy"):  # the run's, for gc
+                engine.api.rename(container, TAKEN_PREFIX + state.name)
+            _hand_over(state, claimed)  # it starts reading while its network is attached
+            _attach(engine, container, spec)
         except (OSError, OrchestratorError) as exc:
             log.warning("could not take a spare credential proxy (%s); starting one", exc)
             _remove(engine, container)
@@ -379,15 +384,13 @@ def _give_back(state: Path, claimed: Path) -> None:
         shutil.rmtree(claimed, ignore_errors=True)
 
 
-def _attach(engine: DockerClient, container: str, spec: ContainerSpec, state: Path) -> None:
-    """The taken spare: out of ``none``, into the run's network as ``credproxy``, named
-    after the run's state folder (its owner, for gc)."""
+def _attach(engine: DockerClient, container: str, spec: ContainerSpec) -> None:
+    """The taken spare: out of ``none``, into the run's network as ``credproxy``."""
     with engine_errors("attaching a spare credential proxy to the run's network"):
         engine.api.disconnect_container_from_network(container, "none")
         engine.api.connect_container_to_network(
             container, network_name(spec), aliases=[CREDPROXY_ALIAS]
         )
-        engine.api.rename(container, TAKEN_PREFIX + state.name)
 
 
 def owner_labels(name: str, found: Mapping[str, str]) -> dict[str, str]:

@@ -554,7 +554,7 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
 
     spare = _one_spare(engine)
     attached: list[str] = []
-    monkeypatch.setattr(dcp, "_attach", lambda _e, container, _s, _st: attached.append(container))
+    monkeypatch.setattr(dcp, "_attach", lambda _e, container, _s: attached.append(container))
     user = f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}"
     states, got = [], {}
     barrier = threading.Barrier(2)
