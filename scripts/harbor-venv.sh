@@ -47,5 +47,5 @@ python=$(find_python) || {
 echo "harbor venv: $venv from $python ($("$python" -c 'import platform; print(platform.python_version())'))"
 rm -rf "$venv"
 "$python" -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check -r "$here/scripts/harbor-requirements.txt" -e "$here"
+"$venv/bin/pip" install -q --disable-pip-version-check --no-compile -r "$here/scripts/harbor-requirements.txt" -e "$here"
 touch "$venv/.installed"
