@@ -144,10 +144,15 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         )
 
     def _validate_definition(self) -> None:
-        """The task as this project's declarations, checked now: a task this environment
-        cannot run exactly is refused before anything starts (one line)."""
+        """Nothing here: the task is checked at :meth:`start`, before anything exists, so
+        that Harbor records a refusal as that trial's exception (one line) instead of
+        ending the whole job (a constructor's exception does)."""
+
+    def _checked(self) -> Prepared:
+        """The task as this project's declarations; a task this environment cannot run
+        exactly is refused (one line)."""
         try:
-            self._prepared = self._prepare()
+            return self._prepare()
         except OrchestratorError as exc:
             raise ValueError(_one_line(exc)) from None
         except ValidationError as exc:  # an option of the wrong kind (--ek isolation=x)
@@ -203,9 +208,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         await self._upload_environment_dir_after_start()
 
     def _open(self) -> None:
-        prepared = self._prepared
-        if prepared is None:
-            raise RuntimeError("orchestrator environment: not prepared")
+        prepared = self._prepared = self._checked()
         orch = _orchestrator(self._project_dir)
         try:
             if not orch.engine.image_exists(prepared.spec.image):
