@@ -120,7 +120,8 @@ def _run(
 ) -> tuple[int, dict[str, Any], dict[str, Any], str]:
     """``harbor run`` of ``task`` with the oracle agent in ``project``: its pid, the job's
     result, the one trial's result and the CLI's output."""
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1"}
+    # Offline: no telemetry, no model price list fetched (neither is reachable here).
+    env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     env.pop("PYTHONPATH", None)  # Harbor's venv has the project installed (editable)
     command = [
         str(harbor), "run", "-p", str(task), "-a", "oracle", "--env", ENVIRONMENT,
