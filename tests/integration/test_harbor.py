@@ -4,8 +4,9 @@ Harbor's own CLI (from ``.venv-harbor``, made by ``make harbor-venv``: Harbor ne
 3.12 or newer) runs tasks with its built-in ``oracle`` agent, which runs the task's own
 solution (no model):
 
-- ``harbor_tasks/hello``: the solution writes a file, the task's test checks it and writes
-  reward 1; the job's results hold that reward, under runc and gVisor;
+- ``harbor_tasks/hello``: the solution writes a file (and reads a zone given as Harbor's
+  mount), the task's test checks it and writes reward 1; the job's results hold that
+  reward, under runc and gVisor;
 - an allowlist task reaches a local test service (a test web server on a network the
   project declares) and is refused another name of the same server: the audit log holds
   both decisions;
@@ -116,16 +117,16 @@ def service(engine):
 
 
 def _run(
-    harbor: Path, task: Path, project: ProjectDir, jobs: Path
+    harbor: Path, task: Path, project: ProjectDir, jobs: Path, *options: str
 ) -> tuple[int, dict[str, Any], dict[str, Any], str]:
-    """``harbor run`` of ``task`` with the oracle agent in ``project``: its pid, the job's
-    result, the one trial's result and the CLI's output."""
+    """``harbor run`` of ``task`` with the oracle agent in ``project`` (and ``options``):
+    its pid, the job's result, the one trial's result and the CLI's output."""
     # Offline: no telemetry, no model price list fetched (neither is reachable here).
     env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     env.pop("PYTHONPATH", None)  # Harbor's venv has the project installed (editable)
     command = [
         str(harbor), "run", "-p", str(task), "-a", "oracle", "--env", ENVIRONMENT,
-        "--ek", f"project={project.root}", "-o", str(jobs), "-n", "1", "-y", "-q",
+        "--ek", f"project={project.root}", "-o", str(jobs), "-n", "1", "-y", "-q", *options,
     ]  # fmt: skip
     process = subprocess.Popen(
         command,
@@ -159,17 +160,22 @@ def test_the_oracle_solves_a_task_in_the_environment(engine, harbor, isolation, 
         require_gvisor(engine)
     project = ProjectDir(tmp_path / "project")
     project.isolation = isolation
+    code = project.zone("code", "ro", files={"word.txt": "from the zone"})
     project.write_project()
     task = tmp_path / "hello"
     shutil.copytree(TASKS / "hello", task)
+    mount = {"type": "bind", "source": str(code), "target": "/code", "read_only": True}
 
-    pid, job, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+    pid, job, trial, output = _run(
+        harbor, task, project, tmp_path / "jobs", "--mounts-json", json.dumps([mount])
+    )
 
     assert trial["exception_info"] is None, (trial["exception_info"], output)
     assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
     assert job["stats"]["n_errored_trials"] == 0
     oracle = next((tmp_path / "jobs").glob("*/*/agent/oracle.txt")).read_text()
     assert f"solved as {project.identity[0]} in /tmp" in oracle
+    assert "zone: from the zone" in oracle  # Harbor's mount is the zone, read-only
 
     audit = open_audit(load_project(project.root))
     started = audit.query(AuditFilter(operation="run.started"))
