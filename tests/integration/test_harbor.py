@@ -178,8 +178,11 @@ def test_the_oracle_solves_a_task_in_the_environment(engine, harbor, isolation, 
     assert "zone: from the zone" in oracle  # Harbor's mount is the zone, read-only
 
     audit = open_audit(load_project(project.root))
-    started = audit.query(AuditFilter(operation="run.started"))
-    assert [e.metadata.get("isolation", isolation) for e in started] == [isolation]
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["isolation"] == isolation
+    assert started.metadata["network"] == "none"  # the task's no-network
+    assert started.metadata["limits"]["memory"] == 256 << 20  # its memory_mb
+    assert "/code" in [m["target"] for m in started.metadata["mounts"]]
     commands = [
         " ".join(e.metadata["argv"]) for e in audit.query(AuditFilter(operation="session.exec"))
     ]
@@ -217,6 +220,8 @@ def test_an_allowlisted_task_reaches_its_host_and_nothing_else(engine, harbor, s
     assert "other 403" in oracle, oracle
     assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
     audit = open_audit(load_project(project.root))
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["isolation"] == "gvisor"  # the project's default for untrusted
     decisions = {
         (e.metadata["host"], e.allowed)
         for e in audit.query(AuditFilter(operation="egress.decision"))
