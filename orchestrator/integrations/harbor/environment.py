@@ -154,7 +154,9 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         try:
             return self._prepare()
         except OrchestratorError as exc:
-            raise ValueError(_one_line(exc)) from None
+            line = _one_line(exc)
+            prefix = "orchestrator environment: "
+            raise ValueError(line if line.startswith(prefix) else prefix + line) from None
         except ValidationError as exc:  # an option of the wrong kind (--ek isolation=x)
             first = exc.errors(include_url=False)[0]
             where = ".".join(str(part) for part in first["loc"])
