@@ -190,6 +190,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             trust=self._trust,
         )
         worker = env.inline_worker(f"harbor-{_safe(self.environment_name)}", project.file)
+        self._project_dir = project.root  # the project's own folder, as loaded
         prepared = _orchestrator(project.root).prepare(worker)
         folders = [(folder, FOLDER_TMP) for folder in mapping.HARBOR_FOLDERS]
         if not _writable(prepared, workdir):
