@@ -94,15 +94,16 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         isolation: Isolation | None = None,
         trust: Trust | None = None,
         allow_ports: object = None,
-        max_lifetime: float | None = None,
+        max_lifetime: object = None,
         **kwargs: Any,
     ) -> None:
-        # Read by _validate_definition, which Harbor's constructor calls.
+        # Options (``--ek``), checked when the trial starts (see _validate_definition).
         self._project_dir = Path(str(project)).expanduser().resolve()
         self._isolation = isolation
         self._trust = trust
         self._allow_ports = allow_ports
-        self._max_lifetime = None if max_lifetime is None else float(max_lifetime)
+        self._max_lifetime_option = max_lifetime
+        self._max_lifetime: float | None = None
         self._prepared: Prepared | None = None
         self._session: Session | None = None
         self._workdir = "/tmp"
@@ -163,6 +164,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise ValueError(f"orchestrator environment: {where}: {first['msg']}") from None
 
     def _prepare(self) -> Prepared:
+        self._max_lifetime = _seconds(self._max_lifetime_option)
         project = load_project(self._project_dir)
         config = self.task_env_config
         image = mapping.image_of(self.environment_dir, config.docker_image)
@@ -344,6 +346,19 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         capture = Capture(MAX_TRANSFER, 64 << 10)
         await self._transfer(transfer.TAR, source_dir, capture, None, "download_dir")
         await asyncio.to_thread(_unpack, bytes(capture.data["stdout"]), Path(target_dir))
+
+
+def _seconds(value: object) -> float | None:
+    """The ``max_lifetime`` option: seconds, or None."""
+    if value is None:
+        return None
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise mapping.refuse(f"max_lifetime={value!r}: give a number of seconds above 0")
+    return seconds
 
 
 def _safe(name: str) -> str:
