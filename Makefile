@@ -6,8 +6,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Harbor's own venv (Python 3.12 or newer, found by the script): `harbor run` for the
+# Harbor environment's tests (docs/harbor.md); the pin is scripts/harbor-requirements.txt.
+HARBOR_VENV  := .venv-harbor
+HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
-.PHONY: demo test test-podman lint images images-orchestrator engine bench clean
+.PHONY: demo test test-podman lint images images-orchestrator engine bench clean harbor-venv
 
 $(STAMP): pyproject.toml
 	scripts/ensure-engine.sh
@@ -26,6 +30,11 @@ images: $(STAMP) engine
 # The images above plus orchestrator/orchestrator, for compose/ and CI runners (docs/ci.md).
 images-orchestrator: $(STAMP) engine
 	$(BIN)/orchestrator images build --with-orchestrator
+
+$(HARBOR_STAMP): pyproject.toml scripts/harbor-requirements.txt scripts/harbor-venv.sh
+	scripts/harbor-venv.sh $(HARBOR_VENV)
+
+harbor-venv: $(HARBOR_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator tests bench examples
@@ -61,7 +70,7 @@ PODMAN_TESTS := \
 	tests/integration/test_egress.py::test_allowlisted_host_is_reachable_and_everything_else_is_refused \
 	tests/integration/test_egress.py::test_a_child_through_the_broker_gets_its_own_network
 
-test: images lint
+test: images lint harbor-venv
 	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest
 	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest --engine=podman $(PODMAN_TESTS)
 
@@ -79,4 +88,4 @@ bench: images
 	$(BIN)/python bench/run_bench.py
 
 clean:
-	rm -rf $(VENV) examples/triage/output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(HARBOR_VENV) examples/triage/output .pytest_cache .mypy_cache .ruff_cache

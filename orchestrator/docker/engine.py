@@ -8,6 +8,7 @@ on everything it creates, retries transient failures a bounded number of times (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -455,6 +456,12 @@ class DockerEngine(DockerClient):
         except (docker_socket.SocketError, OSError, ValueError):
             return  # the connection closed as the container went away
         finally:
+            # The HTTP response the SDK keeps on the socket first: closed after its file
+            # (at garbage collection), Python 3.13 reports a flush of a closed file.
+            response = getattr(sock, "_response", None)
+            if response is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    response.close()
             sock.close()
             raw.close()
 

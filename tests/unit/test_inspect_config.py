@@ -14,7 +14,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.integrations.inspect import Environment, OrchestratorSandboxConfig
 from orchestrator.integrations.inspect.config import resolve
 from orchestrator.integrations.inspect.sandboxes import TOOLS_DIR, _Owner
-from orchestrator.integrations.inspect.transfer import failure
+from orchestrator.integrations.transfer import failure
 
 
 def test_a_single_environment_may_be_given_at_the_top_level():

@@ -3,8 +3,8 @@
 Loaded by Inspect through the ``inspect_ai`` entry point; see docs/inspect.md. Each sample
 gets one session per environment of its config (:mod:`.sandboxes`): the same hardened
 container a run of the worker gets, idling. Commands run by exec as the worker's uid;
-files move by exec too (:mod:`.transfer`), so the model's tools and the harness see the
-same container. Inspect's contract, as its conformance checks state it:
+files move by exec too (:mod:`orchestrator.integrations.transfer`), so the model's tools
+and the harness see the same container. Inspect's contract, as its conformance checks state it:
 
 - output over ``INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE`` (10 MiB) on a stream of a command,
   or a file over ``INSPECT_SANDBOX_MAX_READ_FILE_SIZE`` (100 MiB) read, raises
@@ -46,7 +46,8 @@ from pydantic import BaseModel
 
 from orchestrator import labels
 from orchestrator.errors import ConfigError, ContainerStopped, OrchestratorError, PolicyError
-from orchestrator.integrations.inspect import sandboxes, transfer
+from orchestrator.integrations import transfer
+from orchestrator.integrations.inspect import sandboxes
 from orchestrator.integrations.inspect.config import (
     PROVIDER,
     SETTINGS_FILE,
@@ -54,6 +55,7 @@ from orchestrator.integrations.inspect.config import (
     Settings,
     resolve,
 )
+from orchestrator.integrations.transfer import Capture, TooMuch
 from orchestrator.runtime.session import SessionClosed
 
 log = logging.getLogger(__name__)
@@ -99,32 +101,6 @@ def _settings_of(config: SandboxEnvironmentConfigType | None, *, start: bool = F
         )
     known[cwd] = resolve(config, Path(cwd))
     return known[cwd]
-
-
-class _TooMuch(Exception):
-    """A stream went over its cap (raised from the output callback: the command is killed)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.stream = stream
-
-
-class _Capture:
-    """Both streams of one exec, in full up to a cap each."""
-
-    def __init__(self, stdout_cap: int, stderr_cap: int) -> None:
-        self.caps = {"stdout": stdout_cap, "stderr": stderr_cap}
-        self.data = {"stdout": bytearray(), "stderr": bytearray()}
-
-    def add(self, stream: str, chunk: bytes) -> None:
-        buffer = self.data[stream]
-        room = self.caps[stream] - len(buffer)
-        buffer += chunk[: max(room, 0)]
-        if len(chunk) > room:
-            raise _TooMuch(stream)
-
-    def text(self, stream: str) -> str:
-        return self.data[stream].decode("utf-8", errors="replace")
 
 
 @sandboxenv(name=PROVIDER)
@@ -235,7 +211,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         concurrency: bool = True,
     ) -> ExecResult[str]:
         await self._check_user(user)
-        capture = _Capture(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
+        capture = Capture(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
                            SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)  # fmt: skip
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR
         code = await self._run(cmd, capture, input=input, cwd=cwd, env=env, timeout=timeout,
@@ -250,7 +226,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
     async def _run(
         self,
         argv: list[str],
-        capture: _Capture,
+        capture: Capture,
         *,
         limit: str,
         partial_output: bool = True,
@@ -272,7 +248,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         )
         try:
             result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-        except _TooMuch as exc:
+        except TooMuch as exc:
             shown = capture.text(exc.stream) if partial_output else None
             raise OutputLimitExceededError(limit, truncated_output=shown) from None
         except PolicyError as exc:
@@ -292,7 +268,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         if user is None or user in (str(opened.uid), f"{opened.uid}:{opened.gid}"):
             return
         if self._own_names is None:
-            capture = _Capture(4096, 4096)
+            capture = Capture(4096, 4096)
             code = await self._run(["id", "-un"], capture, limit="4 KiB", timeout=30)
             name = capture.text("stdout").strip() if code == 0 else ""
             self._own_names = {name} if name else set()
@@ -308,7 +284,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
         if len(data) > MAX_WRITE:
             raise OSError(errno.EFBIG, f"larger than the {MAX_WRITE >> 20} MiB a write takes", file)
-        capture = _Capture(STDERR_CAP, STDERR_CAP)
+        capture = Capture(STDERR_CAP, STDERR_CAP)
         code = await self._run(
             ["/bin/sh", "-c", transfer.WRITE, "write_file", file],
             capture,
@@ -326,7 +302,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
-        capture = _Capture(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE, STDERR_CAP)
+        capture = Capture(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE, STDERR_CAP)
         code = await self._run(
             ["/bin/sh", "-c", transfer.READ, "read_file", file],
             capture,

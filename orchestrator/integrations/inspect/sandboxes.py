@@ -17,14 +17,14 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Worker
 from orchestrator.errors import OrchestratorError
 from orchestrator.integrations.inspect.config import Environment, Settings
-from orchestrator.plan import Tmpfs
+from orchestrator.integrations.tmpfs import with_tmpfs
 from orchestrator.prepare import Prepared
 from orchestrator.runner import Orchestrator
 from orchestrator.runtime.pool import WarmPool
@@ -69,12 +69,9 @@ class _Owner:
         **options: Any,
     ) -> Prepared:
         prepared = self.orchestrator.prepare(worker, inputs=inputs, env=env, args=args, **options)
-        spec = prepared.spec
-        if self.tools_tmp is None or spec.tmpfs_at(TOOLS_DIR) is not None:
+        if self.tools_tmp is None:
             return prepared
-        size = min(self.tools_tmp, spec.limits.memory)  # its pages count there anyway
-        tmpfs = [*spec.tmpfs, Tmpfs(TOOLS_DIR, size=size, mode=0o1777)]
-        return replace(prepared, spec=replace(spec, tmpfs=tmpfs))
+        return with_tmpfs(prepared, [(TOOLS_DIR, self.tools_tmp)])
 
     def open_keep_alive(
         self, prepared: Prepared, *, keep_alive: bool = True, gc: bool = True, output: bool = True

@@ -1,0 +1,402 @@
+"""The ``orchestrator`` environment for Harbor (the only module importing it).
+
+``harbor run --env orchestrator.integrations.harbor.environment:OrchestratorEnvironment
+--ek project=PROJECT``: each trial's environment is one session of the project (see
+docs/harbor.md), a worker described from the task (:mod:`.mapping`): its image, network
+policy, mounts as zones, CPUs and memory. Commands run by exec as the worker's uid; files
+and folders move by exec too (:mod:`orchestrator.integrations.transfer`), so Harbor sees
+the container as its commands do. What Harbor asks of a provider, as this one meets it:
+
+- the network policy is enforced exactly as far as it goes, or the task is refused before
+  start; it cannot change after start (``dynamic_network_policy`` is false);
+- ``/logs``, ``/tests`` and ``/solution`` are writable tmpfs folders of the run, owned by
+  the worker (the root filesystem is read-only), as is the task's working folder when it
+  is not ``/tmp``;
+- there is no root in the container: ``user="root"`` (Harbor's own steps: making and
+  emptying its folders, ``chmod +x`` of scripts, packing logs) runs as the worker, who
+  owns those folders; any user other than root or the worker is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import posixpath
+import tarfile
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
+from harbor.environments.capabilities import (
+    EnvironmentCapabilities,
+    EnvironmentResourceCapabilities,
+)
+from pydantic import ValidationError
+
+from orchestrator.config import Resources, load_project
+from orchestrator.config.models import Isolation, Trust
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.integrations import transfer
+from orchestrator.integrations.harbor import mapping
+from orchestrator.integrations.inspect.config import Environment
+from orchestrator.integrations.tmpfs import with_tmpfs
+from orchestrator.integrations.transfer import Capture, TooMuch
+from orchestrator.prepare import Prepared
+from orchestrator.runner import Orchestrator
+from orchestrator.runtime.session import Session
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OrchestratorEnvironment"]
+
+#: Size of each of Harbor's folders (``/logs``, ``/tests``, ``/solution``), and of the
+#: working folder when it needs one: at most the memory limit, counted in it.
+FOLDER_TMP = 256 << 20
+#: The folders of ``/logs`` Harbor expects at start (agent, verifier, artifacts).
+LOG_FOLDERS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
+#: The most output kept of one stream of a command (bytes); more fails the command.
+MAX_OUTPUT = 64 << 20
+#: The largest file or folder (as a tar stream) moved in or out (bytes).
+MAX_TRANSFER = 1 << 30
+#: How long one transfer may take (seconds).
+TRANSFER_TIMEOUT = 600
+#: What a command given no timeout may take (seconds): Harbor's own phases time out.
+DEFAULT_TIMEOUT = 24 * 3600.0
+
+_lock = threading.Lock()
+_orchestrators: dict[Path, Orchestrator] = {}
+
+
+def _orchestrator(root: Path) -> Orchestrator:
+    with _lock:
+        orch = _orchestrators.get(root)
+        if orch is None:
+            orch = _orchestrators[root] = Orchestrator(root)
+        return orch
+
+
+def _one_line(exc: OrchestratorError) -> str:
+    if isinstance(exc, ConfigError):
+        return "; ".join(exc.problems)
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
+    """One trial's environment: a session of this project's orchestrator."""
+
+    def __init__(
+        self,
+        *args: Any,
+        project: str = ".",
+        isolation: Isolation | None = None,
+        trust: Trust | None = None,
+        allow_ports: object = None,
+        max_lifetime: object = None,
+        **kwargs: Any,
+    ) -> None:
+        # Options (``--ek``), checked when the trial starts (see _validate_definition).
+        self._project_dir = Path(str(project)).expanduser().resolve()
+        self._isolation = isolation
+        self._trust = trust
+        self._allow_ports = allow_ports
+        self._max_lifetime_option = max_lifetime
+        self._max_lifetime: float | None = None
+        self._prepared: Prepared | None = None
+        self._session: Session | None = None
+        self._workdir = "/tmp"
+        self._uid = -1
+        self._gid = -1
+        super().__init__(*args, **kwargs)
+
+    # -- what it is ---------------------------------------------------------------------
+
+    @staticmethod
+    def type() -> str:
+        return "orchestrator"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(
+            disable_internet=True,
+            network_allowlist=True,
+            network_allowlist_hostnames=True,
+            network_allowlist_wildcard_hostnames=True,
+            network_allowlist_ipv4_addresses=True,
+            # Not enforceable by the egress proxy: refused by Harbor before start.
+            network_allowlist_ipv6_addresses=False,
+            network_allowlist_ipv4_cidrs=False,
+            network_allowlist_ipv6_cidrs=False,
+            dynamic_network_policy=False,
+            mounted=False,  # nothing of the host's is mounted for Harbor's logs
+            docker_compose=False,
+            gpus=False,
+            tpus=False,
+            windows=False,
+            stream=False,
+        )
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities | None:
+        return EnvironmentResourceCapabilities(
+            cpu_limit=True, memory_limit=True, fractional_cpus=True
+        )
+
+    def _validate_definition(self) -> None:
+        """Nothing here: the task is checked at :meth:`start`, before anything exists, so
+        that Harbor records a refusal as that trial's exception (one line) instead of
+        ending the whole job (a constructor's exception does)."""
+
+    def _checked(self) -> Prepared:
+        """The task as this project's declarations; a task this environment cannot run
+        exactly is refused (one line)."""
+        try:
+            return self._prepare()
+        except OrchestratorError as exc:
+            line = _one_line(exc)
+            prefix = "orchestrator environment: "
+            raise ValueError(line if line.startswith(prefix) else prefix + line) from None
+        except ValidationError as exc:  # an option of the wrong kind (--ek isolation=x)
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"orchestrator environment: {where}: {first['msg']}") from None
+
+    def _prepare(self) -> Prepared:
+        self._max_lifetime = _seconds(self._max_lifetime_option)
+        project = load_project(self._project_dir)
+        config = self.task_env_config
+        image = mapping.image_of(self.environment_dir, config.docker_image)
+        policy = self.network_policy
+        network = mapping.network_of(
+            policy.network_mode.value,
+            list(policy.allowed_hosts),
+            mapping.allowlist_ports(self._allow_ports),
+        )
+        memory = self._effective_memory_mb
+        resources = Resources(
+            memory=None if memory is None else int(memory) << 20,
+            cpus=self._effective_cpus,
+            timeout=DEFAULT_TIMEOUT,
+        )
+        workdir = config.workdir or image.workdir or "/tmp"
+        env = Environment(
+            image=image.name,
+            zones=mapping.zones_of(project, list(self._host_mounts)),
+            network=network,
+            resources=resources,
+            isolation=self._isolation,
+            workdir=workdir,
+            env=dict(image.env) or None,
+            trust=self._trust,
+        )
+        worker = env.inline_worker(f"harbor-{_safe(self.environment_name)}", project.file)
+        self._project_dir = project.root  # the project's own folder, as loaded
+        prepared = _orchestrator(project.root).prepare(worker)
+        folders = [(folder, FOLDER_TMP) for folder in mapping.HARBOR_FOLDERS]
+        if not _writable(prepared, workdir):
+            folders.append((workdir, FOLDER_TMP))
+        prepared = with_tmpfs(prepared, folders, owned=True)
+        spec = prepared.spec
+        self._workdir, self._uid, self._gid = spec.workdir, spec.uid, spec.gid
+        return prepared
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        await asyncio.to_thread(self._open)
+        # The folders Harbor's own Docker environment mounts from the host exist here too.
+        made = await self.exec(f"mkdir -p {' '.join(LOG_FOLDERS)}")
+        if made.return_code != 0:
+            raise RuntimeError(f"orchestrator environment: {made.stderr or made.stdout}")
+        await self._upload_environment_dir_after_start()
+
+    def _open(self) -> None:
+        prepared = self._prepared = self._checked()
+        orch = _orchestrator(self._project_dir)
+        try:
+            if not orch.engine.image_exists(prepared.spec.image):
+                raise ValueError(
+                    f"orchestrator environment: image {prepared.spec.image} is not on this "
+                    "machine (nothing is pulled); build it here first"
+                )
+            run = orch.open_keep_alive(prepared)
+            try:
+                self._session = orch.open_session(
+                    run, idle_timeout=None, max_lifetime=self._max_lifetime
+                )
+            except BaseException:
+                run.close(failed=True)
+                raise
+        except OrchestratorError as exc:
+            raise RuntimeError(f"orchestrator environment: {_one_line(exc)}") from None
+        log.info("trial %s: session %s, run %s", self.session_id, self._session.id,
+                 self._session.run_id)  # fmt: skip
+
+    async def stop(self, delete: bool) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            await asyncio.to_thread(session.close)
+        except (OrchestratorError, OSError) as exc:
+            self.logger.warning(
+                f"closing session {session.id} failed: {exc} (orchestrator gc removes what is left)"
+            )
+
+    # -- commands -----------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        self._check_user(self._resolve_user(user))
+        capture = Capture(MAX_OUTPUT, MAX_OUTPUT)
+        code = await self._run(
+            ["bash", "-c", command],
+            capture,
+            cwd=cwd,
+            env=self._merge_env(env),
+            timeout=timeout_sec,
+        )
+        return ExecResult(
+            stdout=capture.text("stdout"), stderr=capture.text("stderr"), return_code=code
+        )
+
+    def _check_user(self, user: str | int | None) -> None:
+        if user is None or str(user) in ("root", "0", str(self._uid), f"{self._uid}:{self._gid}"):
+            return
+        raise RuntimeError(
+            f"orchestrator environment: user {user!r} is not supported: commands run as the "
+            f"worker (uid {self._uid}); no other user exists to switch to"
+        )
+
+    async def _run(
+        self,
+        argv: list[str],
+        capture: Capture,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> int:
+        session = self._session
+        if session is None:
+            raise RuntimeError("orchestrator environment: not started (or already stopped)")
+        workdir = self._workdir if cwd is None else posixpath.join(self._workdir, cwd)
+        call = partial(
+            session.exec,
+            argv,
+            cwd=workdir,
+            env=env,
+            timeout=None if timeout is None else float(timeout),
+            stdin=stdin,
+            on_output=capture.add,
+        )
+        try:
+            result = await asyncio.to_thread(call)
+        except TooMuch as exc:
+            raise RuntimeError(
+                f"orchestrator environment: the command's {exc.stream} went over "
+                f"{capture.caps[exc.stream] >> 20} MiB; it was stopped"
+            ) from None
+        except OrchestratorError as exc:
+            raise RuntimeError(f"orchestrator environment: {_one_line(exc)}") from None
+        if result.timed_out:
+            raise RuntimeError(f"Command timed out after {timeout} seconds")
+        return result.exit_code
+
+    # -- files --------------------------------------------------------------------------
+
+    async def _transfer(self, script: str, path: str, capture: Capture, stdin: bytes | None,
+                        doing: str) -> None:  # fmt: skip
+        code = await self._run(
+            ["/bin/sh", "-c", script, doing, path],
+            capture,
+            timeout=TRANSFER_TIMEOUT,
+            stdin=stdin,
+        )
+        if code != 0:
+            raise transfer.failure(path, capture.text("stderr"), doing)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        data = await asyncio.to_thread(_read_capped, Path(source_path))
+        await self._transfer(transfer.WRITE, target_path, Capture(0, 64 << 10), data,
+                             "upload_file")  # fmt: skip
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        data = await asyncio.to_thread(_pack, Path(source_dir))
+        await self._transfer(transfer.UNTAR, target_dir, Capture(64 << 10, 64 << 10), data,
+                             "upload_dir")  # fmt: skip
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        capture = Capture(MAX_TRANSFER, 64 << 10)
+        await self._transfer(transfer.READ, source_path, capture, None, "download_file")
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(target.write_bytes, bytes(capture.data["stdout"]))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        capture = Capture(MAX_TRANSFER, 64 << 10)
+        await self._transfer(transfer.TAR, source_dir, capture, None, "download_dir")
+        await asyncio.to_thread(_unpack, bytes(capture.data["stdout"]), Path(target_dir))
+
+
+def _seconds(value: object) -> float | None:
+    """The ``max_lifetime`` option: seconds, or None."""
+    if value is None:
+        return None
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise mapping.refuse(f"max_lifetime={value!r}: give a number of seconds above 0")
+    return seconds
+
+
+def _safe(name: str) -> str:
+    kept = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower())
+    return kept.strip("-.")[:40] or "task"
+
+
+def _writable(prepared: Prepared, folder: str) -> bool:
+    """Whether the worker can write ``folder`` already: in one of its tmpfs folders or a
+    zone it has read-write."""
+    spec = prepared.spec
+    places = [t.target for t in spec.tmpfs if not t.mask]
+    places += [m.target for m in spec.mounts if not m.read_only]
+    return any(folder == p or folder.startswith(p.rstrip("/") + "/") for p in places)
+
+
+def _read_capped(path: Path) -> bytes:
+    if path.stat().st_size > MAX_TRANSFER:
+        raise OSError(f"{path}: over {MAX_TRANSFER >> 20} MiB, too large to upload")
+    return path.read_bytes()
+
+
+def _pack(folder: Path) -> bytes:
+    """``folder``'s contents as a tar stream (links kept as links)."""
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder}: not a folder")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for entry in sorted(folder.iterdir()):
+            tar.add(entry, arcname=entry.name)
+    if buffer.tell() > MAX_TRANSFER:
+        raise OSError(f"{folder}: over {MAX_TRANSFER >> 20} MiB, too large to upload")
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes, target: Path) -> None:
+    """A tar stream from the sandbox into ``target`` (Harbor's own filter: no links out,
+    no devices, no absolute paths)."""
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        tar.extractall(path=target, filter=transfer_tar_filter)  # noqa: S202 - filtered

@@ -1,0 +1,249 @@
+"""``harbor run`` end to end through the ``orchestrator`` environment, offline.
+
+Harbor's own CLI (from ``.venv-harbor``, made by ``make harbor-venv``: Harbor needs Python
+3.12 or newer) runs tasks with its built-in ``oracle`` agent, which runs the task's own
+solution (no model):
+
+- ``harbor_tasks/hello``: the solution writes a file (and reads a zone given as Harbor's
+  mount), the task's test checks it and writes reward 1; the job's results hold that
+  reward, under runc and gVisor;
+- an allowlist task reaches a local test service (a test web server on a network the
+  project declares) and is refused another name of the same server: the audit log holds
+  both decisions;
+- a task whose allowlist the egress proxy cannot enforce (a single-label name) is refused
+  at start, before any container exists: one line in that trial's result;
+- afterwards nothing the runs made is left: no container, network or run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import labels
+from orchestrator.audit import AuditFilter
+from orchestrator.config import load_project
+from orchestrator.docker import egress as eg
+from orchestrator.docker import egress_gc as eg_gc
+from orchestrator.docker.images import BASE_REPOSITORY, build_image, host_suite
+from orchestrator.runtime import open_audit
+from tests.conftest import ProjectDir
+from tests.integration.conftest import ISOLATIONS, require_gvisor, unavailable
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = Path(__file__).resolve().parent / "harbor_tasks"
+ENVIRONMENT = "orchestrator.integrations.harbor.environment:OrchestratorEnvironment"
+TESTWEB_IMAGE = "orchestrator/testweb:latest"
+
+FETCH = """#!/bin/bash
+python3 -c '
+import urllib.request, urllib.error
+for name in ("web", "other"):
+    try:
+        reply = urllib.request.urlopen("http://%s.NET/" % name, timeout=30)
+        print(name, reply.status, reply.read().decode().strip())
+    except urllib.error.HTTPError as refused:
+        print(name, refused.code)
+' > /tmp/fetched.txt
+cat /tmp/fetched.txt
+"""
+
+CHECK = """#!/bin/bash
+if grep -q "^web 200 testweb" /tmp/fetched.txt && grep -q "^other 403" /tmp/fetched.txt; then
+    echo 1 > /logs/verifier/reward.txt
+else
+    echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+@pytest.fixture(scope="module")
+def harbor() -> Path:
+    """Harbor's CLI, from the venv ``make harbor-venv`` makes (never skipped under CI)."""
+    found = Path(os.environ.get("ORCHESTRATOR_HARBOR", ROOT / ".venv-harbor" / "bin" / "harbor"))
+    if not found.is_file():
+        unavailable(f"no Harbor CLI at {found}: run `make harbor-venv` (needs Python >= 3.12)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def service(engine):
+    """A test web server on a network of its own, answering as ``web`` and ``other``."""
+    require_gvisor(engine)
+    base = f"{BASE_REPOSITORY}:{host_suite()}"
+    eg.build_proxy_image(engine, base)
+    build_image(engine, "testweb", TESTWEB_IMAGE, base, lambda _: None)
+    net = f"svc-harbor-{uuid.uuid4().hex[:8]}"
+    engine.api.create_network(net, driver="bridge")
+    web = None
+    try:
+        web = engine.api.create_container(
+            image=TESTWEB_IMAGE,
+            name=f"orchestrator-test-harborweb-{os.getpid()}",
+            environment={"TESTWEB_NAME": "service"},
+            labels=engine.labels_for({f"{labels.PREFIX}.test": "harbor"}),
+            host_config=engine.api.create_host_config(
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
+                network_mode=net,
+            ),
+            networking_config={"EndpointsConfig": {net: {"Aliases": ["web", "other"]}}},
+        )["Id"]
+        engine.start(web)
+        deadline = time.monotonic() + 20
+        while b"listening" not in engine.api.logs(web):
+            assert time.monotonic() < deadline, engine.api.logs(web).decode()
+            time.sleep(0.05)
+        yield net
+    finally:
+        if web is not None:
+            engine.remove(web)
+        try:
+            eg_gc.remove_egress(engine, eg.egress_key(eg.validate_allowlist([f"web.{net}"]), [net]))
+        finally:
+            engine.api.remove_network(net)
+
+
+def _run(
+    harbor: Path, task: Path, project: ProjectDir, jobs: Path, *options: str
+) -> tuple[int, dict[str, Any], dict[str, Any], str]:
+    """``harbor run`` of ``task`` with the oracle agent in ``project`` (and ``options``):
+    its pid, the job's result, the one trial's result and the CLI's output."""
+    # Offline: no telemetry, no model price list fetched (neither is reachable here).
+    env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env.pop("PYTHONPATH", None)  # Harbor's venv has the project installed (editable)
+    command = [
+        str(harbor), "run", "-p", str(task), "-a", "oracle", "--env", ENVIRONMENT,
+        "--ek", f"project={project.root}", "-o", str(jobs), "-n", "1", "-y", "-q", *options,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=project.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output
+    (job,) = jobs.glob("*/result.json")
+    (trial,) = jobs.glob("*/*/result.json")
+    return process.pid, json.loads(job.read_text()), json.loads(trial.read_text()), output
+
+
+def _assert_nothing_left(engine, pid: int, project: ProjectDir) -> None:
+    left = [
+        o
+        for o in engine.list_managed()
+        if o.labels.get(labels.OWNER_PID) == str(pid) and o.labels.get(labels.SHARED) != "true"
+    ]
+    assert left == []
+    runs = project.root / ".sandbox" / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == []
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_oracle_solves_a_task_in_the_environment(engine, harbor, isolation, tmp_path):
+    if isolation == "gvisor":
+        require_gvisor(engine)
+    project = ProjectDir(tmp_path / "project")
+    project.isolation = isolation
+    code = project.zone("code", "ro", files={"word.txt": "from the zone"})
+    project.write_project()
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+    mount = {"type": "bind", "source": str(code), "target": "/code", "read_only": True}
+
+    pid, job, trial, output = _run(
+        harbor, task, project, tmp_path / "jobs", "--mounts-json", json.dumps([mount])
+    )
+
+    assert trial["exception_info"] is None, (trial["exception_info"], output)
+    assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
+    assert job["stats"]["n_errored_trials"] == 0
+    oracle = next((tmp_path / "jobs").glob("*/*/agent/oracle.txt")).read_text()
+    assert f"solved as {project.identity[0]} in /tmp" in oracle
+    assert "zone: from the zone" in oracle  # Harbor's mount is the zone, read-only
+
+    audit = open_audit(load_project(project.root))
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["isolation"] == isolation
+    assert started.metadata["network"] == "none"  # the task's no-network
+    assert started.metadata["limits"]["memory"] == 256 << 20  # its memory_mb
+    assert "/code" in [m["target"] for m in started.metadata["mounts"]]
+    commands = [
+        " ".join(e.metadata["argv"]) for e in audit.query(AuditFilter(operation="session.exec"))
+    ]
+    assert any("/solution/solve.sh" in c for c in commands)
+    assert any("/tests/test.sh" in c for c in commands)
+    assert len(audit.query(AuditFilter(operation="run.ended"))) == 1
+    _assert_nothing_left(engine, pid, project)
+
+
+def _allowlist_task(root: Path, hosts: list[str]) -> Path:
+    task = root / "fetch"
+    shutil.copytree(TASKS / "hello", task)
+    toml = (task / "task.toml").read_text()
+    toml = toml.replace(
+        'network_mode = "no-network"',
+        f'network_mode = "allowlist"\nallowed_hosts = {json.dumps(hosts)}',
+    )
+    (task / "task.toml").write_text(toml)
+    return task
+
+
+def test_an_allowlisted_task_reaches_its_host_and_nothing_else(engine, harbor, service, tmp_path):
+    project = ProjectDir(tmp_path / "project")
+    project.extra = f"network:\n  services:\n    - network: {service}\n"
+    project.write_project()
+    task = _allowlist_task(tmp_path, [f"web.{service}"])
+    (task / "solution" / "solve.sh").write_text(FETCH.replace("NET", service))
+    (task / "tests" / "test.sh").write_text(CHECK)
+
+    pid, _, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+
+    oracle = next((tmp_path / "jobs").glob("*/*/agent/oracle.txt")).read_text()
+    assert trial["exception_info"] is None, (trial["exception_info"], output)
+    assert "web 200 testweb service" in oracle, oracle
+    assert "other 403" in oracle, oracle
+    assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
+    audit = open_audit(load_project(project.root))
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["isolation"] == "gvisor"  # the project's default for untrusted
+    decisions = {
+        (e.metadata["host"], e.allowed)
+        for e in audit.query(AuditFilter(operation="egress.decision"))
+    }
+    assert (f"web.{service}", True) in decisions
+    assert (f"other.{service}", False) in decisions
+    _assert_nothing_left(engine, pid, project)
+
+
+def test_an_allowlist_it_cannot_enforce_refuses_the_trial_in_one_line(engine, harbor, tmp_path):
+    project = ProjectDir(tmp_path / "project")
+    project.write_project()
+    task = _allowlist_task(tmp_path, ["localhost"])  # a name Harbor takes, the proxy cannot
+
+    pid, job, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+
+    info = trial["exception_info"]
+    assert info is not None and job["stats"]["n_errored_trials"] == 1, output
+    message = info["exception_message"].strip()
+    assert message.startswith("orchestrator environment: allowed_hosts ['localhost']:"), message
+    assert "the task is refused" in message and "\n" not in message
+    assert trial["agent_execution"] is None  # refused at start: the oracle never ran
+    audit = open_audit(load_project(project.root))
+    assert audit.query(AuditFilter(operation="run.started")) == []
+    _assert_nothing_left(engine, pid, project)
