@@ -81,7 +81,7 @@ def wait_for_state(child: subprocess.Popen[bytes]) -> None:
             child.wait()
             print("credproxy: spare not taken, exiting", flush=True)
             sys.exit(0)
-        time.sleep(0.005)
+        time.sleep(0.02)  # hidden: the network is attached after the state is in
 
 
 def main() -> None:
