@@ -13,6 +13,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -282,3 +285,52 @@ def swarm(engine):
                 time.sleep(0.2)
         assert _swarm_networks() == before, "the swarm session left networks behind"
     assert not ours, f"tests left swarm objects behind: {ours}"
+
+
+#: The test web server's image (images/testweb): answers with its name, port and host.
+TESTWEB_IMAGE = "orchestrator/testweb:latest"
+
+
+@contextmanager
+def web_service(engine, role: str) -> Iterator[str]:
+    """A test web server on a network of its own, answering as ``web`` and ``other``; the
+    network's name. Removed after, with the allowlist proxy that joined it for ``web``."""
+    from orchestrator.docker import egress as eg
+    from orchestrator.docker import egress_gc as eg_gc
+    from orchestrator.docker.images import BASE_REPOSITORY, build_image, host_suite
+
+    require_gvisor(engine)
+    base = f"{BASE_REPOSITORY}:{host_suite()}"
+    eg.build_proxy_image(engine, base)
+    build_image(engine, "testweb", TESTWEB_IMAGE, base, lambda _: None)
+    net = f"svc-{role}-{uuid.uuid4().hex[:8]}"
+    engine.api.create_network(net, driver="bridge")
+    web = None
+    try:
+        web = engine.api.create_container(
+            image=TESTWEB_IMAGE,
+            name=f"orchestrator-test-{role}web-{os.getpid()}",
+            environment={"TESTWEB_NAME": "service"},
+            labels=engine.labels_for({f"{labels.PREFIX}.test": role}),
+            host_config=engine.api.create_host_config(
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
+                network_mode=net,
+            ),
+            networking_config={"EndpointsConfig": {net: {"Aliases": ["web", "other"]}}},
+        )["Id"]
+        engine.start(web)
+        deadline = time.monotonic() + 20
+        while b"listening" not in engine.api.logs(web):
+            assert time.monotonic() < deadline, engine.api.logs(web).decode()
+            time.sleep(0.05)
+        yield net
+    finally:
+        if web is not None:
+            engine.remove(web)
+        try:
+            eg_gc.remove_egress(engine, eg.egress_key(eg.validate_allowlist([f"web.{net}"]), [net]))
+        finally:
+            engine.api.remove_network(net)

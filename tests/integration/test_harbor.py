@@ -21,8 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +29,15 @@ import pytest
 from orchestrator import labels
 from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project
-from orchestrator.docker import egress as eg
-from orchestrator.docker import egress_gc as eg_gc
-from orchestrator.docker.images import BASE_REPOSITORY, build_image, host_suite
 from orchestrator.runtime import open_audit
 from tests.conftest import ProjectDir
-from tests.integration.conftest import ISOLATIONS, require_gvisor, unavailable
+from tests.integration.conftest import ISOLATIONS, require_gvisor, unavailable, web_service
 
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = Path(__file__).resolve().parent / "harbor_tasks"
 ENVIRONMENT = "orchestrator.integrations.harbor.environment:OrchestratorEnvironment"
-TESTWEB_IMAGE = "orchestrator/testweb:latest"
 
 FETCH = """#!/bin/bash
 python3 -c '
@@ -79,41 +73,8 @@ def harbor() -> Path:
 @pytest.fixture(scope="module")
 def service(engine):
     """A test web server on a network of its own, answering as ``web`` and ``other``."""
-    require_gvisor(engine)
-    base = f"{BASE_REPOSITORY}:{host_suite()}"
-    eg.build_proxy_image(engine, base)
-    build_image(engine, "testweb", TESTWEB_IMAGE, base, lambda _: None)
-    net = f"svc-harbor-{uuid.uuid4().hex[:8]}"
-    engine.api.create_network(net, driver="bridge")
-    web = None
-    try:
-        web = engine.api.create_container(
-            image=TESTWEB_IMAGE,
-            name=f"orchestrator-test-harborweb-{os.getpid()}",
-            environment={"TESTWEB_NAME": "service"},
-            labels=engine.labels_for({f"{labels.PREFIX}.test": "harbor"}),
-            host_config=engine.api.create_host_config(
-                read_only=True,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges:true"],
-                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
-                network_mode=net,
-            ),
-            networking_config={"EndpointsConfig": {net: {"Aliases": ["web", "other"]}}},
-        )["Id"]
-        engine.start(web)
-        deadline = time.monotonic() + 20
-        while b"listening" not in engine.api.logs(web):
-            assert time.monotonic() < deadline, engine.api.logs(web).decode()
-            time.sleep(0.05)
+    with web_service(engine, "harbor") as net:
         yield net
-    finally:
-        if web is not None:
-            engine.remove(web)
-        try:
-            eg_gc.remove_egress(engine, eg.egress_key(eg.validate_allowlist([f"web.{net}"]), [net]))
-        finally:
-            engine.api.remove_network(net)
 
 
 def _run(

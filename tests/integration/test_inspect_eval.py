@@ -24,8 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -35,17 +33,13 @@ import pytest
 from orchestrator import labels
 from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project
-from orchestrator.docker import egress as eg
-from orchestrator.docker import egress_gc as eg_gc
-from orchestrator.docker.images import BASE_REPOSITORY, build_image, host_suite
 from orchestrator.integrations.inspect.provider import OrchestratorSandboxEnvironment
 from orchestrator.runtime import open_audit
 from tests.conftest import ProjectDir
-from tests.integration.conftest import require_gvisor, unavailable
+from tests.integration.conftest import unavailable, web_service
 
 pytestmark = pytest.mark.docker
 
-TESTWEB_IMAGE = "orchestrator/testweb:latest"
 INSPECT = [sys.executable, "-m", "inspect_ai"]
 
 TASK = '''
@@ -145,41 +139,8 @@ def inspect_env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(engine):
     """A test web server on a network of its own, answering as ``web`` and ``other``."""
-    require_gvisor(engine)
-    base = f"{BASE_REPOSITORY}:{host_suite()}"
-    eg.build_proxy_image(engine, base)
-    build_image(engine, "testweb", TESTWEB_IMAGE, base, lambda _: None)
-    net = f"svc-inspect-{uuid.uuid4().hex[:8]}"
-    engine.api.create_network(net, driver="bridge")
-    web = None
-    try:
-        web = engine.api.create_container(
-            image=TESTWEB_IMAGE,
-            name=f"orchestrator-test-inspectweb-{os.getpid()}",
-            environment={"TESTWEB_NAME": "service"},
-            labels=engine.labels_for({f"{labels.PREFIX}.test": "inspect"}),
-            host_config=engine.api.create_host_config(
-                read_only=True,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges:true"],
-                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
-                network_mode=net,
-            ),
-            networking_config={"EndpointsConfig": {net: {"Aliases": ["web", "other"]}}},
-        )["Id"]
-        engine.start(web)
-        deadline = time.monotonic() + 20
-        while b"listening" not in engine.api.logs(web):
-            assert time.monotonic() < deadline, engine.api.logs(web).decode()
-            time.sleep(0.05)
+    with web_service(engine, "inspect") as net:
         yield net
-    finally:
-        if web is not None:
-            engine.remove(web)
-        try:
-            eg_gc.remove_egress(engine, eg.egress_key(eg.validate_allowlist([f"web.{net}"]), [net]))
-        finally:
-            engine.api.remove_network(net)
 
 
 def _task_folder(root: Path, net: str) -> ProjectDir:
