@@ -7,16 +7,16 @@ key) comes read-only from a host folder in memory that only it mounts. It carrie
 run's labels and its owner's, so ``gc`` removes it after a crash like the run's container.
 
 Starting one costs about a second (mitmproxy's imports), so a run takes a *spare* when
-there is one: a proxy started earlier, with no network and an empty state folder, that has
-imported everything and waits (``CREDPROXY_SPARE_IDLE``). Taking it is atomic across
-processes (its folder is renamed away: one taker wins); the container is then renamed
-after the run's state folder, which names its owner (before any value is in it), the
-run's state is moved in (config.json last) and the spare detached from ``none`` and
-attached to the run's network: from then on it is the run's proxy and ``gc`` treats it
-as the run's (:func:`owner_labels`). A spare holds nothing before it is taken and serves
-one run only. After each start one spare is made
-ready for the next run (``ORCHESTRATOR_CREDPROXY_SPARES``: how many, 0: make none); an
-untaken spare exits by itself after :data:`SPARE_IDLE_S`, and ``gc`` removes it then.
+there is one: a proxy started earlier, with no network (started in ``none``, then taken out
+of it: loopback only) and an empty state folder, that has imported everything and waits
+(``CREDPROXY_SPARE_IDLE``). Taking it is atomic across processes (its folder is renamed
+away: one taker wins); the container is then renamed after the run's state folder, which
+names its owner (before any value is in it), the run's state is moved in (config.json
+last) and the spare attached to the run's network: from then on it is the run's proxy
+and ``gc`` treats it as the run's (:func:`owner_labels`). A spare holds nothing before it
+is taken and serves one run only. After each start one spare is made ready for the next
+run (``ORCHESTRATOR_CREDPROXY_SPARES``: how many, 0: make none); an untaken spare exits
+by itself after :data:`SPARE_IDLE_S`, and ``gc`` removes it then.
 
 Also here: reading an image's own CA bundle, which the worker's bundle starts from (once
 per image: kept by image id in memory and in the user's cache folder).
@@ -350,7 +350,8 @@ def _take_spare(engine: DockerClient, spec: ContainerSpec, state: Path, user: st
             with engine_errors("taking a spare credential proxy"):  # the run's, for gc
                 engine.api.rename(container, TAKEN_PREFIX + state.name)
             _hand_over(state, claimed)  # it starts reading while its network is attached
-            _attach(engine, container, spec)
+            networks = (spare.get("NetworkSettings") or {}).get("Networks") or {}
+            _attach(engine, container, spec, detach="none" in networks)
         except (OSError, OrchestratorError) as exc:
             log.warning("could not take a spare credential proxy (%s); starting one", exc)
             _remove(engine, container)
@@ -384,10 +385,12 @@ def _give_back(state: Path, claimed: Path) -> None:
         shutil.rmtree(claimed, ignore_errors=True)
 
 
-def _attach(engine: DockerClient, container: str, spec: ContainerSpec) -> None:
-    """The taken spare: out of ``none``, into the run's network as ``credproxy``."""
+def _attach(engine: DockerClient, container: str, spec: ContainerSpec, *, detach: bool) -> None:
+    """The taken spare: into the run's network as ``credproxy`` (out of ``none`` first if
+    it still is in it; a spare leaves it once started, see :func:`_start_spare`)."""
     with engine_errors("attaching a spare credential proxy to the run's network"):
-        engine.api.disconnect_container_from_network(container, "none")
+        if detach:
+            engine.api.disconnect_container_from_network(container, "none")
         engine.api.connect_container_to_network(
             container, network_name(spec), aliases=[CREDPROXY_ALIAS]
         )
@@ -466,6 +469,9 @@ def _start_spare(engine: DockerClient, user: str) -> None:
             )
             try:
                 retrying(lambda: engine.api.start(created["Id"]))
+                # Out of ``none`` now (it keeps its loopback only): taking it then needs one
+                # engine call less, the attach to the run's network.
+                engine.api.disconnect_container_from_network(created["Id"], "none")
             except BaseException:
                 _remove(engine, str(created["Id"]))
                 raise

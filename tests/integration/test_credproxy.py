@@ -516,7 +516,10 @@ def test_a_spare_holds_nothing_and_reaches_nothing_until_a_run_takes_it(
     spare = _one_spare(engine)
     info = engine.api.inspect_container(spare)
     assert info["HostConfig"]["NetworkMode"] == "none"
-    assert set(info["NetworkSettings"]["Networks"]) == {"none"}
+    assert not info["NetworkSettings"]["Networks"]  # out of none too: loopback only
+    interfaces = engine.api.exec_create(spare, ["cat", "/proc/net/dev"], user="10002")
+    listed = engine.api.exec_start(interfaces["Id"]).decode()
+    assert [line.split(":")[0].strip() for line in listed.splitlines()[2:]] == ["lo"], listed
     assert info["HostConfig"]["ReadonlyRootfs"] and info["HostConfig"]["CapDrop"] == ["ALL"]
     folder = Path(info["Config"]["Labels"][dcp.SPARE_STATE_LABEL])
     assert folder.is_dir() and not any(folder.iterdir())  # no value, no key, no config
@@ -554,7 +557,9 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
 
     spare = _one_spare(engine)
     attached: list[str] = []
-    monkeypatch.setattr(dcp, "_attach", lambda _e, container, _s: attached.append(container))
+    monkeypatch.setattr(
+        dcp, "_attach", lambda _e, container, _s, detach: attached.append(container)
+    )
     user = f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}"
     states, got = [], {}
     barrier = threading.Barrier(2)
