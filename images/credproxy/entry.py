@@ -39,6 +39,8 @@ CONF = Path("/tmp/mitmproxy")
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 UPSTREAM_BUNDLE = Path("/tmp/upstream-ca.pem")
 LAUNCH = "/usr/local/lib/credproxy/launch.py"
+#: Set by SIGTERM: a waiting spare stops waiting.
+STOPPING = False
 
 
 def fail(message: str) -> None:
@@ -75,7 +77,7 @@ def wait_for_state(child: subprocess.Popen[bytes]) -> None:
         return  # a run's own proxy: its state was there before it started
     deadline = time.monotonic() + idle
     while not (STATE / "config.json").exists():
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or STOPPING:
             assert child.stdin is not None
             child.stdin.close()
             child.wait()
@@ -96,7 +98,12 @@ def main() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    def stop(*_: object) -> None:
+        global STOPPING
+        STOPPING = True
+        child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
     wait_for_state(child)
     try:
         config, values = read_state()
@@ -115,8 +122,11 @@ def main() -> None:
     ]  # fmt: skip
     scrub = Scrubber({value: "credential" for value in values if value})
     assert child.stdin is not None and child.stdout is not None
-    child.stdin.write(json.dumps(settings).encode() + b"\n")
-    child.stdin.close()
+    try:
+        child.stdin.write(json.dumps(settings).encode() + b"\n")
+        child.stdin.close()
+    except BrokenPipeError:
+        fail(f"mitmproxy exited before it was configured (code {child.wait()})")
     for line in child.stdout:
         sys.stdout.buffer.write(scrub.scrub(line))
         sys.stdout.buffer.flush()

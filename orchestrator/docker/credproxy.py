@@ -88,6 +88,9 @@ SPARE_ROLE = "credproxy-spare"
 SPARE_STATE_LABEL = f"{labels.PREFIX}.credproxy-state"
 #: The label holding the user a spare runs as (a run takes only one of its own user).
 _USER_LABEL = f"{labels.PREFIX}.credproxy-user"
+#: The label holding the pid namespace of the process that made a spare: a spare is taken
+#: (and then judged by gc) only in that namespace, where its taker's pid means something.
+_NS_LABEL = f"{labels.PREFIX}.credproxy-pidns"
 #: The name of a spare (its container and its state folder in /dev/shm) before it is taken.
 SPARE_PREFIX = "orchestrator-credproxy-spare-"
 #: The name of a taken spare: this, then its run's state folder's name (its owner's).
@@ -232,13 +235,24 @@ def start_proxy(
     EngineError raised (with the end of its log, which never holds a value)."""
     deadline = time.monotonic() + timeout
     wanted = spares_wanted()
-    taken = _take_spare(engine, spec, state, user)
-    container = taken if taken is not None else _start_new(engine, spec, state, user)
-    try:
-        _wait_ready(engine, container, deadline)
-    except BaseException:
-        _remove(engine, container)
-        raise
+    container = _take_spare(engine, spec, state, user)
+    if container is not None:
+        try:
+            _wait_ready(engine, container, deadline)
+        except EngineError as exc:  # a spare that died: the run gets a proxy of its own
+            log.warning("a spare credential proxy failed (%s); starting one", exc)
+            _undo_take(engine, container, state)
+            container = None
+        except BaseException:
+            _undo_take(engine, container, state)
+            raise
+    if container is None:
+        container = _start_new(engine, spec, state, user)
+        try:
+            _wait_ready(engine, container, deadline)
+        except BaseException:
+            _remove(engine, container)
+            raise
     if wanted:
         _replenish(engine, user, wanted)
     return container
@@ -326,63 +340,69 @@ def _takeable(engine: DockerClient, user: str) -> list[dict[str, Any]]:
         and c.get("State") == "running"
         and c.get("ImageID") == image_id
         and (c.get("Labels") or {}).get(_USER_LABEL) == user
+        and (c.get("Labels") or {}).get(_NS_LABEL) == labels.current_owner().pid_ns
         and int(c.get("Created") or 0) > oldest
     ]
 
 
 def _take_spare(engine: DockerClient, spec: ContainerSpec, state: Path, user: str) -> str | None:
-    """Take a spare for this run: claim its folder, name the container after the run's
-    state folder (from then on gc judges it as the run's: before any value is in it),
-    move the run's state in, attach it to the run's network. None when there is none to
-    take (or taking one failed: the caller starts a new proxy, and a half-taken spare is
-    removed)."""
+    """Take a spare for this run: claim its folder (moved into the run's own state folder,
+    where nobody else can act on it), name the container after the run's state folder
+    (from then on gc judges it as the run's: before any value is in it), move the run's
+    state in, attach it to the run's network. None when there is none to take (or taking
+    one failed: the caller starts a new proxy, and a half-taken spare is removed)."""
     for spare in _takeable(engine, user):
         folder = Path((spare.get("Labels") or {}).get(SPARE_STATE_LABEL, ""))
         if folder.parent != _SHM or not folder.name.startswith(SPARE_PREFIX):
             continue
-        claimed = state.with_name(state.name + "-taking")
         try:
-            os.rename(folder, claimed)  # the claim: only one taker's rename finds it
+            os.rename(folder, state / _TAKEN)  # the claim: only one taker's rename finds it
         except OSError:
             continue
         container = str(spare["Id"])
         try:
             with engine_errors("taking a spare credential proxy"):  # the run's, for gc
                 engine.api.rename(container, TAKEN_PREFIX + state.name)
-            _hand_over(state, claimed)  # it starts reading while its network is attached
+            _hand_over(state)  # it starts reading while its network is attached
             networks = (spare.get("NetworkSettings") or {}).get("Networks") or {}
             _attach(engine, container, spec, detach="none" in networks)
         except (OSError, OrchestratorError) as exc:
             log.warning("could not take a spare credential proxy (%s); starting one", exc)
-            _remove(engine, container)
-            _give_back(state, claimed)
+            _undo_take(engine, container, state)
             return None
         return container
     return None
 
 
-def _hand_over(state: Path, claimed: Path) -> None:
+#: The claimed spare's folder, inside the run's state folder (its bind source since the
+#: spare started: the mount follows the folder).
+_TAKEN = "spare"
+
+
+def _hand_over(state: Path) -> None:
     """Move the run's state files into the claimed spare's folder (the configuration last:
-    the spare starts reading when it appears), then the folder to the state's own name."""
+    the spare starts reading when it appears)."""
+    claimed = state / _TAKEN
     info = os.lstat(claimed)
     owners = {os.getuid(), CREDPROXY_UID} if os.geteuid() == 0 else {os.getuid()}
     if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or any(claimed.iterdir()):
         raise OSError(f"{claimed} is not an empty spare folder of this user")
-    names = sorted(entry.name for entry in state.iterdir())
+    names = sorted(entry.name for entry in state.iterdir() if entry.name != _TAKEN)
     names.sort(key=lambda name: name == CONFIG_NAME)
     for name in names:
         os.rename(state / name, claimed / name)
-    os.rmdir(state)
-    os.rename(claimed, state)
 
 
-def _give_back(state: Path, claimed: Path) -> None:
-    """Undo :func:`_hand_over` as far as it went: the run's state back in ``state``."""
-    if claimed.is_dir() and not claimed.is_symlink():
-        state.mkdir(mode=0o700, exist_ok=True)
-        for entry in claimed.iterdir():
-            os.rename(entry, state / entry.name)
-        shutil.rmtree(claimed, ignore_errors=True)
+def _undo_take(engine: DockerClient, container: str, state: Path) -> None:
+    """Remove a half-taken spare and put the run's state back where it was."""
+    try:
+        _remove(engine, container)
+    finally:
+        claimed = state / _TAKEN
+        if claimed.is_dir() and not claimed.is_symlink():
+            for entry in claimed.iterdir():
+                os.rename(entry, state / entry.name)
+            shutil.rmtree(claimed, ignore_errors=True)
 
 
 def _attach(engine: DockerClient, container: str, spec: ContainerSpec, *, detach: bool) -> None:
@@ -398,14 +418,15 @@ def _attach(engine: DockerClient, container: str, spec: ContainerSpec, *, detach
 
 def owner_labels(name: str, found: Mapping[str, str]) -> dict[str, str]:
     """The labels ``gc`` judges a spare container by: a taken one is its run's (owned by
-    the process its name says, with its run's id, see :func:`_attach`); a free one is
-    shared (no owner)."""
+    the process its name says, in the pid namespace it was made and taken in, with its
+    run's id, see :func:`_take_spare`); a free one is shared (no owner)."""
     taken = name.removeprefix(TAKEN_PREFIX)
     if found.get(ROLE_LABEL) != SPARE_ROLE or not taken.startswith(SECRETS_PREFIX):
         return dict(found)
     owned = {k: v for k, v in found.items() if k != labels.SHARED}
     run_id = taken.removesuffix("-credproxy").split("-", 4)[-1]  # prefix, pid, start, run
-    return {**owned, **folder_owner(taken), labels.RUN_ID: run_id}
+    owner = {**folder_owner(taken), labels.OWNER_NS: found.get(_NS_LABEL, "")}
+    return {**owned, **owner, labels.RUN_ID: run_id}
 
 
 _STARTING: list[threading.Thread] = []
@@ -438,7 +459,7 @@ def _keep_ready(engine: DockerClient, user: str, wanted: int) -> None:
         remove_spares(engine, _SPARE_MAX_AGE_S)
         for _ in range(wanted - len(_takeable(engine, user))):
             _start_spare(engine, user)
-    except OrchestratorError as exc:
+    except (OrchestratorError, OSError) as exc:
         log.warning("could not make a spare credential proxy ready: %s", exc)
 
 
@@ -455,6 +476,7 @@ def _start_spare(engine: DockerClient, user: str) -> None:
         ROLE_LABEL: SPARE_ROLE,
         SPARE_STATE_LABEL: str(folder),
         _USER_LABEL: user,
+        _NS_LABEL: labels.current_owner().pid_ns,
     }
     try:
         with engine_errors(f"starting the spare credential proxy {name}"):
@@ -480,11 +502,23 @@ def _start_spare(engine: DockerClient, user: str) -> None:
         raise
 
 
-def _remove_spare(engine: DockerClient, spare: Mapping[str, Any]) -> None:
-    _remove(engine, str(spare["Id"]))
+def _remove_spare(engine: DockerClient, spare: Mapping[str, Any]) -> bool:
+    """Remove a free spare, claiming its folder first as a taker would (so that a spare a
+    run is taking at this moment is left to it); whether it was removed."""
     folder = Path((spare.get("Labels") or {}).get(SPARE_STATE_LABEL, ""))
-    if folder.parent == _SHM and folder.name.startswith(SPARE_PREFIX):
-        shutil.rmtree(folder, ignore_errors=True)
+    trash = Path(tempfile.mkdtemp(dir=_SHM, prefix=".orchestrator-spare-gone-"))
+    try:
+        claimed = False
+        if folder.parent == _SHM and folder.name.startswith(SPARE_PREFIX):
+            with contextlib.suppress(OSError):
+                os.rename(folder, trash / "spare")
+                claimed = True
+        if not claimed and spare.get("State") == "running":
+            return False  # its folder is gone: a run is taking it (it can only be)
+        _remove(engine, str(spare["Id"]))
+        return True
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def remove_spares(
@@ -502,13 +536,19 @@ def remove_spares(
             chosen = created >= int(made_since)
         else:
             chosen = spare.get("State") != "running" or created <= oldest
-        if _is_free(spare) and chosen:
-            _remove_spare(engine, spare)
-            removed.append((spare.get("Names") or [""])[0].lstrip("/"))
+        if not (_is_free(spare) and chosen):
+            continue
+        name = str((spare.get("Names") or [""])[0]).lstrip("/")
+        try:
+            if _remove_spare(engine, spare):
+                removed.append(name)
+        except (OrchestratorError, OSError) as exc:
+            log.warning("could not remove the spare credential proxy %s: %s", name, exc)
     # Folders whose spare is gone (removed by hand, or its start failed half-way): once
     # they are older than a start takes, so that a spare being made keeps its own.
     known = {(c.get("Labels") or {}).get(SPARE_STATE_LABEL) for c in spares}
-    for folder in _SHM.glob(f"{SPARE_PREFIX}*"):
+    leftover = [*_SHM.glob(f"{SPARE_PREFIX}*"), *_SHM.glob(".orchestrator-spare-gone-*")]
+    for folder in leftover:
         with contextlib.suppress(OSError):
             if str(folder) not in known and folder.lstat().st_mtime < time.time() - 60:
                 shutil.rmtree(folder, ignore_errors=True)

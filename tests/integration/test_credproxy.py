@@ -588,14 +588,65 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
             None,
         ], got
         assert attached == [spare]
-        for n, state in enumerate(states):  # each run's state is where it left it
-            assert (state / "config.json").is_file(), n
-        assert not list(shm.glob("*racetest*-taking"))
+        # the winner's state went into the spare's folder, now inside its own state folder
+        # (nothing of the take is left under a name in /dev/shm); the loser's is untouched
+        winner = 0 if got[0] == spare else 1
+        assert (states[winner] / "spare" / "config.json").is_file()
+        assert sorted(p.name for p in states[winner].iterdir()) == ["spare"]
+        assert (states[1 - winner] / "config.json").is_file()
+        assert not (states[1 - winner] / "spare").exists()
     finally:
         for state in states:
             shutil.rmtree(state, ignore_errors=True)
         engine.remove(spare)
         dcp.remove_spares(engine, 0)
+
+
+def test_a_spare_that_dies_as_it_is_taken_gives_way_to_a_new_proxy(
+    engine, world, project, monkeypatch
+):
+    from orchestrator.docker import credproxy as dcp
+
+    monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
+    _write_project(project, world, "runc")
+    spare = _one_spare(engine)
+    hand_over = dcp._hand_over
+
+    def die_then_hand_over(state):
+        engine.api.kill(dcp.TAKEN_PREFIX + state.name)  # it crashed as it was being taken
+        engine.api.wait(dcp.TAKEN_PREFIX + state.name, timeout=30)
+        hand_over(state)
+
+    monkeypatch.setattr(dcp, "_hand_over", die_then_hand_over)
+    url = f"https://{world['llm']}:8443"
+    front = _worker_front(world, ["python3", "-c", CALL, url, "hi"], "secrets: [llm]\n")
+    project.worker("call", front)
+    result = Orchestrator(project.root, engine=engine).run("call")
+    assert result.exit_code == 0 and "STATUS 200 summary: hi" in result.stdout, result
+    with pytest.raises(Exception, match="No such container"):
+        engine.api.inspect_container(spare)
+    _no_proxy_left(engine, {result.run_id})
+
+
+def test_gc_leaves_a_spare_that_is_being_taken(engine, world):
+    """A spare whose folder a run has just claimed (renamed away), not yet renamed itself,
+    is left to that run by gc, however old it is; an exited one goes."""
+    from orchestrator.docker import credproxy as dcp
+
+    spare = _one_spare(engine)
+    info = engine.api.inspect_container(spare)
+    folder = Path(info["Config"]["Labels"][dcp.SPARE_STATE_LABEL])
+    aside = folder.with_name(".racetest-claimed")
+    os.rename(folder, aside)  # as a taker's claim does
+    try:
+        assert dcp.remove_spares(engine, 0) == []
+        assert engine.api.inspect_container(spare)["State"]["Running"]
+        engine.api.kill(spare)
+        engine.api.wait(spare, timeout=30)
+        assert dcp.remove_spares(engine, 0) == [info["Name"].lstrip("/")]
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+        engine.remove(spare)
 
 
 def test_a_taken_spare_of_a_killed_orchestrator_is_removed_by_gc(

@@ -495,7 +495,12 @@ def test_a_taken_spare_is_owned_by_the_process_its_name_gives_and_a_free_one_by_
     from orchestrator.docker import credproxy as dcp
 
     me = labels.current_owner()
-    spare = {labels.MANAGED: "true", labels.SHARED: "true", dcp.ROLE_LABEL: dcp.SPARE_ROLE}
+    spare = {
+        labels.MANAGED: "true",
+        labels.SHARED: "true",
+        dcp.ROLE_LABEL: dcp.SPARE_ROLE,
+        dcp._NS_LABEL: me.pid_ns,
+    }
     free = dcp.owner_labels(f"{dcp.SPARE_PREFIX}0123456789abcdef", spare)
     assert free == spare  # shared: gc's owner pass leaves it alone
     mine = f"{dcp.TAKEN_PREFIX}orchestrator-secrets-{me.pid}-{me.start}-r1-credproxy"
@@ -504,5 +509,7 @@ def test_a_taken_spare_is_owned_by_the_process_its_name_gives_and_a_free_one_by_
     assert owned[labels.RUN_ID] == "r1"
     dead = f"{dcp.TAKEN_PREFIX}orchestrator-secrets-{me.pid}-1-r1-credproxy"  # pid reused
     assert labels.owner_state(dcp.owner_labels(dead, spare)) == "gone"
+    elsewhere = {**spare, dcp._NS_LABEL: "pid:[1]"}  # made and taken in another namespace
+    assert labels.owner_state(dcp.owner_labels(mine, elsewhere)) == "foreign"
     other = {labels.MANAGED: "true", labels.SHARED: "true", dcp.ROLE_LABEL: "egress"}
     assert dcp.owner_labels(mine, other) == other  # only spares are judged by their name
