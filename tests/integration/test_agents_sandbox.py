@@ -19,7 +19,7 @@ import pytest
 from agents import Runner
 from agents.items import ToolCallOutputItem
 from agents.run import RunConfig
-from agents.sandbox import Manifest, SandboxAgent, SandboxRunConfig
+from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxRunConfig
 from agents.sandbox.entries import File
 from agents.sandbox.errors import ConfigurationError, WorkspaceReadNotFoundError
 from agents.testing import ScriptedModel, assistant_message, function_call
@@ -113,12 +113,14 @@ def test_an_agent_runs_its_tools_in_the_session(isolation, engine, project, tmp_
     _nothing_left(engine, project)
 
 
-def test_the_session_api_files_users_and_resume(engine, project):
+def test_the_session_api_files_users_and_resume(engine, project, tmp_path):
+    project.isolation = "runc"  # the API, not the runtime, is under test here
     project.zone("data", "ro", files={"notes.txt": "zone text\n"})
     client = OrchestratorSandboxClient(_options(project))
 
     async def scenario():
-        session = await client.create(manifest=Manifest(root="/tmp/work"))
+        snapshots = LocalSnapshotSpec(base_path=tmp_path / "snapshots")
+        session = await client.create(manifest=Manifest(root="/tmp/work"), snapshot=snapshots)
         async with session:
             await session.write(Path("sub/a.txt"), io.BytesIO(b"written\n"))
             assert (await session.read(Path("sub/a.txt"))).read() == b"written\n"
@@ -138,6 +140,13 @@ def test_the_session_api_files_users_and_resume(engine, project):
             assert (await again.exec("cat sub/a.txt")).stdout == b"written\n"
         await client.delete(session)
         assert not await session.running()
+        # resumed after it is gone (another process, say): a new session, the workspace
+        # restored from the snapshot its end persisted
+        fresh = await client.resume(client.deserialize_session_state(payload))
+        async with fresh:
+            assert fresh.state.orchestrator_session != session.state.orchestrator_session
+            assert (await fresh.exec("cat sub/a.txt")).stdout == b"written\n"
+        await client.delete(fresh)
 
     asyncio.run(scenario())
     _nothing_left(engine, project)

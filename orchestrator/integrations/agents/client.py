@@ -150,6 +150,7 @@ def _check(manifest: Manifest, options: OrchestratorSandboxClientOptions) -> Non
         users=[user.name for user in manifest.users],
         groups=[group.name for group in manifest.groups],
         mounts=sorted(set(mounts)),
+        host_grants=[g.path for g in manifest.extra_path_grants if g.host_path is not None],
         root=manifest.root,
     )
     if problems:

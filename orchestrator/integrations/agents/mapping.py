@@ -12,7 +12,9 @@ import, no engine).
   worker, counted in its memory limit. Inside a read-only zone it is refused.
 - **Refused** (one line each): exposing ports, manifest users or groups (the SDK's
   ``run_as``: a worker runs as its own uid only, no accounts are made), mount entries
-  (they need FUSE and ``SYS_ADMIN``, which a worker never gets).
+  (they need FUSE and ``SYS_ADMIN``, which a worker never gets), path grants with a
+  ``host_path`` (host folders are zones). Path grants without one only widen the SDK's
+  own checks of file paths; what the worker may do there is the container's to say.
 
 Every refusal is a :class:`~orchestrator.errors.ConfigError` of one problem.
 """
@@ -86,6 +88,7 @@ def refusals(
     users: Sequence[str],
     groups: Sequence[str],
     mounts: Sequence[str],
+    host_grants: Sequence[str] = (),
     root: str,
 ) -> list[str]:
     """What a sandbox asks for that this project does not do, one line each."""
@@ -107,6 +110,11 @@ def refusals(
         problems.append(
             f"mount entries ({', '.join(mounts)}): not supported; they need FUSE and "
             "SYS_ADMIN, which a worker never gets: give the data as a zone of the project"
+        )
+    if host_grants:
+        problems.append(
+            f"extra_path_grants with host_path ({', '.join(host_grants)}): not supported; "
+            "host folders reach a worker only as the project's zones, with their modes"
         )
     if not posixpath.isabs(root) or posixpath.normpath(root) in ("/", "//"):
         problems.append(
