@@ -30,7 +30,9 @@ def _one_line(call, *args) -> str:
 
 
 def test_nothing_asked_nothing_refused():
-    assert mapping.refusals(exposed_ports=(), users=[], groups=[], mounts=[], root="/workspace") == []
+    assert (
+        mapping.refusals(exposed_ports=(), users=[], groups=[], mounts=[], root="/workspace") == []
+    )
 
 
 @pytest.mark.parametrize(
