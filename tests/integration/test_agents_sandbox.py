@@ -126,6 +126,14 @@ def test_the_session_api_files_users_and_resume(engine, project, tmp_path):
             assert (await session.read(Path("sub/a.txt"))).read() == b"written\n"
             done = await session.exec("cat sub/a.txt /data/notes.txt")
             assert done.stdout == b"written\nzone text\n"
+            # the SDK's editor (apply_patch) works over these files
+            await session.apply_patch(
+                {"type": "create_file", "path": "sub/b.txt", "diff": "+patched\n"}
+            )
+            await session.apply_patch(
+                {"type": "update_file", "path": "sub/b.txt", "diff": "-patched\n+again\n"}
+            )
+            assert (await session.read(Path("sub/b.txt"))).read().rstrip() == b"again"
             with pytest.raises(WorkspaceReadNotFoundError):
                 await session.read(Path("missing.txt"))
             with pytest.raises(ConfigurationError, match="user 'root' is refused"):

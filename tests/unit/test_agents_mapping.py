@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import Worker, load_project
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, PolicyError
 from orchestrator.integrations.agents import mapping
 from orchestrator.prepare import prepare
 from tests.conftest import ProjectDir
@@ -97,3 +97,15 @@ def test_the_workspace_gets_a_tmpfs_only_where_the_worker_cannot_write(tmp_path:
     assert not mapping.workspace_tmpfs(spec, "/tmp/work")
     assert not mapping.workspace_tmpfs(spec, "/out/work")
     assert "inside /data" in _one_line(mapping.workspace_tmpfs, spec, "/data/work")
+
+
+def test_the_network_is_what_the_options_ask_never_wider(tmp_path: Path):
+    project = ProjectDir(tmp_path / "p")
+    project.write_project()
+    assert _spec(project, {}).network.mode == "none"
+    allowed = _spec(project, {"network": {"allow": ["example.org:443"]}}).network
+    assert allowed.mode == "allowlist"
+    assert [str(entry) for entry in allowed.allow] == ["example.org:443"]
+    # wider than the project gives untrusted workers: refused, not narrowed or widened
+    with pytest.raises(PolicyError, match="'full' is more than"):
+        _spec(project, {"network": "full"})
