@@ -21,7 +21,11 @@ from agents.items import ToolCallOutputItem
 from agents.run import RunConfig
 from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxRunConfig
 from agents.sandbox.entries import File
-from agents.sandbox.errors import ConfigurationError, WorkspaceReadNotFoundError
+from agents.sandbox.errors import (
+    ConfigurationError,
+    WorkspaceArchiveWriteError,
+    WorkspaceReadNotFoundError,
+)
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from orchestrator.audit import AuditFilter
@@ -48,6 +52,13 @@ def _options(project, **extra) -> OrchestratorSandboxClientOptions:
 
 def _shell(call_id: str, cmd: str):
     return function_call("exec_command", {"cmd": cmd}, call_id=call_id)
+
+
+def _tar_with(name: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    return buffer.getvalue()
 
 
 def _refused(output: str) -> bool:
@@ -154,6 +165,8 @@ def test_the_session_api_files_users_and_resume(engine, project, tmp_path):
         async with fresh:
             assert fresh.state.orchestrator_session != session.state.orchestrator_session
             assert (await fresh.exec("cat sub/a.txt")).stdout == b"written\n"
+            with pytest.raises(WorkspaceArchiveWriteError, match="snapshot is refused"):
+                await fresh.hydrate_workspace(io.BytesIO(_tar_with("../outside.txt")))
         await client.delete(fresh)
 
     asyncio.run(scenario())

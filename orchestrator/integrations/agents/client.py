@@ -18,6 +18,7 @@ import asyncio
 import io
 import logging
 import posixpath
+import tarfile
 import threading
 import uuid
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from agents.sandbox.session.sandbox_session import SandboxSession
 from agents.sandbox.session.sandbox_session_state import SandboxSessionState
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, User
+from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
 from pydantic import Field
 
 from orchestrator.config import load_project
@@ -363,8 +365,18 @@ class OrchestratorSandboxSession(BaseSandboxSession):
         return io.BytesIO(bytes(capture.data["stdout"]))
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
+        """A tar stream (from :meth:`persist_workspace`) unpacked into the workspace; one
+        with a member outside it (``..``, an absolute path, a link pointing out) is refused
+        as the SDK's Docker sandbox refuses it, before anything is written."""
         root = Path(self.state.manifest.root)
         payload = await asyncio.to_thread(_read_all, data, root)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
+                validate_tarfile(tar, allow_external_symlink_targets=False)
+        except (UnsafeTarMemberError, tarfile.TarError) as exc:
+            raise WorkspaceArchiveWriteError(
+                path=root, message=f"{mapping.PREFIX}the snapshot is refused: {exc}"
+            ) from None
         failed = await self._transfer(transfer.UNTAR, root, Capture(64 << 10, 64 << 10), payload,
                                       "hydrate_workspace")  # fmt: skip
         if failed is not None:
@@ -410,6 +422,7 @@ class OrchestratorSandboxClient(BaseSandboxClient[OrchestratorSandboxClientOptio
             )
         manifest = self._validate_manifest_for_create(manifest or Manifest())
         _check(manifest, options)
+        options = _absolute(options)
         opened = await asyncio.to_thread(_open, options, manifest.root)
         session_id = uuid.uuid4()
         state = OrchestratorSandboxSessionState(
@@ -449,6 +462,16 @@ class OrchestratorSandboxClient(BaseSandboxClient[OrchestratorSandboxClientOptio
 
     def deserialize_session_state(self, payload: dict[str, object]) -> SandboxSessionState:
         return self._deserialize_session_state_payload(payload, OrchestratorSandboxSessionState)
+
+
+def _absolute(options: OrchestratorSandboxClientOptions) -> OrchestratorSandboxClientOptions:
+    """``options`` with the project folder and a worker file's path made absolute, so that
+    a session state resumed from another folder means the same."""
+    update: dict[str, str] = {"project": str(Path(options.project).expanduser().resolve())}
+    worker = options.worker
+    if worker is not None and ("/" in worker or worker.endswith(".worker")):
+        update["worker"] = str(Path(worker).expanduser().resolve())
+    return options.model_copy(update=update)
 
 
 def _identity(opened: _Opened) -> dict[str, Any]:
