@@ -41,6 +41,12 @@ from tests.integration.conftest import containers_of
 pytestmark = pytest.mark.docker
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch):
+    """The Runner's default snapshots (and their folder) go under the test's own folder."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
 def _options(project, **extra) -> OrchestratorSandboxClientOptions:
     return OrchestratorSandboxClientOptions(
         project=str(project.root),
@@ -72,8 +78,7 @@ def _nothing_left(engine, project) -> None:
     assert not runs.exists() or list(runs.iterdir()) == []
 
 
-def test_an_agent_runs_its_tools_in_the_session(isolation, engine, project, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the SDK's default snapshots
+def test_an_agent_runs_its_tools_in_the_session(isolation, engine, project, tmp_path):
     project.zone("data", "ro", files={"notes.txt": "hello from the zone\n"})
     model = ScriptedModel(
         [
