@@ -129,10 +129,18 @@ def test_an_agent_runs_its_tools_in_the_session(isolation, engine, project, tmp_
     _nothing_left(engine, project)
 
 
-def test_the_session_api_files_users_and_resume(engine, project, tmp_path):
+#: A request through the proxy the session's commands get; prints the HTTP status.
+FETCH = (
+    "import sys, urllib.request, urllib.error\n"
+    "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=20).status)\n"
+    "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+)
+
+
+def test_the_session_api_files_users_network_and_resume(engine, project, tmp_path):
     project.isolation = "runc"  # the API, not the runtime, is under test here
     project.zone("data", "ro", files={"notes.txt": "zone text\n"})
-    client = OrchestratorSandboxClient(_options(project))
+    client = OrchestratorSandboxClient(_options(project, network={"allow": ["allowed.test:80"]}))
 
     async def scenario():
         snapshots = LocalSnapshotSpec(base_path=tmp_path / "snapshots")
@@ -150,6 +158,9 @@ def test_the_session_api_files_users_and_resume(engine, project, tmp_path):
                 {"type": "update_file", "path": "sub/b.txt", "diff": "-patched\n+again\n"}
             )
             assert (await session.read(Path("sub/b.txt"))).read().rstrip() == b"again"
+            # the allowlist is the egress proxy's: a name not on it is refused (403)
+            fetched = await session.exec("python3", "-c", FETCH, "http://denied.test/", shell=False)
+            assert fetched.stdout == b"403\n", fetched
             with pytest.raises(WorkspaceReadNotFoundError):
                 await session.read(Path("missing.txt"))
             with pytest.raises(ConfigurationError, match="user 'root' is refused"):
@@ -175,6 +186,12 @@ def test_the_session_api_files_users_and_resume(engine, project, tmp_path):
         await client.delete(fresh)
 
     asyncio.run(scenario())
+    audit = open_audit(load_project(project.root))
+    decisions = {
+        (e.metadata["host"], e.allowed)
+        for e in audit.query(AuditFilter(operation="egress.decision"))
+    }
+    assert ("denied.test", False) in decisions, decisions
     _nothing_left(engine, project)
 
 
