@@ -189,6 +189,22 @@ def _open(options: OrchestratorSandboxClientOptions, root: str) -> _Opened:
     return opened
 
 
+async def _open_async(options: OrchestratorSandboxClientOptions, root: str) -> _Opened:
+    """:func:`_open` in a thread; when the caller is cancelled meanwhile, the session it
+    opens is closed as soon as it exists (nobody else would)."""
+    task = asyncio.ensure_future(asyncio.to_thread(_open, options, root))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_close_unwanted)
+        raise
+
+
+def _close_unwanted(task: asyncio.Future[_Opened]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        threading.Thread(target=_close, args=(task.result().session,), daemon=False).start()
+
+
 def _close(session: Session) -> None:
     with _lock:
         _live.pop(session.id, None)
@@ -423,7 +439,7 @@ class OrchestratorSandboxClient(BaseSandboxClient[OrchestratorSandboxClientOptio
         manifest = self._validate_manifest_for_create(manifest or Manifest())
         _check(manifest, options)
         options = _absolute(options)
-        opened = await asyncio.to_thread(_open, options, manifest.root)
+        opened = await _open_async(options, manifest.root)
         session_id = uuid.uuid4()
         state = OrchestratorSandboxSessionState(
             session_id=session_id,
@@ -451,7 +467,7 @@ class OrchestratorSandboxClient(BaseSandboxClient[OrchestratorSandboxClientOptio
             opened = _live.get(state.orchestrator_session)
         preserved = opened is not None and not opened.session.closed
         if opened is None or not preserved:
-            opened = await asyncio.to_thread(_open, state.options, state.manifest.root)
+            opened = await _open_async(state.options, state.manifest.root)
             state.workspace_root_ready = False
         for name, value in _identity(opened).items():
             setattr(state, name, value)
