@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from orchestrator.plan import Tmpfs
+from orchestrator.plan import ContainerSpec, Tmpfs
 from orchestrator.prepare import Prepared
 
-__all__ = ["with_tmpfs"]
+__all__ = ["read_only_at", "with_tmpfs", "writable"]
 
 
 def with_tmpfs(
@@ -34,3 +34,23 @@ def with_tmpfs(
     if not added:
         return prepared
     return replace(prepared, spec=replace(spec, tmpfs=[*spec.tmpfs, *added]))
+
+
+def _within(folder: str, place: str) -> bool:
+    return folder == place or folder.startswith(place.rstrip("/") + "/")
+
+
+def writable(spec: ContainerSpec, folder: str) -> bool:
+    """Whether the worker can write ``folder`` already: in one of its tmpfs folders or a
+    zone it has read-write."""
+    places = [t.target for t in spec.tmpfs if not t.mask]
+    places += [m.target for m in spec.mounts if not m.read_only]
+    return any(_within(folder, place) for place in places)
+
+
+def read_only_at(spec: ContainerSpec, folder: str) -> str | None:
+    """The read-only mount (or mask) ``folder`` is in, if any: a tmpfs cannot be added
+    there."""
+    places = [m.target for m in spec.mounts if m.read_only]
+    places += [t.target for t in spec.tmpfs if t.mask]
+    return next((place for place in places if _within(folder, place)), None)

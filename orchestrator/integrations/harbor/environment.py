@@ -42,7 +42,7 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.integrations import transfer
 from orchestrator.integrations.harbor import mapping
 from orchestrator.integrations.inspect.config import Environment
-from orchestrator.integrations.tmpfs import with_tmpfs
+from orchestrator.integrations.tmpfs import with_tmpfs, writable
 from orchestrator.integrations.transfer import Capture, TooMuch
 from orchestrator.prepare import Prepared
 from orchestrator.runner import Orchestrator
@@ -195,7 +195,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._project_dir = project.root  # the project's own folder, as loaded
         prepared = _orchestrator(project.root).prepare(worker)
         folders = [(folder, FOLDER_TMP) for folder in mapping.HARBOR_FOLDERS]
-        if not _writable(prepared, workdir):
+        if not writable(prepared.spec, workdir):
             folders.append((workdir, FOLDER_TMP))
         prepared = with_tmpfs(prepared, folders, owned=True)
         spec = prepared.spec
@@ -364,15 +364,6 @@ def _seconds(value: object) -> float | None:
 def _safe(name: str) -> str:
     kept = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower())
     return kept.strip("-.")[:40] or "task"
-
-
-def _writable(prepared: Prepared, folder: str) -> bool:
-    """Whether the worker can write ``folder`` already: in one of its tmpfs folders or a
-    zone it has read-write."""
-    spec = prepared.spec
-    places = [t.target for t in spec.tmpfs if not t.mask]
-    places += [m.target for m in spec.mounts if not m.read_only]
-    return any(folder == p or folder.startswith(p.rstrip("/") + "/") for p in places)
 
 
 def _read_capped(path: Path) -> bytes:
