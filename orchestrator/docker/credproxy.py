@@ -91,6 +91,8 @@ _USER_LABEL = f"{labels.PREFIX}.credproxy-user"
 #: The label holding the pid namespace of the process that made a spare: a spare is taken
 #: (and then judged by gc) only in that namespace, where its taker's pid means something.
 _NS_LABEL = f"{labels.PREFIX}.credproxy-pidns"
+#: The label holding the pid of the process that made a spare (for cleaning up after tests).
+_MAKER_LABEL = f"{labels.PREFIX}.credproxy-made-by"
 #: The name of a spare (its container and its state folder in /dev/shm) before it is taken.
 SPARE_PREFIX = "orchestrator-credproxy-spare-"
 #: The name of a taken spare: this, then its run's state folder's name (its owner's).
@@ -477,6 +479,7 @@ def _start_spare(engine: DockerClient, user: str) -> None:
         SPARE_STATE_LABEL: str(folder),
         _USER_LABEL: user,
         _NS_LABEL: labels.current_owner().pid_ns,
+        _MAKER_LABEL: str(os.getpid()),
     }
     try:
         with engine_errors(f"starting the spare credential proxy {name}"):
@@ -522,18 +525,18 @@ def _remove_spare(engine: DockerClient, spare: Mapping[str, Any]) -> bool:
 
 
 def remove_spares(
-    engine: DockerClient, idle_seconds: float, *, made_since: float | None = None
+    engine: DockerClient, idle_seconds: float, *, made_by: int | None = None
 ) -> list[str]:
     """``gc``'s pass over free spares: remove those that exited or are older than
     ``idle_seconds`` (0: every one), with their folders; return their names. With
-    ``made_since`` (a time): only those made since then, whatever their age."""
+    ``made_by`` (a pid): only those that process made, whatever their age."""
     removed = []
     oldest = time.time() - idle_seconds
     spares = _spares(engine)
     for spare in spares:
         created = int(spare.get("Created") or 0)
-        if made_since is not None:
-            chosen = created >= int(made_since)
+        if made_by is not None:
+            chosen = (spare.get("Labels") or {}).get(_MAKER_LABEL) == str(made_by)
         else:
             chosen = spare.get("State") != "running" or created <= oldest
         if not (_is_free(spare) and chosen):

@@ -57,14 +57,14 @@ def engine():
         unavailable(f"the Docker engine is unreachable: {exc}")
     if not eng.image_exists(WORKER_IMAGE):
         build_all(eng)
-    started = time.time()
     yield eng
     # Spare credential proxies outlive runs by design (they exit when not taken); the ones
-    # the tests' runs left ready go with the tests.
+    # this process's runs left ready go with its tests (another test process may be using
+    # its own).
     from orchestrator.docker import credproxy as docker_credproxy
 
     docker_credproxy.wait_for_spares()
-    docker_credproxy.remove_spares(eng, 0, made_since=started)
+    docker_credproxy.remove_spares(eng, 0, made_by=os.getpid())
     # The suite's last word: nothing labelled by this run of the tests is left.
     # Shared egress proxies and networks outlive runs by design (gc removes them when
     # idle); the egress tests remove their own. Everything else must be gone.
