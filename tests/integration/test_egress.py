@@ -195,10 +195,14 @@ def internet(engine):
     finally:
         keys.add(eg.allowlist_key(eg.validate_allowlist(ALLOW)))
         _remove_test_objects(engine, web_ids, keys)
+    # Test objects of this process (other test files, under `pytest -n` or in another
+    # checkout, label theirs too), and the proxies of this module's allowlists.
+    mine = str(os.getpid())
     left = [
         o
         for o in engine.list_managed()
-        if o.labels.get(TEST_LABEL) or o.labels.get(eg.EGRESS_KEY) in keys
+        if (o.labels.get(TEST_LABEL) and o.labels.get(labels.OWNER_PID) == mine)
+        or o.labels.get(eg.EGRESS_KEY) in keys
     ]
     assert not left, f"egress tests left objects behind: {left}"
     if not eg_gc.egress_keys(engine):  # no other proxy on this engine: the outside bridge went too
