@@ -1165,8 +1165,15 @@ def _old_style_proxy(engine, allow, key):
         name=eg.PROXY_PREFIX + key,
         environment={"EGRESS_ALLOW": allowed, "EGRESS_PORT": "3128", "EGRESS_CLIENTS": subnet},
         labels=eg.shared_labels("proxy", key, allowed),
+        # Its /tmp, where it writes squid's configuration: without one, on its read-only
+        # root, it would exit within a second, and whether it was left running would be a
+        # race against its own exit.
         host_config=engine.api.create_host_config(
-            network_mode=network, read_only=True, cap_drop=["ALL"], init=True
+            network_mode=network,
+            read_only=True,
+            cap_drop=["ALL"],
+            init=True,
+            tmpfs={contract.PROXY_TMP: f"size={contract.PROXY_TMP_SIZE}"},
         ),
         networking_config={"EndpointsConfig": {network: {"Aliases": ["proxy"]}}},
     )["Id"]
