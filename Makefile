@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh Debian/Ubuntu machine with Docker:
 #   make demo   venv, install, engine, images, then the triage example and its report
-#   make test   the same set-up, then ruff, mypy (strict) and the whole test suite, and
-#               its core integration tests against Podman too
+#   make test   the same set-up, then ruff, mypy (strict) and the whole test suite (in
+#               parallel, then its `serial` tests alone), and its core integration tests
+#               against Podman too
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -70,8 +71,15 @@ PODMAN_TESTS := \
 	tests/integration/test_egress.py::test_allowlisted_host_is_reachable_and_everything_else_is_refused \
 	tests/integration/test_egress.py::test_a_child_through_the_broker_gets_its_own_network
 
+# The whole suite in two phases: every test not marked `serial` on $(TEST_WORKERS) processes
+# (pytest-xdist; each integration file stays on one process, tests/conftest.py), then the
+# `serial` ones alone (they need the engine to themselves: gc of dead owners' objects,
+# swarm mode, the host firewall, the kernel log). Each phase ends with the leak check.
+TEST_WORKERS ?= 2
+
 test: images lint harbor-venv
-	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest
+	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial'
+	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest -m serial
 	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest --engine=podman $(PODMAN_TESTS)
 
 # Only the Podman subset (needs root for the rootful service and the rootless test user).

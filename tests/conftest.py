@@ -25,6 +25,44 @@ pytest_plugins = ("tests.podman_engine",)
 
 WorkerWriter = Callable[..., Path]
 
+#: Files whose tests share a worker process under ``pytest -n`` (:func:`by_file`):
+#: test_pool's allowlisted runs use test_egress's local internet (its servers' names, the
+#: shared proxy its teardown removes), so the two never run at once.
+SHARED_PROCESS = {"test_pool.py": "test_egress.py"}
+
+
+def by_file(nodeid: str) -> str:
+    """The unit of work of ``pytest -n``: under ``tests/integration`` a whole file (its module
+    fixtures, such as image builds and servers, are made once, by one process; see
+    :data:`SHARED_PROCESS`), elsewhere each test on its own."""
+    path, _, _ = nodeid.partition("::")
+    folder, _, name = path.rpartition("/")
+    if folder.endswith("tests/integration"):
+        return f"{folder}/{SHARED_PROCESS.get(name, name)}"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``pytest -n`` (``make test``), work is handed out by :func:`by_file`, the
+    largest units first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return by_file(nodeid)
+
+    return ByFile(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the swarm is ``serial`` (it switches the engine into swarm
+    mode): ``make test`` runs those after the others, alone (Makefile)."""
+    for item in items:
+        if "swarm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
+
 
 class ProjectDir:
     """A project folder under construction: zones, the project file and worker files."""

@@ -341,13 +341,17 @@ def source_checkout() -> Path:
 
 
 def build_wheels(source: Path, into: Path, progress: Progress) -> None:
-    """``pip wheel`` the project and its dependencies into ``into`` with this interpreter.
+    """``pip wheel`` the project and its dependencies with this interpreter: the
+    dependencies' wheels into ``into / "wheels"``, the project's own into
+    ``into / "project"`` (the Dockerfile installs them in layers of their own, so that a
+    change to the project alone reuses the cached layer of its dependencies).
 
     The wheels are made for this Python (their tags say so); the image's Dockerfile
     checks that its own python3 is the same version before installing them.
     """
     progress("building wheels of the orchestrator and its dependencies (pip wheel)")
-    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(into)]
+    made = into / "all"
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(made)]
     done = subprocess.run(
         [*command, str(source)], capture_output=True, text=True, errors="replace", check=False
     )
@@ -357,17 +361,28 @@ def build_wheels(source: Path, into: Path, progress: Progress) -> None:
             f"pip wheel of {source} failed (exit {done.returncode}); is pip installed in "
             f"{sys.prefix}? Last output:\n{tail}"
         )
-    progress(f"{len(list(into.glob('*.whl')))} wheels ready")
+    wheels = sorted(made.glob("*.whl"))
+    # A wheel's file name starts with its distribution name, '-' in it written '_'.
+    own = [wheel for wheel in wheels if wheel.name.startswith("orchestrator-")]
+    if len(own) != 1:
+        raise ImageBuildError(f"pip wheel of {source} made no single orchestrator wheel: {own}")
+    for folder, group in (("project", own), ("wheels", [w for w in wheels if w not in own])):
+        (into / folder).mkdir(parents=True)
+        for wheel in group:
+            wheel.rename(into / folder / wheel.name)
+    shutil.rmtree(made)
+    progress(f"{len(wheels)} wheels ready")
 
 
 def build_orchestrator_image(engine: DockerClient, base: str, progress: Progress) -> None:
     """Build ``orchestrator/orchestrator`` on ``base`` from wheels made here (no index in
-    the build): ``images/orchestrator/Dockerfile`` with the wheels beside it."""
+    the build): ``images/orchestrator/Dockerfile`` with the wheels beside it, the
+    dependencies' in ``wheels/`` and the project's in ``project/``."""
     source = source_checkout()
     with tempfile.TemporaryDirectory(prefix="orchestrator-image-") as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(images_dir() / "orchestrator", context)
-        build_wheels(source, context / "wheels", progress)
+        build_wheels(source, context, progress)
         python = f"{sys.version_info.major}.{sys.version_info.minor}"
         build_image(
             engine,

@@ -6,11 +6,13 @@ failure, never a skip.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -55,8 +57,11 @@ def engine():
         eng.ping()
     except OrchestratorError as exc:
         unavailable(f"the Docker engine is unreachable: {exc}")
-    if not eng.image_exists(WORKER_IMAGE):
-        build_all(eng)
+    # One build at a time: under `pytest -n` every worker process has this fixture.
+    with open(Path(tempfile.gettempdir()) / "orchestrator-tests-images.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not eng.image_exists(WORKER_IMAGE):
+            build_all(eng)
     yield eng
     # Spare credential proxies outlive runs by design (they exit when not taken); the ones
     # this process's runs left ready go with its tests (another test process may be using

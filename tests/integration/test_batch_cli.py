@@ -167,6 +167,7 @@ def sigkilled_batch(project, tmp_path) -> tuple[subprocess.Popen, str]:
     return proc, batch_id
 
 
+@pytest.mark.serial
 def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_path, engine):
     proc, batch_id = sigkilled_batch(batch_project, tmp_path)
     runs = batch_project.root / ".sandbox" / "runs"
@@ -193,6 +194,7 @@ def test_sigkill_then_resume_completes_and_leaves_nothing(batch_project, tmp_pat
     assert left == []
 
 
+@pytest.mark.serial
 def test_gc_removes_the_run_folders_of_a_sigkilled_batch(batch_project, tmp_path, engine):
     if os.geteuid() == 0:  # the project's owner runs the workers: nothing to open up for
         for folder, _dirs, files in os.walk(batch_project.root):  # them (no access records)

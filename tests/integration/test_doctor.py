@@ -28,7 +28,7 @@ from orchestrator.doctor import firewall
 from orchestrator.policy.network import egress_key
 from tests.integration.conftest import IN_CI, cli, unavailable
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.serial]  # the host firewall, gc: alone
 
 NAMED = {
     "engine",

@@ -195,10 +195,14 @@ def internet(engine):
     finally:
         keys.add(eg.allowlist_key(eg.validate_allowlist(ALLOW)))
         _remove_test_objects(engine, web_ids, keys)
+    # Test objects of this process (other test files, under `pytest -n` or in another
+    # checkout, label theirs too), and the proxies of this module's allowlists.
+    mine = str(os.getpid())
     left = [
         o
         for o in engine.list_managed()
-        if o.labels.get(TEST_LABEL) or o.labels.get(eg.EGRESS_KEY) in keys
+        if (o.labels.get(TEST_LABEL) and o.labels.get(labels.OWNER_PID) == mine)
+        or o.labels.get(eg.EGRESS_KEY) in keys
     ]
     assert not left, f"egress tests left objects behind: {left}"
     if not eg_gc.egress_keys(engine):  # no other proxy on this engine: the outside bridge went too
@@ -1161,8 +1165,15 @@ def _old_style_proxy(engine, allow, key):
         name=eg.PROXY_PREFIX + key,
         environment={"EGRESS_ALLOW": allowed, "EGRESS_PORT": "3128", "EGRESS_CLIENTS": subnet},
         labels=eg.shared_labels("proxy", key, allowed),
+        # Its /tmp, where it writes squid's configuration: without one, on its read-only
+        # root, it would exit within a second, and whether it was left running would be a
+        # race against its own exit.
         host_config=engine.api.create_host_config(
-            network_mode=network, read_only=True, cap_drop=["ALL"], init=True
+            network_mode=network,
+            read_only=True,
+            cap_drop=["ALL"],
+            init=True,
+            tmpfs={contract.PROXY_TMP: f"size={contract.PROXY_TMP_SIZE}"},
         ),
         networking_config={"EndpointsConfig": {network: {"Aliases": ["proxy"]}}},
     )["Id"]

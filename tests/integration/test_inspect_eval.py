@@ -215,6 +215,7 @@ def test_an_eval_runs_its_tools_in_the_sandbox_and_leaves_nothing(
     assert not runs.exists() or list(runs.iterdir()) == []
 
 
+@pytest.mark.serial
 def test_inspect_s_tool_helper_runs_and_a_kept_sandbox_lasts_until_the_project_gc(
     engine, service, inspect_env, tmp_path, capsys
 ):

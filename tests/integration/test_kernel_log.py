@@ -17,6 +17,7 @@ from orchestrator.prepare import prepare
 HOG = "hog = []\nwhile True: hog.append(bytearray(8 << 20))"
 
 
+@pytest.mark.serial  # "no other": no OOM kill of another test beside it
 def test_the_kernel_log_names_the_oom_killed_container_and_no_other(engine, project, isolation):
     if not os.access(kernel_log.KMSG, os.R_OK):
         pytest.skip("the kernel log is readable by root only here")  # the engine's events remain

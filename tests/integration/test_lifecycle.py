@@ -116,6 +116,7 @@ def test_signal_to_the_orchestrator_removes_the_container(engine, project, signu
     assert containers_of(engine, process.pid) == []
 
 
+@pytest.mark.serial
 def test_sigkilled_orchestrator_leaves_only_what_gc_removes(engine, project):
     process = start_long_run(project, "sandbox: {}")  # with a session folder
     try:
@@ -220,6 +221,7 @@ def test_runs_are_audited_start_and_end(engine, project):
     assert log.verify().ok
 
 
+@pytest.mark.serial
 def test_the_library_gc_removes_a_sigkilled_runs_container(engine, project):
     """``Orchestrator.gc()`` is ``orchestrator gc`` for its project (the CLI calls the same
     function): the container of a SIGKILLed orchestrator, and its empty session folder."""

@@ -164,6 +164,7 @@ def test_an_allowlisted_pooled_run_has_its_own_network_and_a_working_proxy(
         assert not engine.api.networks(names=[name])  # gone with its run
 
 
+@pytest.mark.serial
 def test_a_sigkilled_pool_owner_leaves_nothing_after_gc(
     engine,
     internet,  # noqa: F811

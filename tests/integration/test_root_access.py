@@ -245,6 +245,7 @@ def test_a_full_worker_writes_the_repo_of_a_root_tree(engine, root_tree, isolati
     check_put_back(project, outside, before, host_before, moved=False)
 
 
+@pytest.mark.serial
 def test_a_sigkilled_root_run_is_put_back_by_gc(engine, root_tree, isolation):
     project, outside = root_tree
     before = snapshot(project.root)

@@ -532,6 +532,7 @@ def test_keyboard_interrupt_inside_with_removes_the_container(engine, project):
     refused(lambda: session.exec("true"), "closed on KeyboardInterrupt", SessionClosed)
 
 
+@pytest.mark.serial
 def test_a_sigkilled_owner_leaves_only_what_gc_removes(engine, project):
     sandbox_project(project)
     code = textwrap.dedent(

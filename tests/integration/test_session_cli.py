@@ -145,6 +145,7 @@ def test_sigterm_of_the_owner_removes_the_container(sessions, engine):
     assert session_containers(engine, info["id"]) == []
 
 
+@pytest.mark.serial
 def test_sigkill_of_the_owner_then_gc(sessions, project, engine):
     info = sessions()
     os.kill(info["pid"], signal.SIGKILL)

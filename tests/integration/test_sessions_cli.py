@@ -59,6 +59,7 @@ def test_one_off_runs_leave_no_empty_session_folders(engine, project, tmp_path):
     assert empty <= {"changes", "runs", "workspaces/default", "sessions/named"}, empty
 
 
+@pytest.mark.serial
 def test_gc_prunes_old_sessions_keeps_live_ones_and_audits(engine, project, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

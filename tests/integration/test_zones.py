@@ -324,6 +324,7 @@ def test_child_asking_more_than_its_parent_is_refused_before_any_container(engin
     assert sorted(started) == ["leaf", "main"]  # no container for the refused children
 
 
+@pytest.mark.serial
 def test_resume_after_killing_a_run_finds_the_session_files(engine, project):
     script_worker(
         project,
