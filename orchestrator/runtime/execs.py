@@ -300,17 +300,23 @@ def run_exec(
     )
 
 
+#: How long the engine may take to record an exec's exit code once its output has ended.
+#: Half a second (what this was) is short for a busy engine: the command is then reported
+#: as exit -1, and a session's existence probe reads that as "absent".
+EXIT_CODE_WAIT_S = 10.0
+
+
 def _exit_code(handle: ExecHandle) -> int | None:
     """The exit code; the engine may record it a moment after the output has ended."""
-    for _ in range(50):
+    deadline = time.monotonic() + EXIT_CODE_WAIT_S
+    while True:
         try:
             code = handle.exit_code()
         except StartFailure as exc:  # even the wrapper shell could not start
             return exc.code
-        if code is not None:
+        if code is not None or time.monotonic() > deadline:
             return code
         time.sleep(0.01)
-    return None
 
 
 def _kill_group(engine: Containers, container_id: str, user: str, reader: _Reader) -> None:
