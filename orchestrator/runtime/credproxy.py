@@ -10,8 +10,9 @@ proxy through the engine. The proxy's start (its container, mitmproxy's start) r
 background while the run creates the worker's container: :meth:`ProxyStart.ready` waits
 for it, and the run calls it before the worker's container can start, so nothing of the
 worker starts unless all of this succeeded (fails closed). When the run ends, the proxy's
-events (each substitution and block) go into the audit log, the proxy is removed and the
-folder with the values and the key is deleted.
+events (each substitution and block) go into the audit log, the folder with the values and
+the key is deleted and the proxy is removed (in the background: the run waits for it with
+:meth:`ProxyStart.removed` before removing its network).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class ProxyStart:
         self.container: str | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._removal: threading.Thread | None = None
+        self._removal_error: BaseException | None = None
         if start is not None:
             self._thread = threading.Thread(
                 target=self._run, args=(start,), name="credproxy-start", daemon=True
@@ -82,6 +85,29 @@ class ProxyStart:
         if self._thread is not None:
             self._thread.join()
         return self.container
+
+    def remove_in_background(self, remove: Callable[[], object]) -> None:
+        """Start removing the proxy (its events are read): the run's last steps go on
+        meanwhile, and :meth:`removed` waits for it before the run's network goes."""
+
+        def run() -> None:
+            try:
+                remove()
+            except BaseException as exc:  # noqa: BLE001 - handed over: removed() raises it
+                self._removal_error = exc
+
+        self._removal = threading.Thread(target=run, name="credproxy-remove", daemon=True)
+        self._removal.start()
+
+    def removed(self) -> None:
+        """Return once the proxy is gone (at once if it never started); raise why it could
+        not be removed."""
+        if self._removal is not None:
+            self._removal.join()
+            self._removal = None
+        error, self._removal_error = self._removal_error, None
+        if error is not None:
+            raise error
 
     def ready(self) -> None:
         """Return once the proxy accepts connections; raise why it does not (it is gone
@@ -187,9 +213,9 @@ def credential_proxy(
     finally:
         try:
             container = starting.finish() if starting is not None else None
-            if container is not None:
+            if starting is not None and container is not None:
                 events = _events(engine, container, values)
-                engine.remove(container)
+                starting.remove_in_background(lambda: engine.remove(container))
                 _audit(audit, spec, events)
         finally:
             shutil.rmtree(state, ignore_errors=True)

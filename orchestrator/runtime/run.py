@@ -203,6 +203,7 @@ class Run:
         """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
         self._pin = False
         self._setid: SetidSweep | None = None
+        self._proxy = ProxyStart()
 
     # -- the interactive capability (sessions, the warm pool) -----------------------------
 
@@ -303,9 +304,9 @@ class Run:
                     audit=self.audit,
                 )
                 self._broker.start()
-            proxy = ProxyStart()
+            proxy = self._proxy
             if prepared.grant.egress:  # egress credentials: the proxy, on the run's network
-                proxy = self._stack.enter_context(
+                proxy = self._proxy = self._stack.enter_context(
                     credential_proxy(self.engine, prepared, self.egress_values, self.audit)
                 )
             if backend.secret_files:
@@ -473,6 +474,7 @@ class Run:
             self._release_access()
             asked = self.staging.zones(self.prepared) if self.staging is not None else []
             egress = self._egress_decisions()
+            self._proxy.removed()  # the credential proxy, before the network it is on
             if launch is not None:
                 launch.release()
             violations = self._after_run_violations()
