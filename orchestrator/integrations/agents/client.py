@@ -46,12 +46,12 @@ from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
 from pydantic import Field
 
 from orchestrator.config import load_project
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.errors import OrchestratorError
 from orchestrator.integrations import transfer
 from orchestrator.integrations.agents import mapping
+from orchestrator.integrations.projects import one_line, orchestrator_for
 from orchestrator.integrations.tmpfs import with_tmpfs
 from orchestrator.integrations.transfer import Capture, TooMuch
-from orchestrator.runner import Orchestrator
 from orchestrator.runtime.session import Session
 from orchestrator.timeouts import MAX_SESSION_S
 
@@ -124,23 +124,11 @@ class _Opened:
 
 
 _lock = threading.Lock()
-_orchestrators: dict[Path, Orchestrator] = {}
 _live: dict[str, _Opened] = {}
 
 
-def _orchestrator(root: Path) -> Orchestrator:
-    with _lock:
-        orch = _orchestrators.get(root)
-        if orch is None:
-            orch = _orchestrators[root] = Orchestrator(root)
-        return orch
-
-
 def _one_line(exc: OrchestratorError) -> str:
-    if isinstance(exc, ConfigError):
-        text = "; ".join(exc.problems)
-    else:
-        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = one_line(exc)
     return text if text.startswith(mapping.PREFIX) else mapping.PREFIX + text
 
 
@@ -167,7 +155,7 @@ def _open(options: OrchestratorSandboxClientOptions, root: str) -> _Opened:
         extra: dict[str, Any] = {}
         if env.worker is not None and env.trust:
             extra["trust"] = env.trust
-        orch = _orchestrator(project.root)
+        orch = orchestrator_for(project.root)
         prepared = orch.prepare(mapping.worker_of(env, project, Path.cwd()), **extra)
         if mapping.workspace_tmpfs(prepared.spec, root):
             folder = (posixpath.normpath(root), options.workspace_size)

@@ -24,7 +24,6 @@ import io
 import logging
 import posixpath
 import tarfile
-import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,14 @@ from pydantic import ValidationError
 
 from orchestrator.config import Resources, load_project
 from orchestrator.config.models import Isolation, Trust
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.errors import OrchestratorError
 from orchestrator.integrations import transfer
 from orchestrator.integrations.harbor import mapping
 from orchestrator.integrations.inspect.config import Environment
+from orchestrator.integrations.projects import one_line, orchestrator_for
 from orchestrator.integrations.tmpfs import with_tmpfs, writable
 from orchestrator.integrations.transfer import Capture, TooMuch
 from orchestrator.prepare import Prepared
-from orchestrator.runner import Orchestrator
 from orchestrator.runtime.session import Session
 
 log = logging.getLogger(__name__)
@@ -65,23 +64,6 @@ MAX_TRANSFER = 1 << 30
 TRANSFER_TIMEOUT = 600
 #: What a command given no timeout may take (seconds): Harbor's own phases time out.
 DEFAULT_TIMEOUT = 24 * 3600.0
-
-_lock = threading.Lock()
-_orchestrators: dict[Path, Orchestrator] = {}
-
-
-def _orchestrator(root: Path) -> Orchestrator:
-    with _lock:
-        orch = _orchestrators.get(root)
-        if orch is None:
-            orch = _orchestrators[root] = Orchestrator(root)
-        return orch
-
-
-def _one_line(exc: OrchestratorError) -> str:
-    if isinstance(exc, ConfigError):
-        return "; ".join(exc.problems)
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
@@ -155,7 +137,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         try:
             return self._prepare()
         except OrchestratorError as exc:
-            line = _one_line(exc)
+            line = one_line(exc)
             prefix = "orchestrator environment: "
             raise ValueError(line if line.startswith(prefix) else prefix + line) from None
         except ValidationError as exc:  # an option of the wrong kind (--ek isolation=x)
@@ -193,7 +175,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         )
         worker = env.inline_worker(f"harbor-{_safe(self.environment_name)}", project.file)
         self._project_dir = project.root  # the project's own folder, as loaded
-        prepared = _orchestrator(project.root).prepare(worker)
+        prepared = orchestrator_for(project.root).prepare(worker)
         folders = [(folder, FOLDER_TMP) for folder in mapping.HARBOR_FOLDERS]
         if not writable(prepared.spec, workdir):
             folders.append((workdir, FOLDER_TMP))
@@ -214,7 +196,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     def _open(self) -> None:
         prepared = self._prepared = self._checked()
-        orch = _orchestrator(self._project_dir)
+        orch = orchestrator_for(self._project_dir)
         try:
             if not orch.engine.image_exists(prepared.spec.image):
                 raise ValueError(
@@ -230,7 +212,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
                 run.close(failed=True)
                 raise
         except OrchestratorError as exc:
-            raise RuntimeError(f"orchestrator environment: {_one_line(exc)}") from None
+            raise RuntimeError(f"orchestrator environment: {one_line(exc)}") from None
         log.info("trial %s: session %s, run %s", self.session_id, self._session.id,
                  self._session.run_id)  # fmt: skip
 
@@ -307,7 +289,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
                 f"{capture.caps[exc.stream] >> 20} MiB; it was stopped"
             ) from None
         except OrchestratorError as exc:
-            raise RuntimeError(f"orchestrator environment: {_one_line(exc)}") from None
+            raise RuntimeError(f"orchestrator environment: {one_line(exc)}") from None
         if result.timed_out:
             raise RuntimeError(f"Command timed out after {timeout} seconds")
         return result.exit_code

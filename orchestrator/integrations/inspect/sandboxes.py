@@ -18,12 +18,12 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Worker
 from orchestrator.errors import OrchestratorError
 from orchestrator.integrations.inspect.config import Environment, Settings
+from orchestrator.integrations.projects import orchestrator_for
 from orchestrator.integrations.tmpfs import with_tmpfs
 from orchestrator.prepare import Prepared
 from orchestrator.runner import Orchestrator
@@ -94,17 +94,12 @@ class _Owner:
 
 
 _lock = threading.Lock()
-_orchestrators: dict[Path, Orchestrator] = {}
 _pools: dict[tuple[str, str], WarmPool] = {}
 _live: dict[str, Opened] = {}
 
 
 def _orchestrator(settings: Settings) -> Orchestrator:
-    with _lock:
-        orch = _orchestrators.get(settings.project.root)
-        if orch is None:
-            orch = _orchestrators[settings.project.root] = Orchestrator(settings.project)
-        return orch
+    return orchestrator_for(settings.project)
 
 
 def _options(env: Environment) -> dict[str, Any]:
