@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import DockerEngine, Orchestrator
-from orchestrator.credproxy import CREDPROXY_UID
+from orchestrator.credproxy import proxy_ids
 from orchestrator.docker import credproxy as docker_credproxy
 from orchestrator.docker.images import WORKER_IMAGE
 
@@ -82,11 +82,7 @@ def main() -> None:
         with Orchestrator(root, engine=engine) as orch:
             times: dict[str, list[float]] = {k: [] for k in ("raw", "plain", "spare", "none")}
             starts: dict[str, list[float]] = {"spare": [], "none": []}
-            user = (
-                f"{CREDPROXY_UID}:{CREDPROXY_UID}"
-                if os.geteuid() == 0
-                else f"{os.getuid()}:{os.getgid()}"
-            )
+            user = "{}:{}".format(*proxy_ids())
             raw_run(engine)  # warm up: image caches, the allowlist's proxy
             for name in ("plain", "credential"):
                 orch.run(name)

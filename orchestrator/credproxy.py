@@ -22,6 +22,7 @@ declared here. See docs/secrets.md.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "make_placeholder",
     "parse_events",
     "proxy_config",
+    "proxy_ids",
     "value_file",
     "worker_env",
 ]
@@ -165,6 +167,15 @@ def proxy_config(bindings: Sequence[Binding], *, upstream: str = PROXY_URL) -> d
 #: The uid (and gid) the proxy runs as, and owns its state, when the orchestrator is root
 #: (otherwise the orchestrator's own uid: its 0400 files must be readable to the proxy).
 CREDPROXY_UID = 10002
+
+
+def proxy_ids() -> tuple[int, int]:
+    """The uid and gid the proxy runs as, and its state belongs to, from this process."""
+    if os.geteuid() == 0:
+        return CREDPROXY_UID, CREDPROXY_UID
+    return os.getuid(), os.getgid()
+
+
 CREDPROXY_MEMORY = 384 << 20
 CREDPROXY_PIDS = 64
 CREDPROXY_TMP_SIZE = 16 << 20

@@ -50,10 +50,10 @@ from orchestrator.credproxy import (
     CREDPROXY_MEMORY,
     CREDPROXY_PIDS,
     CREDPROXY_TMP_SIZE,
-    CREDPROXY_UID,
     READY_MARK,
     STATE_DIR,
     WORKER_BUNDLE,
+    proxy_ids,
 )
 from orchestrator.docker import podman
 from orchestrator.docker.cache import user_cache
@@ -386,7 +386,7 @@ def _hand_over(state: Path) -> None:
     the spare starts reading when it appears)."""
     claimed = state / _TAKEN
     info = os.lstat(claimed)
-    owners = {os.getuid(), CREDPROXY_UID} if os.geteuid() == 0 else {os.getuid()}
+    owners = {os.getuid(), proxy_ids()[0]}
     if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or any(claimed.iterdir()):
         raise OSError(f"{claimed} is not an empty spare folder of this user")
     names = sorted(entry.name for entry in state.iterdir() if entry.name != _TAKEN)
@@ -471,7 +471,7 @@ def _start_spare(engine: DockerClient, user: str) -> None:
     folder = _SHM / name
     folder.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(folder, CREDPROXY_UID, CREDPROXY_UID)
+        os.chown(folder, *proxy_ids())
     spare_labels = {
         labels.MANAGED: "true",
         labels.SHARED: "true",

@@ -31,12 +31,12 @@ from orchestrator.audit import AuditLog
 from orchestrator.credproxy import (
     CA_NAME,
     CONFIG_NAME,
-    CREDPROXY_UID,
     TRUST_NAME,
     WORKER_BUNDLE,
     CredentialEvent,
     parse_events,
     proxy_config,
+    proxy_ids,
     value_file,
 )
 from orchestrator.errors import OrchestratorError
@@ -199,12 +199,11 @@ def credential_proxy(
         _write(state / CA_NAME, ca.key + ca.certificate, 0o400)
         if trust:
             _write(state / TRUST_NAME, trust, 0o400)
+        uid, gid = proxy_ids()
         if os.geteuid() == 0:
             for entry in (*state.iterdir(), state):
-                os.chown(entry, CREDPROXY_UID, CREDPROXY_UID)
-            user = f"{CREDPROXY_UID}:{CREDPROXY_UID}"
-        else:
-            user = f"{os.getuid()}:{os.getgid()}"
+                os.chown(entry, uid, gid)
+        user = f"{uid}:{gid}"
         bundle.parent.mkdir(parents=True, exist_ok=True)
         image_bundle = engine.image_ca_bundle(spec.image).rstrip(b"\n")
         _write(bundle, image_bundle + b"\n" + ca.certificate, 0o644)

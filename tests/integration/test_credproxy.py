@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from orchestrator import Orchestrator
-from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN
+from orchestrator.credproxy import CREDPROXY_IMAGE, PLACEHOLDER_PATTERN, proxy_ids
 from orchestrator.docker.egress import EGRESS_KEY
 from orchestrator.docker.egress_gc import remove_egress
 from orchestrator.docker.images import WORKER_IMAGE, build_all
@@ -504,7 +504,7 @@ def _one_spare(engine) -> str:
 
     dcp.wait_for_spares()
     dcp.remove_spares(engine, 0)
-    dcp._keep_ready(engine, f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}", 1)
+    dcp._keep_ready(engine, "{}:{}".format(*proxy_ids()), 1)
     (spare,) = _spare_names(engine)
     return spare
 
@@ -563,7 +563,7 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
     monkeypatch.setattr(
         dcp, "_attach", lambda _e, container, _s, detach: attached.append(container)
     )
-    user = f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}"
+    user = "{}:{}".format(*proxy_ids())
     states, got = [], {}
     barrier = threading.Barrier(2)
     shm = Path("/dev/shm")
@@ -697,7 +697,7 @@ def test_an_untaken_spare_exits_by_itself_and_gc_removes_it(engine, world, monke
     dcp.wait_for_spares()
     dcp.remove_spares(engine, 0)
     monkeypatch.setattr(dcp, "SPARE_IDLE_S", 2)
-    dcp._start_spare(engine, f"{dcp.CREDPROXY_UID}:{dcp.CREDPROXY_UID}")
+    dcp._start_spare(engine, "{}:{}".format(*proxy_ids()))
     (spare,) = _spare_names(engine)
     folder = Path(engine.api.inspect_container(spare)["Config"]["Labels"][dcp.SPARE_STATE_LABEL])
     assert engine.api.wait(spare, timeout=30)["StatusCode"] == 0
