@@ -180,8 +180,9 @@ def _file_diff(
         detail += f", mode {item.mode:04o}"
     lines.append(f"bold\0{detail}")
     lines += [f"yellow\0! {note}" for note in _notes(item, target)]
-    old_text, new_text = _text(old, old_size), _text(new, item.size)
-    if new_text is None and item.operation != "delete":
+    old_text = _text(old, old_size)
+    new_text = "" if item.operation == "delete" else _text(new, item.size)
+    if new_text is None:
         if target.kind == "file":
             lines.append(f"red\0- was: {_summary(old, old_size)}")
         lines.append(f"green\0+ now: {_summary(new, item.size)}")

@@ -45,7 +45,7 @@ def chunks(data: bytes, size: int) -> list[bytes]:
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64 << 10])
 def test_text_check_finds_the_first_fault_whatever_the_chunks(size: int) -> None:
-    text = "naïve – ünïcödé 🙂 text\n".encode() * (5000 if size > 100 else 200)
+    text = "naïve \u2013 ünïcödé 🙂 text\n".encode() * (5000 if size > 100 else 200)
     clean = TextCheck.of(chunks(text, size))
     assert (clean.nul, clean.invalid) == (None, None)
     bad = TextCheck.of(chunks(text + b"caf\xe9" + text + b"\0", size))
@@ -78,7 +78,9 @@ def test_terminal_tricks_in_text_that_is_not_utf8_are_escaped(
     hostile = b"ok\n\xff\x1b[2J\x1b]8;;http://x\x07\rfake\xe2\x80\xae line\x9b31m\n"
     change = change_of(store, tmp_path, {"notes.md": hostile})
     for color in (False, True):
-        shown = re.sub(r"\x1b\[(?:0|1|31|32|33|36)m", "", render_diff(change, store, None, color=color))
+        shown = re.sub(
+            r"\x1b\[(?:0|1|31|32|33|36)m", "", render_diff(change, store, None, color=color)
+        )
         assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown
         assert "\u202e" not in shown and "\x9b" not in shown
         assert "+\\xff\\x1b[2J\\x1b]8;;http://x\\x07\\rfake\\u202e line\\x9b31m" in shown
