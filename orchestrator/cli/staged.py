@@ -183,7 +183,7 @@ def _describe(
     sensitive = _sensitive(scans)
     if sensitive and change.target.kind == "repo":
         lines.append(
-            "clearing   needs "
+            "clearing    needs "
             + " ".join(f"--ack-sensitive {shlex.quote(escape(p))}" for p in sensitive)
         )
     lines.append(

@@ -106,7 +106,8 @@ class ContentScanner:
     nothing behind it."""
 
     text_entropy: float = 5.8
-    """Bits per byte above which a window of at least ``min_sample`` bytes is flagged."""
+    """Bits per byte above which a window of at least ``min_sample`` bytes is flagged
+    (windows of :data:`SAMPLE_BYTES` in the first :data:`MAX_SHOWN_BYTES`)."""
     min_sample: int = 1024
     name: str = "binary"
 
@@ -124,7 +125,9 @@ class ContentScanner:
         for window in _windows(store, change, item):
             check.feed(window)
             head = head or window
-            if len(window) >= self.min_sample and (found := entropy(window)) > bits:
+            # Entropy where the diff shows the text (a larger file is flagged by size).
+            shown = offset < MAX_SHOWN_BYTES and len(window) >= self.min_sample
+            if shown and (found := entropy(window)) > bits:
                 bits, where = found, offset
             offset += len(window)
         check.finish()

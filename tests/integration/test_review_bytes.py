@@ -67,7 +67,7 @@ def test_a_conftest_valid_utf8_only_up_front_is_shown_flagged_and_needs_the_ack(
     assert "binary FAILED" in shown.stdout and "sensitive-paths FAILED" in shown.stdout
     assert "! binary: tests/conftest.py: not UTF-8 text from byte " in shown.stdout
     assert "! sensitive-paths: tests/conftest.py: runs code by itself" in shown.stdout
-    assert "clearing   needs --ack-sensitive tests/conftest.py" in lines
+    assert "clearing    needs --ack-sensitive tests/conftest.py" in lines
     as_json = cli("staged", "show", change_id, *where, "--json").json()
     assert as_json["sensitive"] == ["tests/conftest.py"]
     assert set(as_json["blocking"]) == {"binary", "sensitive-paths"}
