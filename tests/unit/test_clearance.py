@@ -636,3 +636,17 @@ def test_an_acknowledgement_does_not_override_other_scanners(env):
     assert result.commit == env.head()
     operations = [op for op, _ in env.operations()]
     assert "clearance.acknowledged" in operations and "clearance.override" in operations
+
+
+def test_a_crashed_sensitive_paths_scanner_blocks_like_any_other(env):
+    from orchestrator.staging import Finding, ScanResult
+
+    class Crashed(Runs):
+        def run(self, changeset, store):  # type: ignore[no-untyped-def]
+            return [ScanResult("sensitive-paths", False, (Finding("", "scanner failed: boom"),))]
+
+    env.scanners = Crashed(())
+    change_id = env.store.stage({"Makefile": b"all:\n"})
+    with pytest.raises(ClearanceError, match="scanners block it: sensitive-paths: scanner failed"):
+        env.clear(change_id)
+    assert env.clear(change_id, override_scanners=True).commit == env.head()
