@@ -32,7 +32,7 @@ __all__ = [
     "is_binary",
 ]
 
-#: How much of a file binary detection and entropy look at.
+#: The window entropy is measured over, and the head a binary file's type is named from.
 SAMPLE_BYTES = 64 << 10
 #: The largest file the diff shows in full; a larger one is summarised, and flagged.
 MAX_SHOWN_BYTES = 1 << 20

@@ -3,14 +3,14 @@
 Every piece of worker content goes through :func:`~.content.escape`, so escape sequences,
 carriage returns and bidirectional marks appear as visible ``\\x1b``-style text and cannot
 recolour, move or hide anything. Colour codes are added afterwards, only when asked for.
+The target's current content is read without following links: a target that is (or
+lies beneath) a symbolic link is reported as such, never read through.
 
 Every new byte is shown, or the file is flagged by a scanner: a file without a NUL byte
 is shown as text, whatever its encoding (a byte that is not UTF-8 appears as ``\\xNN``);
 a file with one, or over :data:`~.content.MAX_SHOWN_BYTES`, is summarised (type, size,
 sha256), and the binary or size scanner flags it. When only the current file cannot be
 shown, the new one is shown whole, as added lines.
-The target's current content is read without following links: a target that is (or
-lies beneath) a symbolic link is reported as such, never read through.
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ class SecretScanner:
 SENSITIVE_PATHS: tuple[str, ...] = (
     # tests and builds: run by pytest, make, pip, npm, cargo, docker, ...
     "conftest.py", "pytest.ini", "tox.ini", "noxfile.py", "setup.py", "setup.cfg",
-    "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth",
+    "pyproject.toml", "sitecustomize.py", "usercustomize.py",
     "Makefile", "GNUmakefile", "*.mk", "CMakeLists.txt", "*.cmake", "meson.build",
     "justfile", "Taskfile.yml", "Taskfile.yaml", "Rakefile", "Gemfile", "*.gemspec",
     "package.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", "build.rs",
@@ -267,6 +267,7 @@ SENSITIVE_PATHS: tuple[str, ...] = (
 )  # fmt: skip
 #: The name of the scanner whose findings `clear` wants acknowledged one by one.
 SENSITIVE = "sensitive-paths"
+_RUNS_CODE = "runs code by itself (at the next build, test or CI run, in an editor or in git)"
 
 
 def _glob(pattern: str) -> str:
@@ -297,11 +298,8 @@ class SensitivePathScanner:
 
     def scan(self, change: ChangeSet, store: ChangeStore) -> ScanResult:
         findings = [
-            Finding(f.path, "runs code by itself (at the next build, test or CI run, in an "
-                    "editor or in git)")
-            for f in _contents(change)
-            if self.pattern.search(f.path)
-        ]  # fmt: skip
+            Finding(f.path, _RUNS_CODE) for f in _contents(change) if self.pattern.search(f.path)
+        ]
         findings += [
             Finding(f.path, "executable (mode 0755): a program or hook, not a result to read")
             for f in _contents(change)
