@@ -124,7 +124,7 @@ class DockerEngine(DockerClient):
 
     def runtime_for(self, spec: ContainerSpec) -> str:
         podman.check_spec(self, spec)  # what Podman cannot run, before its runtime names
-        name = runtimes.runtime_name(spec.isolation, spec.network.mode)
+        name = runtimes.runtime_name(spec.isolation, spec.network.mode, broker=spec.calls_children)
         if name == runtimes.RUNC:
             return name  # Docker's own, always there
         key = (str(self.api.base_url), name)
@@ -286,7 +286,7 @@ class DockerEngine(DockerClient):
         code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
         # gVisor: the worker may fail by itself (a refused allocation) while the host's OOM
         # killer hit its sandbox; the kernel's log says so.
-        gvisor = host_config.get("Runtime") in (runtimes.GVISOR_NONE, runtimes.GVISOR_NETWORK)
+        gvisor = runtimes.is_gvisor(str(host_config.get("Runtime") or ""))
         if gvisor and code not in (0, EXIT_SIGKILL) and not oom and state.get("Status") == "exited":
             oom = kernel_log.oom_kill_logged(container_id) is True
         if code == EXIT_SIGKILL and not oom and state.get("Status") == "exited":
