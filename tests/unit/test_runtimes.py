@@ -60,6 +60,7 @@ def spec(isolation="runc", network="none") -> ContainerSpec:
 def fresh_cache(monkeypatch):
     monkeypatch.setattr(DockerEngine, "_seen_runtimes", set())
     monkeypatch.setattr(DockerEngine, "_gvisor_containers", {})
+    monkeypatch.setattr(DockerEngine, "_exec_nofile", {})
 
 
 def test_runtime_names_follow_isolation_and_network():
