@@ -9,7 +9,9 @@ every attachment is readable in both grants, runs the child in its own disposabl
 call and every refusal goes to the audit log with its reason: a request that is no JSON
 object, too big, too deep, or too slow to come (``bad request: ...``), one that names no
 child or attachments of the wrong type, a child or attachment the policy refuses, and a call
-beyond :data:`MAX_CONCURRENT` at once.
+beyond :data:`MAX_CONCURRENT` at once. Past :data:`MAX_AUDITED_REFUSALS` in one parent run,
+refusals are counted and the count recorded once at the end (``broker.flood``); the
+parent's strings in an entry are cut to a bounded length.
 
 Protocol: the client sends one JSON line ``{"child": NAME, "attach": [PATH, ...]}`` and
 reads one JSON line back: ``{"ok": true, "run_id", "exit_code", "status", "stdout",
@@ -44,6 +46,14 @@ MAX_DEPTH = 4
 MAX_CONCURRENT = 4
 #: Seconds a client has to send its whole request line.
 READ_TIMEOUT = 10.0
+#: Refusals recorded one by one per parent run; past that they are only counted, and the
+#: count is recorded once when the broker closes (``broker.flood``): a parent looping on bad
+#: requests cannot fill the audit log.
+MAX_AUDITED_REFUSALS = 100
+#: Characters of a request's strings (the child's name, each attachment, a reason) and
+#: attachments per entry kept in the audit log.
+AUDIT_TEXT = 256
+AUDIT_ATTACHMENTS = 20
 #: Seconds to wait for cancelled children's threads to wind down.
 CANCEL_GRACE = 10.0
 RunChild = Callable[[Prepared, int], Any]
@@ -73,6 +83,7 @@ class Broker:
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()
+        self._refusals = 0
         #: A child may only use what is left of its parent's time.
         self.deadline = time.monotonic() + parent.grant.limits.timeout
 
@@ -112,6 +123,18 @@ class Broker:
         for thread in self._threads:
             thread.join(timeout=wait)
         self.path.unlink(missing_ok=True)
+        with self._lock:
+            refused = self._refusals
+        if refused > MAX_AUDITED_REFUSALS:
+            self._record(
+                "broker.flood",
+                False,
+                None,
+                reason=f"{refused} requests refused; the first {MAX_AUDITED_REFUSALS} are "
+                "recorded one by one (broker.refused), the rest only counted",
+                refused=refused,
+                recorded=MAX_AUDITED_REFUSALS,
+            )
 
     def _accept(self) -> None:
         assert self._server is not None
@@ -155,22 +178,32 @@ class Broker:
         """Audit one refusal with its reason (every one, whatever was wrong with the
         request); the answer the client gets."""
         name = child if isinstance(child, str) else None
-        self._record("broker.refused", False, name, reason=reason, **fields)
+        with self._lock:
+            self._refusals += 1
+            one_by_one = self._refusals <= MAX_AUDITED_REFUSALS
+        if one_by_one:
+            self._record("broker.refused", False, name, reason=reason, **fields)
         return {"ok": False, "error": reason}
 
     def _record(self, operation: str, allowed: bool, child: str | None, **fields: Any) -> None:
         if self.audit is None:
             return
         spec = self.parent.spec
+        reason = fields.pop("reason", None)
+        if "attach" in fields:  # the parent's strings, bounded
+            attach = fields["attach"]
+            fields["attach"] = [_short(path) for path in attach[:AUDIT_ATTACHMENTS]]
+            if len(attach) > AUDIT_ATTACHMENTS:
+                fields["attachments"] = len(attach)
         self.audit.record(
             operation,
             allowed=allowed,
-            reason=fields.pop("reason", None),
+            reason=None if reason is None else _short(reason, 4 * AUDIT_TEXT),
             worker=spec.worker,
             run_id=spec.run_id,
             session_id=spec.session_id,
             trust_level=spec.trust,
-            metadata={"child": child, **fields},
+            metadata={"child": None if child is None else _short(child), **fields},
         )
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +281,10 @@ class Broker:
 
 def _paths(attach: object) -> TypeGuard[list[str]]:
     return isinstance(attach, list) and all(isinstance(path, str) for path in attach)
+
+
+def _short(text: str, limit: int = AUDIT_TEXT) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _send(conn: socket.socket, answer: dict[str, Any]) -> None:

@@ -188,3 +188,30 @@ def test_a_deeply_nested_child_file_is_one_refusal_not_a_traceback(broker, proje
     assert "kid.worker:2: invalid YAML: nested deeper than 32 levels" in answer["error"]
     assert "\n" not in answer["error"]
     assert broker.calls == []
+
+
+def test_a_flood_of_refusals_is_counted_not_recorded_one_by_one(broker, monkeypatch):
+    import orchestrator.runtime.broker as module
+
+    monkeypatch.setattr(module, "MAX_AUDITED_REFUSALS", 5)
+    for _ in range(8):
+        assert ask(broker, b"not json\n")["ok"] is False
+    assert ask(broker, b'{"child": "kid"}\n')["ok"] is True  # a good call still runs
+    assert len(refusals(broker)) == 5
+    broker.close()
+    (flood,) = broker.log.query(AuditFilter(operation="broker.flood"))
+    assert (flood.metadata["refused"], flood.metadata["recorded"], flood.allowed) == (8, 5, False)
+    assert flood.reason.startswith("8 requests refused; the first 5 are recorded one by one")
+    assert flood.run_id == broker.parent.spec.run_id
+
+
+def test_the_parent_s_strings_are_bounded_in_the_audit_log(broker):
+    name = "k" * 5000
+    attach = [f"/data/{i}" + "x" * 1000 for i in range(50)]
+    answer = ask(broker, json.dumps({"child": name, "attach": attach}).encode() + b"\n")
+    assert answer["ok"] is False and name in answer["error"]  # the answer is whole
+    (entry,) = refusals(broker)
+    assert entry.metadata["child"] == "k" * 256 + "... (5000 characters)"
+    assert len(entry.metadata["attach"]) == 20 and entry.metadata["attachments"] == 50
+    assert all(len(path) < 300 for path in entry.metadata["attach"])
+    assert len(entry.reason) < 1100
