@@ -740,3 +740,57 @@ def test_no_spares_when_asked_and_a_bad_count_is_one_line(engine, world, project
     last = done.stderr.splitlines()[-1]  # after the run's own line
     assert "ORCHESTRATOR_CREDPROXY_SPARES='many'" in last and "from 0 (none) to 8" in last
     assert "Traceback" not in done.stderr
+
+
+# -- trust_ca files are policy ----------------------------------------------------------
+
+TRUST_ATTACK = """
+import errno, os
+def attempt(what, action):
+    try:
+        action()
+        print("DID", what)
+    except OSError as exc:
+        print("refused", what, errno.errorcode[exc.errno])
+def append(path):
+    with open(path, "a") as handle:
+        handle.write("-----BEGIN CERTIFICATE-----\\nMIIBattacker\\n-----END CERTIFICATE-----\\n")
+attempt("edit /repo/certs/ca.pem", lambda: append("/repo/certs/ca.pem"))
+attempt("replace /repo/certs/ca.pem", lambda: os.rename("/repo/evil.pem", "/repo/certs/ca.pem"))
+attempt("remove /repo/certs/ca.pem", lambda: os.unlink("/repo/certs/ca.pem"))
+attempt("add /repo/certs/more.pem", lambda: append("/repo/certs/more.pem"))
+attempt("move /repo/certs", lambda: os.rename("/repo/certs", "/repo/old-certs"))
+attempt("edit /repo/notes.txt", lambda: append("/repo/notes.txt"))
+"""
+
+
+def test_a_full_worker_cannot_rewrite_a_trust_ca_file(engine, project):
+    """``network.trust_ca`` names the CAs the credential proxy trusts upstream, for every
+    later run: a policy file, read-only to every worker (here one with /repo writable)."""
+    import textwrap
+
+    from tests.integration.conftest import cli
+    from tests.integration.test_zones import git_init
+
+    git_init(project.root)
+    (project.root / "certs").mkdir()
+    ca, _ = _certificates([])
+    (project.root / "certs" / "ca.pem").write_bytes(ca)
+    (project.root / "evil.pem").write_bytes(ca + b"# the worker's own\n")
+    (project.root / "notes.txt").write_text("the repo's own file\n")
+    project.extra = "network:\n  trust_ca: [certs/ca.pem]\n"
+    project.write_project()
+    command = json.dumps(["python3", "-c", textwrap.dedent(TRUST_ATTACK)])
+    project.worker("w", f"command: {command}\ntrust: full\nsandbox: {{}}")
+    result = cli("run", "w", "--project", str(project.root))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    edit = "EACCES" if os.getuid() == 0 else "EROFS"  # as for every policy file
+    assert f"refused edit /repo/certs/ca.pem {edit}" in out, out
+    assert "refused replace /repo/certs/ca.pem EROFS" in out, out
+    assert "refused remove /repo/certs/ca.pem EROFS" in out, out
+    assert "refused add /repo/certs/more.pem EROFS" in out, out
+    assert "refused move /repo/certs EBUSY" in out, out  # its folder: a mount point
+    assert "DID edit /repo/notes.txt" in out, out  # the rest of /repo stays writable
+    assert (project.root / "certs" / "ca.pem").read_bytes() == ca
+    assert sorted(p.name for p in (project.root / "certs").iterdir()) == ["ca.pem"]
