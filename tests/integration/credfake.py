@@ -4,14 +4,20 @@
 ``python3 -c SERVER ROLE``, HTTPS on 8443 with /srv/cert.pem and /srv/key.pem and plain
 HTTP on 8080. Role ``llm`` is the fake API: it accepts only ``Authorization: Bearer
 <the real key>`` (read from /srv/real) and also offers an echo, a streamed (SSE) echo and
-redirects. Role ``other`` answers 200 to everything and prints every request it receives
-(request line, headers, body) on stdout, where the test looks for the real key.
+redirects; it prints every request it receives (``BOUND`` and a JSON object: the raw
+request line and the header lines) on stdout, where the test checks that the real key
+only ever arrived in origin form with the bound Host. Its answers that carry the key back
+in other shapes: ``/upgrade`` (101 whatever was asked, then the request reflected as raw
+bytes), ``/trailers`` (in a trailer), ``/encoded?coding=C`` (under Content-Encoding C) and
+``/reflect?form=F`` (upper case, lower-case percent-encoded, JSON with ``\\/``, JSON
+``\\u`` escapes). Role ``other`` answers 200 to everything and prints every request it
+receives (request line, headers, body) on stdout, where the test looks for the real key.
 """
 
 from __future__ import annotations
 
 SERVER = r"""
-import base64, hashlib, json, ssl, struct, sys, threading, time
+import base64, gzip, hashlib, json, ssl, struct, sys, threading, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROLE = sys.argv[1]
@@ -65,8 +71,42 @@ class Handler(BaseHTTPRequestHandler):
         if ROLE == "other":
             print("RECEIVED", repr(self.requestline), repr(str(self.headers)), repr(body), flush=True)
             return self._send(200, {"other": True})
+        print("BOUND " + json.dumps({"line": self.requestline, "headers": self.headers.items()}),
+              flush=True)
         auth = self.headers.get("authorization", "")
         path = self.path.split("?")[0]
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+        if path == "/upgrade":  # switches whatever was asked, then reflects the request
+            self.send_response(101)
+            self.send_header("upgrade", self.headers.get("upgrade") or "x")
+            self.send_header("connection", "Upgrade")
+            self.end_headers()
+            self.wfile.write((self.requestline + "\r\n" + str(self.headers)).encode())
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if path == "/trailers":
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.send_header("trailer", "x-echo")
+            self.end_headers()
+            self.wfile.write(b"5\r\nhello\r\n0\r\nx-echo: " + auth.encode() + b"\r\n\r\n")
+            return
+        if path == "/encoded":
+            coding = query.get("coding", "")
+            data = auth.encode()
+            for _ in range(coding.count("gzip")):
+                data = gzip.compress(data)
+            return self._send(200, data, "text/plain", [("content-encoding", coding)])
+        if path == "/reflect":
+            form = query.get("form")
+            shown = {
+                "upper": auth.upper(),
+                "percent-lower": "".join("%%%02x" % ord(c) for c in auth),
+                "json-slash": json.dumps(auth).replace("/", "\\/"),
+                "json-u": "".join("\\u%04x" % ord(c) for c in auth),
+            }[form]
+            return self._send(200, shown.encode(), "text/plain")
         if path == "/echo":
             return self._send(200, {"headers": dict(self.headers), "body": body.decode(errors="replace")})
         if path == "/sse":

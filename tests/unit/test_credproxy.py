@@ -390,7 +390,6 @@ def test_the_scrubber_removes_a_value_split_across_chunks_and_keeps_lengths():
     assert out.count(b"[credential llm]") == 6
 
 
-
 SECRET = "sk-REAL/Value+1234567890"
 
 
@@ -436,6 +435,7 @@ def test_a_trust_ca_file_is_never_read_through_a_link(tmp_path):
     (tmp_path / "certs").symlink_to(tmp_path)
     with pytest.raises(OrchestratorError, match=r"network.trust_ca: cannot read .*certs"):
         _trusted([str(tmp_path / "certs" / "ca.pem")])
+
 
 # -- the run's hook, with the fake engine -----------------------------------------------
 
