@@ -1,8 +1,8 @@
 """The credential proxy tests' local internet: a fake OpenAI-compatible API and a recorder.
 
-``SERVER`` runs in a test container (python3 of the worker image) as
+``SERVER`` runs in a test container (python3 of the client image, with ``h2``) as
 ``python3 -c SERVER ROLE``, HTTPS on 8443 with /srv/cert.pem and /srv/key.pem and plain
-HTTP on 8080. Role ``llm`` is the fake API: it accepts only ``Authorization: Bearer
+HTTP on 8080 (HTTP/2 too on 8443, when the client offers it). Role ``llm`` is the fake API: it accepts only ``Authorization: Bearer
 <the real key>`` (read from /srv/real) and also offers an echo, a streamed (SSE) echo and
 redirects; it prints every request it receives (``BOUND`` and a JSON object: the raw
 request line and the header lines) on stdout, where the test checks that the real key
@@ -158,6 +158,34 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = _handle
 
+    def handle(self):
+        if ROLE == "llm" and getattr(self.request, "selected_alpn_protocol", lambda: None)() == "h2":
+            return self._handle_h2()
+        return super().handle()
+
+    def _handle_h2(self):
+        # HTTP/2 (offered when the client offers it): each request recorded as it arrived
+        # (its header fields, pseudo-headers first), answered 200 for the real key, else 401
+        import h2.config, h2.connection, h2.events
+        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8",
+                                           validate_inbound_headers=False)
+        connection = h2.connection.H2Connection(config=config)
+        connection.initiate_connection()
+        self.request.sendall(connection.data_to_send())
+        while data := self.request.recv(65536):
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    fields = dict(event.headers)
+                    line = fields.get(":method", "") + " " + fields.get(":path", "") + " HTTP/2"
+                    print("BOUND " + json.dumps({"line": line, "headers": event.headers}), flush=True)
+                    good = fields.get("authorization") == "Bearer " + REAL
+                    body = json.dumps({"ok": good, "path": fields.get(":path")}).encode()
+                    connection.send_headers(event.stream_id, [
+                        (":status", "200" if good else "401"), ("content-type", "application/json"),
+                        ("content-length", str(len(body)))])
+                    connection.send_data(event.stream_id, body, end_stream=True)
+            self.request.sendall(connection.data_to_send())
+
 
 def serve(server):
     server.serve_forever()
@@ -167,6 +195,7 @@ plain = ThreadingHTTPServer(("0.0.0.0", 8080), Handler)
 secure = ThreadingHTTPServer(("0.0.0.0", 8443), Handler)
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 context.load_cert_chain("/srv/cert.pem", "/srv/key.pem")
+context.set_alpn_protocols(["h2", "http/1.1"])
 secure.socket = context.wrap_socket(secure.socket, server_side=True)
 for server in (plain, secure):
     threading.Thread(target=serve, args=(server,), daemon=True).start()

@@ -187,7 +187,7 @@ print("RESULTS " + json.dumps(results))
 
 
 CORPUS = r"""
-import base64, json, os, socket, ssl, sys, time, urllib.parse
+import base64, json, os, re, socket, ssl, sys, time, urllib.parse
 
 LLM, OTHER = sys.argv[1], sys.argv[2]  # host:port of the bound host and of another one
 HOST = LLM.split(":")[0]
@@ -217,7 +217,10 @@ def tunnel(target=LLM, alpn=None):
 
 def exchange(request, target=LLM):
     # one connection: the raw request bytes out, every byte that comes back until it closes
-    stream, refused = tunnel(target)
+    try:
+        stream, refused = tunnel(target)
+    except (OSError, ssl.SSLError) as exc:
+        stream, refused = None, "failed " + type(exc).__name__
     if stream is None:
         return {"statuses": [refused], "raw": ""}
     stream.settimeout(15)
@@ -231,15 +234,17 @@ def exchange(request, target=LLM):
             data += part
     except (OSError, ssl.SSLError) as exc:
         data += b"\n(" + type(exc).__name__.encode() + b")"
-    statuses = [line.split(b" ")[1].decode() for line in data.split(b"\r\n")
-                if line.startswith(b"HTTP/1.") and len(line.split(b" ")) > 1]
+    statuses = [status.decode() for status in re.findall(rb"HTTP/1\.[01] ([0-9]{3}) ", data)]
     return {"statuses": statuses, "raw": base64.b64encode(data).decode()}
 
 
 def h2(headers):
     # an HTTP/2 request with exactly these header fields (no validation on our side)
     import h2.config, h2.connection, h2.events
-    stream, refused = tunnel(alpn=["h2"])
+    try:
+        stream, refused = tunnel(alpn=["h2"])
+    except (OSError, ssl.SSLError) as exc:
+        stream, refused = None, "failed " + type(exc).__name__
     if stream is None:
         return {"statuses": [refused], "raw": ""}
     if stream.selected_alpn_protocol() != "h2":
@@ -273,7 +278,9 @@ def h2(headers):
             stream.sendall(connection.data_to_send())
     except Exception as exc:
         statuses.append(type(exc).__name__)
-    return {"statuses": [str(s) for s in statuses], "raw": base64.b64encode(data).decode()}
+    # (one request: a status, or how it ended, once)
+    statuses = list(dict.fromkeys(str(s) for s in statuses))
+    return {"statuses": statuses, "raw": base64.b64encode(data).decode()}
 
 
 def get(path, *head, version="HTTP/1.1", host=LLM, auth=AUTH, close=True):
