@@ -353,7 +353,9 @@ CORPUS_EXPECTED: dict[str, tuple[list[str], str | None]] = {
 }
 
 
-def test_the_proxy_forwards_only_requests_it_understands(engine, world, project, monkeypatch):
+def test_the_proxy_forwards_only_requests_it_understands(
+    engine, world, project, isolation, monkeypatch
+):
     """Request shapes a front end could route to another host than the tunnel's, framing
     it could read another way, upgrades that would end inspection and answers that carry
     the key back in other shapes, sent as raw bytes through the real proxy: each is
@@ -361,7 +363,7 @@ def test_the_proxy_forwards_only_requests_it_understands(engine, world, project,
     never comes back to the worker in any spelling the proxy searches requests for."""
     real = world["real"]
     monkeypatch.setenv("CREDTEST_REAL_KEY", real)
-    _write_project(project, world, "runc")
+    _write_project(project, world, isolation)
     llm, other = f"{world['llm']}:8443", f"{world['other']}:8443"
     server_log_before = engine.api.logs(world["servers"][0]).decode(errors="replace")
     with Orchestrator(project.root, engine=engine) as orch, orch.open_session("w") as session:
