@@ -457,9 +457,10 @@ class CredentialProxy:
         if names and flow.response is None:
             _event("substituted", flow, ",".join(names), 0, "no answer from the host")
         elif not flow.metadata.get("credproxy_seen") and flow.error is not None:
-            # refused by mitmproxy before any hook decided (framing it will not forward)
+            # refused by mitmproxy before any hook decided: framing it will not forward (a
+            # doubled Content-Length, Transfer-Encoding with Content-Length), a body too large
             message = flow.error.msg.split(":", 1)[0].removeprefix("Received ")[:80]
-            _event("blocked", flow, "-", 400, f"malformed request refused ({message})")
+            _event("blocked", flow, "-", 400, f"request refused by mitmproxy ({message})")
 
     # -- WebSocket ------------------------------------------------------------------------
 
