@@ -97,16 +97,15 @@ def open_private(
             _replaceable(fd, here, what, fix, trusted)
             last = index == len(parts) - 1
             here = here / name
-            child, created = _open_or_make(fd, name, here, 0o700 if last else 0o755, what)
+            try:
+                child, created = _open_or_make(fd, name, here, 0o700 if last else 0o755, what)
+            except PermissionError:  # a folder of another user's, closed to this one
+                raise _closed(fd, name, here, what, fix, last=last) from None
             os.close(fd)
             fd = child
         info = os.fstat(fd)
         if info.st_uid != euid:
-            raise StateRootRefused(
-                f"{what} belongs to uid {info.st_uid}, not to you (uid {euid}): another user "
-                f"or a checkout made it. Remove it (`rm -rf {path}`) so that the orchestrator "
-                f"makes its own, {fix}"
-            )
+            raise _not_yours(path, info.st_uid, what, fix)
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise StateRootRefused(
                 f"{what} has mode {stat.S_IMODE(info.st_mode):04o}: other users may write it. "
@@ -116,6 +115,24 @@ def open_private(
         os.close(fd)
         raise
     return fd, created
+
+
+def _closed(fd: int, name: str, here: Path, what: str, fix: str, *, last: bool) -> Exception:
+    try:
+        owner = os.lstat(name, dir_fd=fd).st_uid
+    except OSError:
+        return StateRootRefused(f"{what}: {here} cannot be made here (permission denied); {fix}")
+    if last:
+        return _not_yours(here, owner, what, fix)
+    return StateRootRefused(f"{what}: {here} (uid {owner}'s) cannot be opened; {fix}")
+
+
+def _not_yours(path: Path, uid: int, what: str, fix: str) -> StateRootRefused:
+    return StateRootRefused(
+        f"{what} belongs to uid {uid}, not to you (uid {os.geteuid()}): another user or a "
+        f"checkout made it. Remove it (`rm -rf {path}`) so that the orchestrator makes its "
+        f"own, {fix}"
+    )
 
 
 def _replaceable(fd: int, here: Path, what: str, fix: str, trusted: set[int]) -> None:
@@ -142,10 +159,10 @@ def _own_group(gid: int, euid: int) -> bool:
     """Whether group ``gid`` has no user but this one (a user's private group)."""
     try:
         group = grp.getgrgid(gid)
-        me = pwd.getpwuid(euid).pw_name
+        me = pwd.getpwuid(euid)
     except KeyError:
         return False
-    if any(member != me for member in group.gr_mem):
+    if me.pw_gid != gid or any(member != me.pw_name for member in group.gr_mem):
         return False
     return all(user.pw_uid == euid for user in pwd.getpwall() if user.pw_gid == gid)
 
@@ -158,6 +175,8 @@ def _open_or_make(fd: int, name: str, here: Path, mode: int, what: str) -> tuple
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, mode, dir_fd=fd)
             made = True
+    except PermissionError:
+        raise
     except OSError as exc:
         raise _refusal(fd, name, here, what, exc) from None
     try:

@@ -62,6 +62,14 @@ def canary(tmp_path) -> Canary:
     return Canary(tmp_path / "canary")
 
 
+def refusal(done) -> str:
+    """The one line of an orchestrator error (exit 125), without its prefix."""
+    assert done.returncode == 125, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orchestrator: error: "), done.stderr
+    return lines[0].removeprefix("orchestrator: error: ")
+
+
 def dead_owner() -> dict[str, str]:
     """The labels of a process that is gone (in this pid namespace)."""
     return {**labels.current_owner().labels(), labels.OWNER_PID: "999999999"}
@@ -96,7 +104,8 @@ def zone_worker(project) -> None:
     os.chmod(out, 0o700)
     project.isolation = "runc"
     project.write_project()
-    project.worker("w", 'command: ["true"]\nsandbox: {zones: [{name: out, mode: rw}]}')
+    zones = "sandbox: {zones: [{name: out, mode: rw}]}"
+    project.worker("w", f'command: ["true"]\ntrust: session\n{zones}')
 
 
 @pytest.mark.usefixtures("test_user")
@@ -109,15 +118,12 @@ def test_a_planted_record_in_a_users_project_is_refused_before_anything_is_read(
     record = plant(project.root / ".sandbox", planted_record(canary))
     subprocess.run(["chown", "-R", f"{USER}:{USER}", str(project.root)], check=True)
     for command in (["gc"], ["run", "w"]):
-        done = cli(*command, "--project", str(project.root))
-        assert done.returncode == 125, done.stderr
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1, done.stderr
+        line = refusal(cli(*command, "--project", str(project.root)))
         uid = (project.root / ".sandbox").stat().st_uid
-        assert lines[0].startswith(
+        assert line.startswith(
             f"the sandbox root {project.root / '.sandbox'} belongs to uid {uid}, not to you "
             "(uid 0): another user or a checkout made it. Remove it"
-        ), lines[0]
+        ), line
         canary.untouched()
     assert record.exists()  # left for a person to look at
 
@@ -138,7 +144,8 @@ def test_a_record_the_orchestrator_did_not_sign_is_reported_never_applied(
     canary.untouched()
     assert record.exists()
     audit = cli("audit", "--project", str(project.root), "--json", "--operation", "access.*")
-    refused = [e for e in audit.json() if e["operation"] == "access.record_refused"]
+    entries = [json.loads(line) for line in audit.stdout.splitlines()]
+    refused = [e for e in entries if e["operation"] == "access.record_refused"]
     assert refused and refused[0]["path"] == str(record) and not refused[0]["allowed"]
 
 
@@ -170,13 +177,11 @@ def test_an_audit_log_linked_to_a_root_file_is_refused(engine, project, canary):
         ["run", "w", "--project", str(project.root)],
         ["gc", "--project", str(project.root)],
     ):
-        done = cli(*args)
-        assert done.returncode == 125, done.stderr
-        assert done.stderr.strip().splitlines() == [
+        assert refusal(cli(*args)) == (
             f"{link} is a symbolic link (to {canary.file}); the orchestrator never makes one "
             "in its state, so a checkout or another user planted it. Remove it "
             f"(`rm {link}`) and check what it pointed at"
-        ]
+        )
         canary.untouched()
 
 
@@ -194,14 +199,12 @@ def test_a_sandbox_committed_to_git_and_cloned_is_refused(engine, project, canar
     subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True)
     assert (clone / ".sandbox" / "runs" / "planted" / "access.json").is_file()
     for args in (["gc"], ["audit"], ["run", "w"]):
-        done = cli(*args, "--project", str(clone))
-        assert done.returncode == 125, done.stderr
-        assert done.stderr.strip().splitlines() == [
+        assert refusal(cli(*args, "--project", str(clone))) == (
             f"the sandbox root {clone / '.sandbox'} is tracked by git "
             "(.sandbox/runs/planted/access.json): a checkout chose its state. "
             f"`git -C {clone} rm -r --cached -q .sandbox`, commit, and remove the folder "
             f"(`rm -rf {clone / '.sandbox'}`) so that the orchestrator makes its own"
-        ]
+        )
         canary.untouched()
 
 
@@ -213,13 +216,11 @@ def test_a_sandbox_root_others_may_write_is_refused(engine, project, canary, mod
     os.chmod(sandbox, mode)
     plant(sandbox, planted_record(canary))
     for args in (["gc"], ["run", "w"], ["audit"]):
-        done = cli(*args, "--project", str(project.root))
-        assert done.returncode == 125, done.stderr
-        assert done.stderr.strip().splitlines() == [
+        assert refusal(cli(*args, "--project", str(project.root))) == (
             f"the sandbox root {sandbox} has mode {mode:04o}: other users may write it. "
             f"`chmod 700 {sandbox}`, or set sandbox.root in orchestrator.yaml to a folder only "
             "you can write"
-        ]
+        )
         canary.untouched()
 
 
@@ -234,26 +235,23 @@ def test_a_parent_others_may_write_is_refused_unless_sticky(engine, project, mod
     if not refused:
         assert done.returncode == 0, done.stderr
         return
-    assert done.returncode == 125, done.stderr
-    assert done.stderr.strip().splitlines() == [
+    assert refusal(done) == (
         f"the sandbox root {project.root / '.sandbox'}: {project.root} has mode {mode:04o}, "
         f"so other users could replace what is in it; `chmod g-w,o-w {project.root}` (or "
         "`chmod +t`), or set sandbox.root in orchestrator.yaml to a folder only you can write"
-    ]
+    )
     assert not (project.root / ".sandbox").exists()  # nothing made, nothing read
 
 
 def test_a_sandbox_root_in_the_repo_below_a_folder_a_worker_may_rename_is_refused(engine, project):
     project.extra = "sandbox: {root: sub/.sandbox}\n"
     project.write_project()
-    done = cli("audit", "--project", str(project.root))
-    assert done.returncode == 125, done.stderr
-    assert done.stderr.strip().splitlines() == [
+    assert refusal(cli("audit", "--project", str(project.root))) == (
         f"the sandbox root {project.root / 'sub/.sandbox'} lies in the repo {project.root} "
         f"below {project.root / 'sub'}, which a worker at trust 'full' may rename and replace; "
         "set sandbox.root in orchestrator.yaml to a folder directly in the repo (such as "
         ".sandbox) or outside it"
-    ]
+    )
 
 
 def test_the_sandbox_root_is_made_0700_with_a_gitignore_and_git_stages_none_of_it(engine, project):
