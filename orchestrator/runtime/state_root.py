@@ -253,7 +253,7 @@ def _untracked_by_git(fd: int, root: Path) -> None:
         return
     tree = next((p for p in root.parents if os.path.lexists(p / ".git")), None)
     if tree is not None:
-        from orchestrator.clearance.index import IndexUnreadable, git_dir_of, tracked_under
+        from orchestrator.hostfs.gitindex import IndexUnreadable, git_dir_of, tracked_under
 
         relative = root.relative_to(tree).as_posix()
         git_dir = git_dir_of(tree)

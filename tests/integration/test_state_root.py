@@ -97,12 +97,12 @@ def plant(sandbox: Path, record: dict) -> Path:
     return run / "access.json"
 
 
-def zone_worker(project) -> None:
+def zone_worker(project, isolation: str = "runc") -> None:
     """A worker with a zone root does not own: as root, the run opens it up (and so reads
     the access records of earlier runs first)."""
     out = project.zone("out", "rw", files={"a.txt": "a"})
     os.chmod(out, 0o700)
-    project.isolation = "runc"
+    project.isolation = isolation
     project.write_project()
     zones = "sandbox: {zones: [{name: out, mode: rw}]}"
     project.worker("w", f'command: ["true"]\ntrust: session\n{zones}')
@@ -130,11 +130,12 @@ def test_a_planted_record_in_a_users_project_is_refused_before_anything_is_read(
 
 @pytest.mark.parametrize("command", ["gc", "run"])
 def test_a_record_the_orchestrator_did_not_sign_is_reported_never_applied(
-    engine, project, canary, command
+    engine, project, canary, command, isolation
 ):
     """A record planted in root's own sandbox root (as a copied folder or an older
-    version would leave it): not signed with root's key, so refused, audited, kept."""
-    zone_worker(project)
+    version would leave it): not signed with root's key, so refused, audited, kept; the
+    run itself goes on, under runc (ACL entries) and gVisor (lent ownership)."""
+    zone_worker(project, isolation)
     cli("audit", "--project", str(project.root))  # the orchestrator makes its sandbox root
     record = plant(project.root / ".sandbox", planted_record(canary))
     args = ["gc", "--project", str(project.root)] if command == "gc" else ["run", "w"]

@@ -4,7 +4,8 @@ The orchestrator refuses a sandbox root that a repository tracks (a checkout wou
 run state in it), and asks before anything of the project is read: so no git process
 runs, no configuration of the repository is read, nothing in it can run. The index
 (``.git/index``, versions 2 to 4, and the shared index of a split one) is read as bytes:
-its entries' names, nothing else.
+its entries' names, nothing else. Standard library only: it imports no git library (only
+:mod:`orchestrator.clearance` does), so a run pays nothing for it.
 """
 
 from __future__ import annotations
