@@ -13,8 +13,15 @@ network argument that matches the container's network, so two runtimes are decla
     enabled in root network namespace"); with ``host`` the Sentry passes network calls to
     the container's own network namespace (never the host's), so the network the plan
     names is exactly the one the worker gets.
+``orchestrator-runsc-broker``, ``orchestrator-runsc-net-broker``
+    The same two with ``--host-uds=open``, for a parent only (a plan that mounts a broker
+    socket): runsc refuses a sandbox's ``connect()`` to a host Unix socket by default, the
+    broker's among them. ``open`` lets it connect to a socket that is already there in its
+    mounts, nothing more (it cannot create or bind one on the host); the Sentry still
+    checks the socket file's owner and mode against the worker's uid, as Linux would under
+    runc. Workers without children never get it (docs/security.md, "Isolation runtimes").
 
-:func:`setup_gvisor` merges both into ``daemon.json`` (every other key kept, written
+:func:`setup_gvisor` merges all four into ``daemon.json`` (every other key kept, written
 atomically, the old file backed up) and makes dockerd reload it with SIGHUP, which
 reloads ``runtimes`` without stopping a single container. It is what ``orchestrator
 engine setup --gvisor`` runs; ``scripts/ensure-engine.sh`` runs it for ``make``.
@@ -45,9 +52,16 @@ DOCKER_PID = Path("/var/run/docker.pid")
 GVISOR_NONE = "orchestrator-runsc"
 #: For every other network mode (the run's own internal network, a ``full`` bridge).
 GVISOR_NETWORK = "orchestrator-runsc-net"
+#: The two above for a parent, whose broker socket is a host Unix socket in its mounts.
+GVISOR_BROKER_NONE = "orchestrator-runsc-broker"
+GVISOR_BROKER_NETWORK = "orchestrator-runsc-net-broker"
+#: Lets a sandbox connect to a host Unix socket in its mounts (runsc's default: none).
+HOST_UDS_OPEN = "--host-uds=open"
 GVISOR_ARGS = {
     GVISOR_NONE: ["--network=none", "--oci-seccomp"],
     GVISOR_NETWORK: ["--network=host", "--oci-seccomp"],
+    GVISOR_BROKER_NONE: ["--network=none", "--oci-seccomp", HOST_UDS_OPEN],
+    GVISOR_BROKER_NETWORK: ["--network=host", "--oci-seccomp", HOST_UDS_OPEN],
 }
 #: Docker's own runtime: always there, never declared.
 RUNC = "runc"
@@ -66,10 +80,13 @@ def setup_command() -> str:
     return "sudo orchestrator engine setup --gvisor"
 
 
-def runtime_name(isolation: Isolation, network: NetworkMode) -> str:
-    """The engine runtime for a container of ``isolation`` with the plan's ``network``."""
+def runtime_name(isolation: Isolation, network: NetworkMode, *, broker: bool = False) -> str:
+    """The engine runtime for a container of ``isolation`` with the plan's ``network``;
+    ``broker``: the plan mounts a broker socket the worker must be able to connect to."""
     if isolation == "runc":
         return RUNC
+    if broker:
+        return GVISOR_BROKER_NONE if network == "none" else GVISOR_BROKER_NETWORK
     return GVISOR_NONE if network == "none" else GVISOR_NETWORK
 
 
