@@ -108,7 +108,7 @@ def collect_all(
     if os.geteuid() == 0:  # what runs of dead orchestrators opened up for their workers
         from orchestrator.runtime.access import sweep as sweep_access
 
-        summary.access = sweep_access(sandbox, everything=everything, audit=audit)
+        summary.access = sweep_access(project, everything=everything, audit=audit)
     if (sandbox / "runs").is_dir():  # after access: it frees some
         from orchestrator.runtime.run_folders import sweep as sweep_folders
 

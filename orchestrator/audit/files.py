@@ -35,6 +35,7 @@ __all__ = [
     "select_lines_reverse",
 ]
 
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _BLOCK = 1 << 20
 _TAIL_BLOCK = 1 << 13
 # Creating a folder where a file is fails with EEXIST; opening a path through one, ENOTDIR.
@@ -51,7 +52,12 @@ def audit_error(path: Path, action: str, exc: OSError, what: str = "audit log") 
 
     The message reads ``cannot {action} {what} {path}: {what is wrong and the fix}``.
     """
-    if isinstance(exc, IsADirectoryError) or exc.errno == errno.EISDIR:
+    if exc.errno == errno.ELOOP:
+        fix = (
+            "it is a symbolic link (or one is on its path), which the orchestrator never "
+            "follows; remove it and check what it pointed at"
+        )
+    elif isinstance(exc, IsADirectoryError) or exc.errno == errno.EISDIR:
         fix = "a directory is in its place; move it away so the log can be a file"
     elif isinstance(exc, NotADirectoryError | FileExistsError) or exc.errno in _NOT_DIR:
         fix = "a file is in place of one of its folders; move it away or change the sandbox root"
@@ -74,12 +80,12 @@ def open_snapshot(path: Path) -> tuple[BinaryIO, int] | None:
     """
     lock_fd: int | None = None
     with contextlib.suppress(OSError):
-        lock_fd = os.open(lock_path_for(path), os.O_RDONLY | os.O_CLOEXEC)
+        lock_fd = os.open(lock_path_for(path), _READ_FLAGS)
     try:
         if lock_fd is not None:
             fcntl.flock(lock_fd, fcntl.LOCK_SH)
         try:
-            handle = path.open("rb")
+            handle = os.fdopen(os.open(path, _READ_FLAGS), "rb")
         except FileNotFoundError:
             return None
         except OSError as exc:

@@ -5,14 +5,20 @@ exclusive lock (:mod:`orchestrator.audit.files`), reads the chain head from the 
 tail, writes one whole line with a single ``os.write`` on an ``O_APPEND`` descriptor and
 ``fsync``\\s it before returning. Descriptors stay open between appends; the log is
 reopened when another process replaced it (a prune) or after a fork.
+
+The log's folder is opened from ``/`` without following a link, once per process, and the
+log and its lock are opened relative to that descriptor with ``O_NOFOLLOW``: a link
+planted at either name (or on the folder's path) is refused, never written through.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,7 +33,6 @@ from orchestrator.audit.files import (
     audit_error,
     chain_head,
     ends_with_newline,
-    fsync_dir,
     iter_chunks,
     iter_chunks_reverse,
     lock_path_for,
@@ -37,10 +42,12 @@ from orchestrator.audit.filters import AuditFilter, LineMatcher
 from orchestrator.audit.prune import PruneResult, prune_locked
 from orchestrator.audit.redact import Redactor
 from orchestrator.audit.timeutil import format_timestamp, utc_now
+from orchestrator.hostfs.paths import open_path
 
 __all__ = ["AuditLog"]
 
-_LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+_LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class _Handles:
@@ -48,6 +55,7 @@ class _Handles:
 
     def __init__(self) -> None:
         self.pid = 0
+        self.dir_fd = -1
         self.lock_fd = -1
         self.log_fd = -1
         self.identity: tuple[int, int] | None = None
@@ -65,10 +73,12 @@ class _Handles:
 
     def close(self) -> None:
         self.close_log()
-        if self.lock_fd >= 0 and self.pid == os.getpid():
-            with contextlib.suppress(OSError):
-                os.close(self.lock_fd)
-        self.lock_fd = -1
+        if self.pid == os.getpid():
+            for fd in (self.lock_fd, self.dir_fd):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        self.lock_fd = self.dir_fd = -1
 
 
 class AuditLog:
@@ -227,31 +237,37 @@ class AuditLog:
         if handles.pid != os.getpid():
             # A fork shares our open file descriptions, and with them the flock: the
             # child must have its own. Its inherited copies are closed, not unlocked.
-            for fd in (handles.lock_fd, handles.log_fd):
+            for fd in (handles.lock_fd, handles.log_fd, handles.dir_fd):
                 if fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            handles.lock_fd = handles.log_fd = -1
+            handles.lock_fd = handles.log_fd = handles.dir_fd = -1
             handles.identity = handles.tail = None
             handles.pid = os.getpid()
-        if handles.lock_fd < 0:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+        if handles.dir_fd < 0:
+            try:  # each missing folder made in the one above it, none through a link
+                handles.dir_fd = open_path(self.path.parent.absolute(), create=0o700)
             except OSError as exc:
                 raise audit_error(self.path, "create the folder of", exc) from None
+        if handles.lock_fd < 0:
             try:
                 handles.lock_fd = os.open(
-                    self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                    self.lock_path.name, _LOCK_FLAGS, 0o600, dir_fd=handles.dir_fd
                 )
+                if not stat.S_ISREG(os.fstat(handles.lock_fd).st_mode):
+                    os.close(handles.lock_fd)
+                    handles.lock_fd = -1
+                    raise IsADirectoryError(errno.EISDIR, "not a regular file")
             except OSError as exc:
                 raise audit_error(self.lock_path, "open", exc, "audit lock file") from None
         return handles
 
     def _reopen_if_replaced(self, handles: _Handles) -> None:
         """Make ``handles.log_fd`` refer to the file now at the log's path (lock held)."""
+        name, folder = self.path.name, handles.dir_fd
         if handles.log_fd >= 0:
             try:
-                status = os.stat(self.path)
+                status = os.stat(name, dir_fd=folder, follow_symlinks=False)
                 current: tuple[int, int] | None = (status.st_dev, status.st_ino)
             except FileNotFoundError:
                 current = None
@@ -259,17 +275,20 @@ class AuditLog:
                 return
             handles.close_log()
         try:
-            fd = os.open(self.path, _LOG_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(name, _LOG_FLAGS | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=folder)
             created = True
         except FileExistsError:
-            fd = os.open(self.path, _LOG_FLAGS)
+            fd = os.open(name, _LOG_FLAGS, dir_fd=folder)  # ELOOP for a link
             created = False
         status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            os.close(fd)
+            raise IsADirectoryError(errno.EISDIR, "not a regular file")
         handles.log_fd = fd
         handles.identity = (status.st_dev, status.st_ino)
         handles.tail = None
         if created:
-            fsync_dir(self.path.parent)
+            os.fsync(folder)
 
     # -- reading -------------------------------------------------------------------
 

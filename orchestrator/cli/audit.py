@@ -111,8 +111,9 @@ def _filter_options(function: F) -> F:
 def audit_log_path(project_dir: Path | None) -> Path:
     """Return the audit log of the project in ``project_dir`` (default: the current one)."""
     from orchestrator.config import load_project
+    from orchestrator.runtime.state_root import checked_state_root
 
-    return load_project(project_dir or Path(".")).sandbox_root / LOG_NAME
+    return checked_state_root(load_project(project_dir or Path("."))) / LOG_NAME
 
 
 def _open_log(ctx: click.Context, project_dir: Path | None) -> AuditLog:

@@ -3,7 +3,8 @@
 A command forked by the server runs with the server's credentials, not its client's. So the
 server serves a client only when what confines a process is the same on both sides:
 :func:`confinement` reads it from ``/proc/PID`` (user, groups, capabilities, NoNewPrivs,
-seccomp, the LSM label, the namespaces) and :func:`differences` names what differs. What a
+seccomp, the LSM label, the namespaces, the cgroup, the root directory) and
+:func:`differences` names what differs. What a
 command can simply take over from its client is read too (:class:`Taken`: the umask and the
 resource limits), and the forked child applies it (:func:`apply`).
 
@@ -78,6 +79,8 @@ _NAMES = {
     "CapBnd": "capability bounding set",
     "CapAmb": "ambient capabilities",
     "lsm": "security label",
+    "cgroup": "cgroup",
+    "root": "root directory",
 }
 
 
@@ -141,6 +144,14 @@ def confinement(pid: int | str) -> dict[str, str]:
             found["lsm"] = handle.read().rstrip(b"\0\n").decode("utf-8", "replace")
     except OSError:
         pass  # no LSM that labels processes
+    try:  # the command runs in the server's cgroup, below the server's root directory
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as handle:
+            found["cgroup"] = " ".join(sorted(handle.read().split()))
+        root = os.stat(f"/proc/{pid}/root")  # the folder it sees as /, whatever its path
+        seen = os.readlink(f"/proc/{pid}/root")
+        found["root"] = f"{seen} (device {root.st_dev}, inode {root.st_ino})"
+    except OSError as exc:
+        raise Unreadable(f"cannot read /proc/{pid}: {exc.strerror or exc}") from None
     return found
 
 
@@ -156,7 +167,7 @@ def differences(client: dict[str, str], server: dict[str, str]) -> list[str]:
 
 
 def _order(key: str) -> tuple[int, str]:
-    order = [*STATUS_FIELDS, *(f"ns/{name}" for name in NAMESPACES), "lsm"]
+    order = [*STATUS_FIELDS, *(f"ns/{name}" for name in NAMESPACES), "lsm", "cgroup", "root"]
     return (order.index(key) if key in order else len(order), key)
 
 

@@ -50,8 +50,9 @@ class SessionCliError(OrchestratorError):
 
 def _sandbox_root(project_dir: Path) -> Path:
     from orchestrator.config import load_project
+    from orchestrator.runtime.state_root import checked_state_root
 
-    return load_project(project_dir).sandbox_root
+    return checked_state_root(load_project(project_dir))
 
 
 @contextlib.contextmanager

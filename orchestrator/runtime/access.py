@@ -26,7 +26,10 @@ the worker's uid:
   made) is given to the project folder's owner, loses ACL entries naming the worker, and
   (regular files) setuid and setgid bits. Links are changed themselves, never followed.
 - **After a crash** (SIGKILL) the record stays: ``orchestrator gc``, and the next run that
-  needs access, put back what a dead process's record lists.
+  needs access, put back what a dead process's record lists. A record that is not the
+  orchestrator's own (its HMAC does not verify) or names a folder outside the project is
+  never applied: it is reported (a warning line and ``access.record_refused`` in the audit
+  log) and left where it is for a person to look at.
 
 Runs at the same time may share folders (the workspace, an output zone, a child and its
 parent). Each step holds one lock per project; an entry another live run also opened up
@@ -48,16 +51,25 @@ from typing import Any
 
 from orchestrator import labels
 from orchestrator.audit import AuditLog
+from orchestrator.config import Project
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.files import locked
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.hostfs.walk import Entry, TreeChanged, walk
 from orchestrator.prepare import Prepared
 from orchestrator.runtime import acl
-from orchestrator.runtime.access_record import RECORD, Ident, Record, Saved, Tree, snapshot
+from orchestrator.runtime.access_record import (
+    RECORD,
+    Ident,
+    Record,
+    RecordRefused,
+    Saved,
+    Tree,
+    snapshot,
+)
 from orchestrator.runtime.access_record import restore as restore_saved
 
-__all__ = ["RECORD", "WorkerAccess", "remove_run_dir", "sweep", "trees_for"]
+__all__ = ["RECORD", "WorkerAccess", "project_folders", "remove_run_dir", "sweep", "trees_for"]
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +81,10 @@ class WorkerAccess:
     """The worker's access to one run's folders: :meth:`grant` before its container
     exists, :meth:`release` after it is gone (safe twice, and when nothing was granted)."""
 
-    def __init__(self, prepared: Prepared) -> None:
+    def __init__(self, prepared: Prepared, audit: AuditLog | None = None) -> None:
         self.uid, self.gid = prepared.uid, prepared.gid
+        self.audit = audit
+        self.allowed = project_folders(prepared.project)
         self.sandbox_root = prepared.paths.sandbox_root
         self.trees = trees_for(prepared) if os.geteuid() == 0 else []
         # gVisor decides on owner and mode bits alone: lend ownership there.
@@ -95,7 +109,9 @@ class WorkerAccess:
         if not self.trees:
             return 0
         with locked(self.sandbox_root / _LOCK):
-            others = _records(self.sandbox_root, exclude=self.record.file)
+            others = _records(
+                self.sandbox_root, self.allowed, exclude=self.record.file, audit=self.audit
+            )
             for dead in [r for r in others if not r.alive]:  # what a SIGKILL left
                 if not _release(dead, others=[r for r in others if r is not dead]):
                     others.remove(dead)
@@ -114,7 +130,9 @@ class WorkerAccess:
         if not self._granted:
             return []
         with locked(self.sandbox_root / _LOCK):
-            others = _records(self.sandbox_root, exclude=self.record.file)
+            others = _records(
+                self.sandbox_root, self.allowed, exclude=self.record.file, audit=self.audit
+            )
             problems = _release(self.record, others=others)
         self._granted = bool(problems)
         return problems
@@ -280,17 +298,30 @@ def trees_for(prepared: Prepared) -> list[Tree]:
     return trees
 
 
+def project_folders(project: Project) -> list[Path]:
+    """The folders a run of ``project`` may open up: an access record naming any other
+    tree is refused."""
+    return [
+        project.sandbox_root,
+        project.workers_dir,
+        project.repo,
+        project.file,
+        *(zone.host_path for zone in project.zones.values()),
+    ]
+
+
 def sweep(
-    sandbox_root: Path, *, everything: bool = False, audit: AuditLog | None = None
+    project: Project, *, everything: bool = False, audit: AuditLog | None = None
 ) -> list[str]:
     """Put back what runs of dead orchestrators left opened up (``orchestrator gc``); with
     ``everything``, also those of other pid namespaces. The ids of the runs swept, each
     recorded in ``audit`` as ``gc.access_restored``."""
     swept: list[str] = []
+    sandbox_root = project.sandbox_root
     if not (sandbox_root / "runs").is_dir():
         return swept
     with locked(sandbox_root / _LOCK):
-        records = _records(sandbox_root)
+        records = _records(sandbox_root, project_folders(project), audit=audit)
         for record in records:
             state = labels.owner_state(record.process)
             if state == "alive" or (state == "foreign" and not everything):
@@ -448,13 +479,33 @@ def _walk(tree: Tree, visit: Callable[[Entry], bool]) -> None:
         raise
 
 
-def _records(sandbox_root: Path, *, exclude: Path | None = None) -> list[Record]:
+def _records(
+    sandbox_root: Path,
+    allowed: list[Path],
+    *,
+    exclude: Path | None = None,
+    audit: AuditLog | None = None,
+) -> list[Record]:
+    """The access records of the project's runs; those refused are reported and left."""
     found: list[Record] = []
     for file in sorted((sandbox_root / "runs").glob(f"*/{RECORD}")):
         if file == exclude:
             continue
         try:
-            found.append(Record.load(file))
+            found.append(Record.load(file, allowed))
+        except RecordRefused as exc:
+            log.warning(
+                "refusing the access record %s: %s; nothing it lists is changed. Look at "
+                "it, then remove it (`rm %s`)", file, exc, file,
+            )  # fmt: skip
+            if audit is not None:
+                audit.record(
+                    "access.record_refused",
+                    allowed=False,
+                    reason=str(exc),
+                    run_id=file.parent.name,
+                    path=str(file),
+                )
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("ignoring the unreadable access record %s: %s", file, exc)
     return found

@@ -7,6 +7,12 @@ process that wrote it (pid, start time, pid namespace, as on container labels), 
 it walked, and for each changed file or folder (by device and inode, since a worker can
 move things) its owner, mode bits and every extended attribute it had (its ACLs,
 ``security.capability``, ...). Putting back restores exactly those.
+
+A record is the orchestrator's own or it is not used: it carries an HMAC of its content and
+its place under a key only the effective user can read (:mod:`~orchestrator.runtime.state_key`),
+and every tree it names must be a folder of the project as loaded (a zone, the sandbox
+root, the workers folder, the repo, the project file). :meth:`Record.load` refuses any
+other (:class:`RecordRefused`), and the callers report it, never apply it.
 """
 
 from __future__ import annotations
@@ -15,16 +21,26 @@ import base64
 import errno
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator import labels
+from orchestrator.hostfs.files import read_limited
+from orchestrator.runtime.state_key import sign, signed_by_us
 
-__all__ = ["RECORD", "Ident", "Record", "Saved", "Tree", "restore", "snapshot"]
+__all__ = ["RECORD", "Ident", "Record", "RecordRefused", "Saved", "Tree", "restore", "snapshot"]
 
 RECORD = "access.json"
+#: Largest record read (one line per changed file: a big tree gives a few MiB).
+MAX_RECORD = 256 << 20
 Ident = tuple[int, int]
+
+
+class RecordRefused(ValueError):
+    """An access record the orchestrator did not write, or naming a folder outside the
+    project: reported, never applied."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +108,26 @@ class Record:
         }
 
     @classmethod
-    def load(cls, file: Path) -> Record:
-        """Read a record; ``ValueError`` (or ``KeyError``, ``TypeError``) when malformed."""
-        data = json.loads(file.read_bytes())
-        if data.get("version") != 1:
-            raise ValueError(f"unknown access record version {data.get('version')!r}")
+    def load(cls, file: Path, allowed: Sequence[Path]) -> Record:
+        """Read a record; ``ValueError`` (or ``KeyError``, ``TypeError``) when malformed,
+        :class:`RecordRefused` when not the orchestrator's own or when a tree lies outside
+        every folder of ``allowed``."""
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            data = json.loads(read_limited(fd, MAX_RECORD))
+        finally:
+            os.close(fd)
+        if not isinstance(data, dict) or data.get("version") != 1:
+            raise ValueError("not an access record of version 1")
+        mac = data.pop("mac", None)
+        if not signed_by_us(data, str(file), mac):
+            raise RecordRefused(
+                "not signed with this user's record key: the orchestrator did not write it here"
+            )
+        for tree in data["trees"]:
+            path = Path(os.path.normpath(str(tree["path"])))
+            if not any(path == top or path.is_relative_to(top) for top in allowed):
+                raise RecordRefused(f"it names {path}, which is no folder of the project")
         trees = [
             Tree(
                 Path(t["path"]),
@@ -128,7 +159,8 @@ class Record:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temporary, flags, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(self.to_json(), handle)
+            body = self.to_json()
+            json.dump({**body, "mac": sign(body, str(self.file))}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, self.file)

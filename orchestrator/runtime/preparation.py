@@ -23,6 +23,7 @@ from orchestrator.policy.grant import ZoneGrant
 from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.session_folders import touch
+from orchestrator.runtime.state_root import checked_state_root
 
 AUDIT_FILE = "audit.jsonl"
 
@@ -30,7 +31,7 @@ AUDIT_FILE = "audit.jsonl"
 def prepare_filesystem(prepared: Prepared) -> None:
     """Create the run's folders and check every mount source before the container exists."""
     uid, gid, paths = prepared.uid, prepared.gid, prepared.paths
-    private(paths.sandbox_root)
+    checked_state_root(prepared.project)
     # As root, folders made for the worker belong to the project folder's owner, and the
     # worker's uid gets its access for the run only (runtime.access, when the run opens).
     owner = (uid, gid) if os.geteuid() != 0 else project_owner(prepared.project.root)
@@ -147,15 +148,9 @@ def _copy_folder(folder: int, into: Path, uid: int, gid: int) -> None:
 
 
 def open_audit(project: Project) -> AuditLog:
-    """The project's audit log, in its private sandbox root."""
-    private(project.sandbox_root)
-    return AuditLog(project.sandbox_root / AUDIT_FILE)
-
-
-def private(folder: Path) -> None:
-    """The sandbox root: created 0700, since it holds every session and the audit log."""
-    if not folder.exists():
-        folder.mkdir(mode=0o700, parents=True)
+    """The project's audit log, in its sandbox root, made and checked first
+    (:mod:`~orchestrator.runtime.state_root`)."""
+    return AuditLog(checked_state_root(project) / AUDIT_FILE)
 
 
 def project_owner(root: Path) -> tuple[int, int]:

@@ -280,7 +280,7 @@ class Run:
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
         self._started = time.monotonic()
         try:
-            self._access = WorkerAccess(prepared)
+            self._access = WorkerAccess(prepared, self.audit)
             if self._access.trees:  # root: the worker's uid gets what its grant says
                 self._access.grant()
                 for dead in self._access.swept:

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import labels
+from orchestrator.audit import AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.hostfs.walk import walk
 from orchestrator.prepare import prepare
 from orchestrator.runtime import acl
-from orchestrator.runtime.access import RECORD, WorkerAccess, sweep
+from orchestrator.runtime.access import RECORD, WorkerAccess, project_folders, sweep
+from orchestrator.runtime.access_record import Record
 from orchestrator.runtime.preparation import prepare_filesystem
 
 NOBODY = 65534
@@ -313,8 +316,33 @@ def test_gc_puts_back_what_a_killed_run_left(project):
     access.grant()
     record = prepared.paths.run_dir / RECORD
     # As if its process had been SIGKILLed: the record names a process that is gone.
-    text = record.read_text().replace(f'"{os.getpid()}"', '"999999999"')
-    record.write_text(text)
-    assert sweep(prepared.paths.sandbox_root) == [prepared.spec.run_id]
+    loaded = Record.load(record, project_folders(prepared.project))
+    loaded.process[labels.OWNER_PID] = "999999999"
+    loaded.write()  # signed again, as the orchestrator (the same user) writes it
+    assert sweep(prepared.project) == [prepared.spec.run_id]
     assert not prepared.paths.run_dir.exists()
     assert (state(data), state(secret)) == before
+
+
+@root_only
+def test_a_record_changed_by_anyone_else_is_reported_and_never_applied(project, caplog):
+    """The same dead run's record, edited without the key (its pid, and a mode 4777 for a
+    file it lists): refused as a whole, audited, kept; nothing it lists changes."""
+    prepared, data, _ = root_project(project)
+    access = WorkerAccess(prepared)
+    access.grant()
+    granted = state(data)
+    record = prepared.paths.run_dir / RECORD
+    text = record.read_text().replace(f'"{os.getpid()}"', '"999999999"')
+    assert ", 448, {" in text
+    record.write_text(text.replace(", 448, {", ", 2559, {"))  # 0o700 -> 0o4777
+    with AuditLog(prepared.paths.sandbox_root / "audit.jsonl") as audit:
+        assert sweep(prepared.project, audit=audit) == []
+        entries = audit.query()
+    assert f"refusing the access record {record}: not signed" in caplog.text
+    assert [(e.operation, e.allowed, e.path) for e in entries] == [
+        ("access.record_refused", False, str(record))
+    ]
+    assert record.read_text() == text.replace(", 448, {", ", 2559, {")
+    assert state(data) == granted  # left as the run had it: a person decides
+    assert access.release() == []  # the run itself puts back what it holds in memory

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launcher
-from orchestrator.cli import wire
+from orchestrator.cli import peer, wire
 
 DEBUG = {"ORCHESTRATOR_SERVER_DEBUG": "1"}
 
@@ -328,6 +328,65 @@ def test_a_client_confined_otherwise_runs_the_command_itself(runtime, telling_se
     quiet = confined(runtime, wrapper, "--version")
     assert (quiet.returncode, quiet.stderr) == (0, "")  # silent without the debug variable
     assert quiet.stdout.startswith("orchestrator, version")
+
+
+@pytest.fixture
+def other_cgroup() -> Iterator[Path]:
+    """A cgroup of its own in the pids hierarchy (cgroup v1) or the unified one (v2), as
+    a systemd scope would be; removed after (its processes are gone by then)."""
+    if not ROOT:
+        pytest.skip("needs root: making a cgroup")
+    found = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if controllers in ("pids", ""):
+            hierarchy = "pids" if controllers == "pids" else "unified"
+            base = Path("/sys/fs/cgroup") / hierarchy
+            if not base.is_dir() and controllers == "":
+                base = Path("/sys/fs/cgroup")
+            found.append(base / path.lstrip("/"))
+    if not found:
+        pytest.skip("no pids or unified cgroup hierarchy here")
+    folder = found[0] / f"orch-test-{os.getpid()}"
+    folder.mkdir()
+    yield folder
+    folder.rmdir()
+
+
+def test_a_client_in_another_cgroup_runs_the_command_itself(runtime, telling_server, other_cgroup):
+    """A command runs in the server's cgroup: a client in another one would escape its
+    limits through the server, so it runs the command itself."""
+    wrapper = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(other_cgroup)]
+    done = confined(runtime, wrapper, "--version", **DEBUG)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("orchestrator, version")  # its own, not the server's
+    assert "its cgroup (" in done.stderr and "does not serve this process" in done.stderr
+
+
+def test_another_root_directory_is_a_difference(tmp_path):
+    """A client chrooted elsewhere sees another file system than the server's commands
+    would: its root directory differs (read from ``/proc/PID/root``)."""
+    if not ROOT:
+        pytest.skip("needs root: chroot")
+    chrooted_r, chrooted_w = os.pipe()
+    done_r, done_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.chroot(tmp_path)
+        os.write(chrooted_w, b"x")
+        os.read(done_r, 1)
+        os._exit(0)
+    try:
+        assert os.read(chrooted_r, 1) == b"x"
+        theirs, ours = peer.confinement(child), peer.confinement("self")
+        found = peer.differences(theirs, ours)
+        assert [d for d in found if d.startswith("its root directory (")], found
+        assert peer.differences(peer.confinement(os.getpid()), ours) == []
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(child, 0)
+        for fd in (chrooted_r, chrooted_w, done_r, done_w):
+            os.close(fd)
 
 
 def test_the_command_takes_the_clients_umask_and_limits(runtime, telling_server):
