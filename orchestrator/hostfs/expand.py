@@ -117,7 +117,7 @@ def _kind(path: Path) -> str:
         return "file"
     if stat.S_ISDIR(info.st_mode):
         return "folder"
-    _refuse(path, info.st_mode, None)
+    _refuse(path, info.st_mode, path.parent)
     raise AssertionError  # pragma: no cover - _refuse raises
 
 

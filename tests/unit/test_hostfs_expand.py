@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.hostfs.expand import MAX_DEPTH, TooDeep, expand, files_in
 from orchestrator.hostfs.paths import PathRefused
+from tests.conftest import deep_tree
 
 
 @pytest.fixture
@@ -74,18 +75,8 @@ def test_fifos_are_refused_not_opened(tree):
 
 
 def test_a_tree_deeper_than_the_cap_is_refused_without_recursion(tmp_path):
-    deep = tmp_path / "deep"
-    deep.mkdir()
-    fd = os.open(deep, os.O_RDONLY)
-    try:
-        for _ in range(1500):  # deeper than the recursion limit and PATH_MAX allow by path
-            os.mkdir("d", dir_fd=fd)
-            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-        os.close(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
-    finally:
-        os.close(fd)
-    for walk in (lambda: files_in(deep), lambda: expand(deep / "**" / "*.txt")):
-        with pytest.raises(TooDeep, match=f"more than {MAX_DEPTH} levels deep"):
-            walk()
+    # deeper than the recursion limit, and than PATH_MAX allows as one path
+    with deep_tree(tmp_path / "deep", 1500) as deep:
+        for walk in (lambda: files_in(deep), lambda: expand(deep / "**" / "*.txt")):
+            with pytest.raises(TooDeep, match=f"more than {MAX_DEPTH} levels deep"):
+                walk()
