@@ -117,7 +117,10 @@ def test_a_link_in_a_downloads_folder_refuses_the_batch_and_nothing_is_read(
         assert done.returncode == 125, (inputs, done.stdout, done.stderr)
         error = json.loads(done.stdout.strip().splitlines()[-1])
         assert error["exit_code"] == 125
-        assert f"{downloads / link} is a symbolic link (to {victim / target})" in error["error"]["message"]
+        assert (
+            f"{downloads / link} is a symbolic link (to {victim / target})"
+            in error["error"]["message"]
+        )
         assert "links are never followed" in error["error"]["message"]
         assert "Traceback" not in done.stderr
     for secret in (victim / ".ssh" / "id_rsa", victim / "Documents" / "notes.txt"):
