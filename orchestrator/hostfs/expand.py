@@ -149,8 +149,8 @@ def _matches(base: Path, parts: tuple[str, ...], max_depth: int) -> set[Path]:
             hidden = part.startswith(".")
             named = [(n, i) for n, i in _listing(folder, hidden) if fnmatch.fnmatchcase(n, part)]
         else:
-            info = _lstat_in(folder, part)
-            named = [] if info is None else [(part, info)]
+            found_info = _lstat_in(folder, part)
+            named = [] if found_info is None else [(part, found_info)]
         for name, info in named:
             inner = folder / name
             if stat.S_ISLNK(info.st_mode):
