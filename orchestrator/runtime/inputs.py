@@ -225,8 +225,9 @@ class _Placer:
         fd, st = opened
         try:
             if self._linkable(st) and _link_descriptor(fd, target):
+                linked = os.fstat(fd)  # the link itself changed its ctime
                 digest, size = _sparse_copy(fd, None)
-                if _unchanged(st, os.fstat(fd)):
+                if _unchanged(linked, os.fstat(fd)):
                     return digest, size
                 target.unlink()  # written to while it was hashed: a copy is what it was
             out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
