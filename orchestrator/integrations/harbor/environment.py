@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import posixpath
 import tarfile
 from functools import partial
@@ -41,6 +42,7 @@ from pydantic import ValidationError
 from orchestrator.config import Resources, load_project
 from orchestrator.config.models import Isolation, Trust
 from orchestrator.errors import OrchestratorError
+from orchestrator.hostfs.owners import others_can_write
 from orchestrator.integrations import transfer, upload
 from orchestrator.integrations.harbor import mapping
 from orchestrator.integrations.inspect.config import Environment
@@ -151,6 +153,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
     def _prepare(self) -> Prepared:
         self._max_lifetime = _seconds(self._max_lifetime_option)
         project = load_project(self._project_dir)
+        if why := others_can_write(Path(os.path.realpath(project.file))):
+            raise mapping.refuse(f"{project.file}: {why}; it says what a task's container gets")
         config = self.task_env_config
         image = mapping.image_of(self.environment_dir, config.docker_image)
         policy = self.network_policy
