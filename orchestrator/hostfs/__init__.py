@@ -14,7 +14,8 @@ this package, by concern:
   without following any link (a batch's inputs);
 - :mod:`.hostpath`: a path a person names, whose links are followed except inside the
   folders a worker can write;
-- :mod:`.files`: the orchestrator's own files next to them (durable writes, locks).
+- :mod:`.files`: the orchestrator's own files next to them (durable writes, locks);
+- :mod:`.owners`: whether another local user could change a file it is about to trust.
 
 A leaf: it imports nothing else from the orchestrator.
 """
