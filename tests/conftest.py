@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "swarm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
+
+
+@contextlib.contextmanager
+def deep_tree(folder: Path, levels: int) -> Iterator[Path]:
+    """``folder/d/d/.../d/f.txt``, ``levels`` folders deep (made by descriptor: its path is
+    longer than PATH_MAX), removed afterwards without recursion: pytest's own clean-up of
+    old temporary folders recurses, and would fail on it in every later session on the
+    machine."""
+    folder.mkdir()
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+    try:
+        yield folder
+    finally:
+        while (folder / "d").is_dir():  # lift d/d to the top, remove the emptied d
+            for name in os.listdir(folder / "d"):
+                os.rename(folder / "d" / name, folder / f"{name}.up")
+            os.rmdir(folder / "d")
+            if (folder / "d.up").is_dir():
+                os.rename(folder / "d.up", folder / "d")
+        shutil.rmtree(folder)
 
 
 class ProjectDir:

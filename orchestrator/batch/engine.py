@@ -95,6 +95,12 @@ class BatchResult:
         }
 
 
+def _placed_sha256(result: RunResult) -> str | None:
+    """The hash of the bytes the run was given (its one input, as placed and hashed)."""
+    hashes = [placed.get("sha256") for placed in result.inputs]
+    return hashes[0] if len(hashes) == 1 else None
+
+
 def status_of(result: RunResult) -> str:
     if result.status == "exited":
         return "succeeded" if result.exit_code == 0 else "failed"
@@ -204,7 +210,7 @@ class Batch:
         record: dict[str, Any] = {
             "key": item.key,
             "input": str(item.path),
-            "sha256": item.sha256,
+            "sha256": None,  # of the bytes placed for the run, once they are
             "worker_hash": self.worker_hash,
             "run_id": None,
             "exit_code": int(Exit.ERROR),
@@ -259,6 +265,7 @@ class Batch:
                 error=result.error,
                 files=outbox.files,
                 rejected=outbox.rejected,
+                sha256=_placed_sha256(result),
             )
             break
         record["duration_s"] = round(time.monotonic() - started, 3)

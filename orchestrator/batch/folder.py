@@ -1,7 +1,7 @@
 """A batch's folder on the host: ``<sandbox>/batches/<id>/``.
 
 - ``batch.json``: the worker, its definition hash, the options and every input (path,
-  sha256, key), written once when the batch is created;
+  key), written once when the batch is created;
 - ``results.jsonl``: one line per finished input, appended and fsynced as each input ends,
   so that a SIGKILLed batch loses at most the inputs still running;
 - ``blobs/<sha256>``: what the inputs' outboxes held, until the batch's change set is made;
@@ -59,7 +59,7 @@ class BatchFolder:
 
     @property
     def inputs(self) -> list[BatchInput]:
-        return [BatchInput(Path(i["path"]), i["sha256"], i["key"]) for i in self.meta["inputs"]]
+        return [BatchInput(Path(i["path"]), i["key"]) for i in self.meta["inputs"]]
 
     @classmethod
     def create(cls, sandbox_root: Path, meta: dict[str, Any]) -> BatchFolder:

@@ -15,8 +15,8 @@ from orchestrator.batch.engine import DONE, Batch, BatchResult, Event, RunOne
 from orchestrator.batch.folder import BatchFolder
 from orchestrator.batch.inputs import BatchInput, expand, file_sha256
 from orchestrator.batch.staging import BatchStaging, make_change_set
-from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.prepare.inputs import shown
+from orchestrator.errors import ConfigError
+from orchestrator.prepare.inputs import LinkFree, shown
 from orchestrator.runtime.pool import Preparer
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.run import RunResult, collect_garbage, execute
@@ -213,26 +213,31 @@ def _todo(
     folder: BatchFolder, items: list[BatchInput], digest: str
 ) -> tuple[list[BatchInput], list[dict[str, Any]]]:
     """The inputs still to run (no final result for this content and worker definition),
-    and the final results of the others."""
+    and the final results of the others. A result's hash is of the bytes its run was given
+    (placed and hashed once), so an input changed back after a run saw other bytes runs
+    again."""
     done = folder.results()
     todo: list[BatchInput] = []
     earlier: list[dict[str, Any]] = []
     for item in items:
-        try:
-            current = BatchInput(item.path, file_sha256(item.path), item.key)
-        except (OSError, OrchestratorError):
-            current = item  # gone or changed kind: its run reports the problem
         record = done.get(item.key)
         if (
             record
             and record.get("status") in DONE
-            and record.get("sha256") == current.sha256
             and record.get("worker_hash") == digest
+            and record.get("sha256") == _current_sha256(item.path)
         ):
             earlier.append(record)
         else:
-            todo.append(current)
+            todo.append(item)
     return todo, earlier
+
+
+def _current_sha256(path: Path) -> str | None:
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None  # gone, a link now, another kind: its run reports the problem
 
 
 def _stage(orch: BatchOwner, folder: BatchFolder, first: Prepared, result: BatchResult) -> None:
@@ -285,7 +290,7 @@ def _known_staged(folder: BatchFolder) -> None:
 
 def _cold(orch: BatchOwner, worker: str | Worker, options: dict[str, Any]) -> RunOne:
     def one(item: BatchInput, staging: BatchStaging, started: Callable[[str], None]) -> RunResult:
-        prepared = orch.prepare(worker, inputs=[item.path], **options)
+        prepared = orch.prepare(worker, inputs=[LinkFree(item.path)], **options)
         started(prepared.spec.run_id)
         return execute(
             orch.backend,
@@ -331,14 +336,12 @@ def _pool(
 
 
 def _pooled(pool: WarmPool) -> RunOne:
-    place_inputs = importlib.import_module("orchestrator.runtime.inputs").place_inputs
-
     def one(item: BatchInput, staging: BatchStaging, started: Callable[[str], None]) -> RunResult:
         run = pool.take()
         run.staging = staging
         started(run.spec.run_id)
         try:
-            place_inputs(run.prepared, [item.path])
+            run.place_inputs([LinkFree(item.path)])  # recorded as run.inputs
             run.run_worker()
             run.collect()
         except BaseException:

@@ -28,15 +28,19 @@ from orchestrator.config.models import human_size
 from orchestrator.errors import ConfigError
 from orchestrator.escaping import escape
 from orchestrator.hostfs.entries import kind_phrase
+from orchestrator.hostfs.expand import MAX_DEPTH
 from orchestrator.plan import INPUTS_DIR
 
 if TYPE_CHECKING:
     from orchestrator.config import Project, Worker
 
 __all__ = [
+    "LINKS_REFUSED",
+    "MAX_DEPTH",
     "InputPath",
     "InputSpec",
     "Kind",
+    "LinkFree",
     "check_inputs",
     "guarded_folders",
     "kind_phrase",
@@ -50,6 +54,18 @@ _MAX_NAME = 255
 
 
 @dataclass(frozen=True)
+class LinkFree:
+    """An input path none of whose components may be a symbolic link, not even one of the
+    host's own above the project: a batch's inputs, found that way in folders other people
+    can write (a downloads folder), where a link may have been planted since."""
+
+    path: Path
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+
+@dataclass(frozen=True)
 class InputSpec:
     """A checked input: where it is on the host, and its name under /inputs."""
 
@@ -58,6 +74,8 @@ class InputSpec:
     kind: Kind
     size: int
     """Bytes (a folder: the sum of its files) when it was checked."""
+    link_free: bool = False
+    """Given as :class:`LinkFree`: placed without following any link on its whole path."""
 
     @property
     def target(self) -> str:
@@ -88,9 +106,10 @@ def _unsafe(char: str) -> bool:
 
 
 def check_inputs(
-    project: Project, worker: Worker, given: Sequence[InputPath]
+    project: Project, worker: Worker, given: Sequence[InputPath | InputSpec]
 ) -> tuple[InputSpec, ...]:
-    """Check every input path; raise a :class:`ConfigError` listing every problem."""
+    """Check every input path (an :class:`InputSpec` again, as it was given); raise a
+    :class:`ConfigError` listing every problem."""
     accepts = worker.config.inputs
     problems: list[str] = []
     if accepts is not None and accepts.max_count is not None and len(given) > accepts.max_count:
@@ -101,9 +120,11 @@ def check_inputs(
     sandbox = project.sandbox_root  # link-free: checked at load
     guarded = guarded_folders(project)
     found: dict[str, InputSpec] = {}
-    for raw in given:
+    for item in given:
+        if isinstance(item, InputSpec):
+            item = LinkFree(item.source) if item.link_free else item.source
         try:
-            spec = _check_one(Path(raw), sandbox, guarded, worker)
+            spec = _check_one(item, sandbox, guarded, worker)
         except _Refused as exc:
             problems.append(str(exc))
             continue
@@ -122,19 +143,35 @@ class _Refused(Exception):
     pass
 
 
+#: Why a :class:`LinkFree` input reached through a link is refused.
+LINKS_REFUSED = (
+    "links are never followed on a batch's input paths (one could point anywhere on the "
+    "host): give the real path, or remove the link"
+)
+
+
 def guarded_folders(project: Project) -> list[Path]:
     """Folders a worker can write: a link in them is never followed on an input's path."""
     return [project.root, project.sandbox_root, *(z.host_path for z in project.zones.values())]
 
 
-def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
+def _check_one(item: InputPath, sandbox: Path, guarded: list[Path], worker: Worker) -> InputSpec:
     # The folders above an input are resolved, except a link in a folder a worker can
     # write (the project, a zone, the sandbox root): refused. The input itself never is.
+    # A LinkFree input's folders are never resolved: any link on its path is refused.
     from orchestrator.hostfs.hostpath import HostPathError, real_parent  # only with inputs
+    from orchestrator.hostfs.paths import PathRefused, check_path
 
+    raw, link_free = Path(item), isinstance(item, LinkFree)
     label = f"input {shown(raw)}"
     try:
-        path = real_parent(raw, guarded)
+        if link_free:
+            path = Path(os.path.abspath(raw))
+            check_path(path.parent)
+        else:
+            path = real_parent(raw, guarded)
+    except PathRefused as exc:
+        raise _Refused(f"{label}: {shown(str(exc))}; {LINKS_REFUSED}") from None
     except HostPathError as exc:
         raise _Refused(f"{label}: {shown(str(exc))}") from None
     except OSError as exc:
@@ -176,17 +213,29 @@ def _check_one(raw: Path, sandbox: Path, guarded: list[Path], worker: Worker) ->
             f"{label}: {human_size(size)} is over {worker.file}'s inputs.max_size of "
             f"{human_size(accepts.max_size)}"
         )
-    return InputSpec(source=path, name=name, kind=kind, size=size)
+    return InputSpec(source=path, name=name, kind=kind, size=size, link_free=link_free)
 
 
 def _check_folder(path: Path, label: str, suffixes: tuple[str, ...] | None, worker: Worker) -> int:
     total = 0
-    for folder, dirs, files in os.walk(path, onerror=_raise):
-        for entry in (*dirs, *files):
-            inner = Path(folder) / entry
+    pending = [(path, 0)]  # a loop, not a recursion: a hostile tree can be deep
+    while pending:
+        folder, depth = pending.pop()
+        try:
+            entries = sorted(entry.name for entry in os.scandir(folder))
+        except OSError as error:
+            raise _Refused(f"input {shown(folder)}: {error.strerror}") from None
+        for entry in entries:
+            inner = folder / entry
             info = inner.lstat()
             where = shown(inner.relative_to(path))
             if stat.S_ISDIR(info.st_mode):
+                if depth >= MAX_DEPTH:
+                    raise _Refused(
+                        f"{label}: holds folders more than {MAX_DEPTH} levels deep; give a "
+                        "folder closer to the files"
+                    )
+                pending.append((inner, depth + 1))
                 continue
             if stat.S_ISLNK(info.st_mode):
                 raise _Refused(
@@ -205,7 +254,3 @@ def _check_folder(path: Path, label: str, suffixes: tuple[str, ...] | None, work
                 )
             total += info.st_size
     return total
-
-
-def _raise(error: OSError) -> None:
-    raise _Refused(f"input {shown(error.filename or '')}: {error.strerror}") from None

@@ -6,11 +6,17 @@ An input is a host file or folder given for one run, checked when the run is pre
 :func:`place_inputs` fills the run's inputs folder (``<sandbox>/runs/<run id>/inputs``,
 which the plan mounts read-only at ``/inputs``) when the run opens, or later for a run
 opened ahead of need (a pooled container's mounts are fixed when it is created, not its
-folder's content). Each file is hard-linked when it is on the same file system, the
-worker's uid can read it and it has no setuid or setgid bit, otherwise copied (a copy
-never has those bits); either way it is opened without following a
-link or waiting on a FIFO and checked on the open descriptor, so a path swapped after the
-check is refused, never followed. Its sha256 is computed from that descriptor.
+folder's content). Each input is reached again as it was checked (a batch's:
+:class:`~orchestrator.prepare.inputs.LinkFree`, no link anywhere on its path), opened
+without following a link or waiting on a FIFO, and checked on the open descriptor, so a
+path swapped after the check is refused, never followed. A file is hard-linked (the same
+inode, no copy) only when nobody but this user or root can change its bytes afterwards: on
+the same file system, readable by the worker's uid, no setuid or setgid bit, writable by
+its owner alone, who is this user or root; otherwise it is copied (a copy never has set-id
+bits), keeping its holes (``SEEK_DATA``/``SEEK_HOLE``: a sparse file stays sparse). Its
+sha256 is computed once, from the bytes placed: a linked file written to while it was
+hashed is copied instead. That hash is what the run records (``run.inputs`` in the audit
+log, the run's result, a batch's ``results.jsonl`` and manifest).
 
 Names: the container sees ``/inputs/<name>``, where ``name`` is the input's own name with
 every control, format (bidi) or line-separator character replaced by ``_``, and a leading
@@ -21,6 +27,7 @@ folder are kept as they are.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -31,9 +38,12 @@ from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.entries import kind_phrase, open_entry, permits
+from orchestrator.hostfs.paths import PathRefused, open_path
 from orchestrator.plan import INPUTS_DIR
 from orchestrator.prepare import Prepared
 from orchestrator.prepare.inputs import (
+    LINKS_REFUSED,
+    MAX_DEPTH,
     InputPath,
     InputSpec,
     Kind,
@@ -88,8 +98,7 @@ def place_inputs(prepared: Prepared, inputs: Sequence[InputSpec | InputPath]) ->
         ) from None
     if not stat.S_ISDIR(info.st_mode) or Path(os.path.realpath(folder)) != folder:
         raise OrchestratorError(f"{folder} is not the run's own folder; refusing to fill it")
-    sources = [item.source if isinstance(item, InputSpec) else item for item in inputs]
-    checked = check_inputs(prepared.project, prepared.worker, sources)
+    checked = check_inputs(prepared.project, prepared.worker, inputs)
     placer = _Placer(prepared.uid, prepared.gid, info.st_dev, guarded_folders(prepared.project))
     return [placer.place(spec, folder / spec.name) for spec in checked]
 
@@ -125,13 +134,19 @@ class _Placer:
 
     def place(self, spec: InputSpec, target: Path) -> InputInfo:
         """Copy (or link) the input, reached again the way it was checked: its folder walked
-        without following a link a worker could have planted since, then the input opened
-        in that folder's descriptor (never its whole path again)."""
+        without following a link a worker could have planted since (a :class:`LinkFree`
+        input's: any link), then the input opened in that folder's descriptor (never its
+        whole path again)."""
         from orchestrator.hostfs.hostpath import HostPathError, open_parent
 
         label = f"input {shown(spec.source)}"
         try:
-            parent, name = open_parent(spec.source, self.guarded, follow_last=False)
+            if spec.link_free:
+                parent, name = open_path(spec.source.parent), spec.source.name
+            else:
+                parent, name = open_parent(spec.source, self.guarded, follow_last=False)
+        except PathRefused as exc:
+            raise _Changed(f"{label}: {shown(str(exc))}; {LINKS_REFUSED}") from None
         except HostPathError as exc:
             raise _Changed(f"{label}: {shown(str(exc))}") from None
         try:
@@ -156,7 +171,7 @@ class _Placer:
         files: list[tuple[str, str, int]] = []
         try:
             self._mkdir(target)
-            self._folder(fd, target, "", files, label)
+            self._folder(fd, target, "", files, label, 0)
         finally:
             os.close(fd)
         listing = hashlib.sha256()
@@ -165,7 +180,13 @@ class _Placer:
         return listing.hexdigest(), sum(size for _, _, size in files)
 
     def _folder(
-        self, fd: int, target: Path, prefix: str, files: list[tuple[str, str, int]], label: str
+        self,
+        fd: int,
+        target: Path,
+        prefix: str,
+        files: list[tuple[str, str, int]],
+        label: str,
+        depth: int,
     ) -> None:
         for entry in os.scandir(fd):
             info = entry.stat(follow_symlinks=False)
@@ -174,13 +195,15 @@ class _Placer:
                 digest, size = self._file(fd, entry.name, target / entry.name, info, label)
                 files.append((rel, digest, size))
             elif stat.S_ISDIR(info.st_mode):
+                if depth >= MAX_DEPTH:  # deepened since it was checked
+                    raise _Changed(f"{label}: holds folders more than {MAX_DEPTH} levels deep")
                 opened = open_entry(fd, entry.name, info)
                 if opened is None:
                     raise _Changed(f"{label}: {shown(rel)} changed while being placed; refusing")
                 inner, _ = opened
                 try:
                     self._mkdir(target / entry.name)
-                    self._folder(inner, target / entry.name, f"{rel}/", files, label)
+                    self._folder(inner, target / entry.name, f"{rel}/", files, label, depth + 1)
                 finally:
                     os.close(inner)
             else:
@@ -195,36 +218,95 @@ class _Placer:
         info: os.stat_result,
         label: str,
     ) -> tuple[str, int]:
+        """Place one file; its hash and size, from the bytes placed."""
         opened = open_entry(folder, name, info) if stat.S_ISREG(info.st_mode) else None
         if opened is None:
             raise _Changed(f"{label}: {shown(name)} changed while being placed; refusing")
         fd, st = opened
         try:
-            linked = False
-            # A set-id file is copied: a link would keep its owner and bits in /inputs.
-            plain = not st.st_mode & (stat.S_ISUID | stat.S_ISGID)
-            if plain and st.st_dev == self.device and permits(st, self.uid, self.gid, "r"):
-                linked = _link_descriptor(fd, target)
-            digest, size = hashlib.sha256(), 0
-            with os.fdopen(os.dup(fd), "rb") as src:
-                if linked:
-                    while chunk := src.read(_CHUNK):
-                        digest.update(chunk)
-                        size += len(chunk)
-                else:
-                    with open(target, "xb") as out:
-                        while chunk := src.read(_CHUNK):
-                            digest.update(chunk)
-                            size += len(chunk)
-                            out.write(chunk)
-                    os.chmod(target, (st.st_mode & 0o555) | 0o400)  # no set-id bit
-                    if self.as_root:
-                        os.chown(target, self.uid, self.gid)
-            return digest.hexdigest(), size
+            if self._linkable(st) and _link_descriptor(fd, target):
+                linked = os.fstat(fd)  # the link itself changed its ctime
+                digest, size = _sparse_copy(fd, None)
+                if _unchanged(linked, os.fstat(fd)):
+                    return digest, size
+                target.unlink()  # written to while it was hashed: a copy is what it was
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                digest, size = _sparse_copy(fd, out)
+                os.fchmod(out, (st.st_mode & 0o555) | 0o400)  # no set-id bit
+                if self.as_root:
+                    os.fchown(out, self.uid, self.gid)
+            finally:
+                os.close(out)
+            return digest, size
         finally:
             os.close(fd)
+
+    def _linkable(self, st: os.stat_result) -> bool:
+        """Whether the file may be placed as a hard link (the same inode, no copy): on the
+        run folder's file system, readable by the worker, no set-id bit (a link keeps its
+        owner and bits), and writable by nobody but its owner, who is this user or root
+        (anyone else could change the bytes under the worker after they were hashed)."""
+        return (
+            not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH)
+            and st.st_uid in (0, os.geteuid())
+            and st.st_dev == self.device
+            and permits(st, self.uid, self.gid, "r")
+        )
 
     def _mkdir(self, path: Path) -> None:
         path.mkdir(mode=0o700)
         if self.as_root:
             os.chown(path, self.uid, self.gid)
+
+
+def _unchanged(before: os.stat_result, after: os.stat_result) -> bool:
+    return (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == (
+        after.st_size,
+        after.st_mtime_ns,
+        after.st_ctime_ns,
+    )
+
+
+_ZEROS = bytes(_CHUNK)
+
+
+def _sparse_copy(src: int, out: int | None) -> tuple[str, int]:
+    """Copy ``src`` into ``out`` (None: only hash it) keeping its holes (``SEEK_DATA`` /
+    ``SEEK_HOLE``: a 3 GB sparse file stays a few blocks on disk); the sha256 and size of
+    the bytes copied, holes counted as the zeros they read as. Ends at the size the file
+    had when the copy began, or earlier if it shrank meanwhile."""
+    digest = hashlib.sha256()
+    end = os.fstat(src).st_size
+    offset = 0
+    while offset < end:
+        data = min(_seek(src, offset, os.SEEK_DATA, end), end)
+        while offset < data:  # a hole: nothing to read or write
+            step = min(_CHUNK, data - offset)
+            digest.update(_ZEROS[:step])
+            offset += step
+        hole = min(_seek(src, offset, os.SEEK_HOLE, end), end)
+        while offset < hole:
+            chunk = os.pread(src, min(_CHUNK, hole - offset), offset)
+            if not chunk:  # shrank while it was copied
+                end = offset
+                break
+            digest.update(chunk)
+            if out is not None:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.pwrite(out, view, offset + len(chunk) - len(view)) :]
+            offset += len(chunk)
+    if out is not None:
+        os.ftruncate(out, offset)  # a trailing hole, as long as the file
+    return digest.hexdigest(), offset
+
+
+def _seek(fd: int, offset: int, whence: int, end: int) -> int:
+    """``lseek`` to the next data or hole; ``end`` when there is none (``ENXIO``)."""
+    try:
+        return os.lseek(fd, offset, whence)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return end
+        raise

@@ -105,6 +105,9 @@ class RunResult:
     violations: list[str] = field(default_factory=list)
     """Links found on the project's zone paths or own folders after the run (a worker may
     have planted them); each is also a ``zone.violation`` audit entry."""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    """The inputs placed at /inputs (name, sha256, size, kind, source): the hash is of the
+    bytes placed, as the ``run.inputs`` audit entry records it."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -277,6 +280,8 @@ class Run:
         metadata.update(facts)
         metadata["pinned_mounts"] = self._pin
         self.audit.record("run.started", **run_context(spec), metadata=metadata)
+        if self.inputs:
+            self._record_inputs(self.inputs)
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
         self._started = time.monotonic()
         try:
@@ -400,6 +405,11 @@ class Run:
             raise RuntimeError("open() the run first")
         placed = place_inputs(self.prepared, inputs)
         self.inputs += placed
+        self._record_inputs(placed)
+
+    def _record_inputs(self, placed: Sequence[InputInfo]) -> None:
+        """``run.inputs``: what was placed at /inputs, hashed from the bytes placed (every
+        run with inputs has one, whether they came at open or later)."""
         self.audit.record(
             "run.inputs",
             **run_context(self.spec),
@@ -497,6 +507,7 @@ class Run:
                 asked=asked,
                 egress=egress,
                 violations=violations,
+                inputs=[info.to_dict() for info in self.inputs],
             )
             if self._opened:
                 self.audit.record(

@@ -208,3 +208,48 @@ def test_an_allowlist_it_cannot_enforce_refuses_the_trial_in_one_line(engine, ha
     audit = open_audit(load_project(project.root))
     assert audit.query(AuditFilter(operation="run.started")) == []
     _assert_nothing_left(engine, pid, project)
+
+
+UPLOADS = """
+import asyncio, sys
+from pathlib import Path
+from orchestrator.integrations.harbor.environment import OrchestratorEnvironment
+
+env = object.__new__(OrchestratorEnvironment)  # no session: the upload is refused first
+env.environment_dir = Path(sys.argv[1]) / "environment"
+for method, source in (("upload_file", sys.argv[2]), ("upload_dir", sys.argv[3])):
+    try:
+        asyncio.run(getattr(env, method)(source, "/tmp/x"))
+        print(method, "uploaded")
+    except OSError as exc:
+        print(method, "refused:", exc)
+"""
+
+
+def test_uploads_never_follow_a_link_out_of_the_task(harbor, tmp_path):
+    # Harbor's job planner itself refuses a task whose solution/ or tests/ is a link; the
+    # environment's own uploads (a file, a folder, named by Harbor or an agent) refuse
+    # any link on the way inside the task's folder, before anything is read or sent.
+    victim = tmp_path / "victim" / ".ssh"
+    victim.mkdir(parents=True)
+    key = victim / "id_rsa"
+    key.write_text("PRIVATE KEY\n")
+    os.utime(key, (1_000_000, key.stat().st_mtime))  # any read moves it (relatime)
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+    (task / "tests" / "key").symlink_to(key)
+    (task / "data").symlink_to(victim)
+    python = harbor.parent / "python"
+    done = subprocess.run(
+        [str(python), "-c", UPLOADS, str(task), str(task / "tests" / "key"), str(task / "data")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert said["upload_file"] == (
+        f"refused: {task / 'tests' / 'key'}: {task / 'tests' / 'key'} is a symbolic link (to "
+        f"{key}) in the task's folder; links there are never followed out of it: replace it "
+        "with the file itself"
+    )
+    assert said["upload_dir"].startswith(f"refused: {task / 'data'}: {task / 'data'} is a ")
+    assert key.stat().st_atime == 1_000_000  # never read

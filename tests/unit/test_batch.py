@@ -33,7 +33,8 @@ def _tar(files: dict[str, bytes]) -> io.BytesIO:
 
 
 class FakeRunner:
-    """Runs an 'input' by reading it: content 'fail' exits 1, 'flaky' fails the engine once."""
+    """Runs an 'input' by reading it: content 'fail' exits 1, 'flaky' fails the engine once.
+    Like a real run, it reports the hash of the bytes it was given (placed)."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -53,7 +54,14 @@ class FakeRunner:
             raise EngineError("engine down")
         outbox = staging.outbox(None, _tar({"out.txt": text.encode(), "../evil": b"x"}))
         code = 1 if text == "fail" else 0
-        return RunResult(run_id, "w", code, "exited", 0.01, "", "", True, outbox=outbox)
+        return RunResult(
+            run_id, "w", code, "exited", 0.01, "", "", True, outbox=outbox, inputs=placed(item)
+        )
+
+
+def placed(item) -> list[dict]:
+    """What a run reports of its input: the hash of the bytes it was given."""
+    return [{"name": item.path.name, "sha256": hashlib.sha256(item.path.read_bytes()).hexdigest()}]
 
 
 @pytest.fixture
@@ -203,7 +211,7 @@ class BlockingRunner:
             os.kill(os.getpid(), signal.SIGINT)
             assert self.removed.wait(10)
             raise EngineError("container abc is no longer running")
-        return RunResult(run_id, "w", 1, "exited", 0.01, "", "", True)
+        return RunResult(run_id, "w", 1, "exited", 0.01, "", "", True, inputs=placed(item))
 
 
 def test_fail_fast_records_the_removed_run_as_cancelled_not_failed(orch, tmp_path):

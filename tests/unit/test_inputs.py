@@ -233,3 +233,30 @@ def test_place_inputs_needs_an_inputs_folder(project, tmp_path):
         place_inputs(prepared, [tmp_path / "a"])
     prepare_filesystem(prepared)
     assert [i.name for i in place_inputs(prepared, [tmp_path / "a"])] == ["a"]
+
+
+def test_only_files_nobody_else_can_change_are_linked_and_copies_keep_holes(project, tmp_path):
+    project.worker("w", "command: [cat]")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine")
+    mine.chmod(0o644)
+    shared = tmp_path / "shared.txt"
+    shared.write_text("shared")
+    shared.chmod(0o666)  # anyone could change its bytes under the worker: copied
+    sparse = tmp_path / "sparse.img"
+    with sparse.open("wb") as out:
+        out.write(b"head")
+        out.seek(256 << 20)
+        out.write(b"tail")
+    sparse.chmod(0o600)  # unreadable by the worker's uid: copied
+    prepared = prepared_for(project, inputs=[mine, shared, sparse])
+    prepare_filesystem(prepared)
+    placed = {i.name: i for i in place_inputs(prepared, prepared.inputs)}
+    folder = prepared.paths.inputs_dir
+    assert (folder / "mine.txt").stat().st_ino == mine.stat().st_ino  # linked
+    assert (folder / "shared.txt").stat().st_ino != shared.stat().st_ino  # copied
+    copy = folder / "sparse.img"
+    assert copy.stat().st_size == sparse.stat().st_size
+    assert copy.stat().st_blocks * 512 < 1 << 20  # a few blocks, not 256 MiB
+    assert placed["sparse.img"].sha256 == hashlib.sha256(sparse.read_bytes()).hexdigest()
+    assert placed["shared.txt"].sha256 == hashlib.sha256(b"shared").hexdigest()

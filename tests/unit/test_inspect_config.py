@@ -15,6 +15,7 @@ from orchestrator.integrations.inspect import Environment, OrchestratorSandboxCo
 from orchestrator.integrations.inspect.config import resolve
 from orchestrator.integrations.inspect.sandboxes import TOOLS_DIR, _Owner
 from orchestrator.integrations.transfer import failure
+from tests.conftest import ProjectDir
 
 
 def test_a_single_environment_may_be_given_at_the_top_level():
@@ -54,8 +55,9 @@ def test_paths_resolve_against_the_settings_file_and_a_worker_file_finds_its_pro
     assert settings.project.root == project.root
     assert settings.worker("a") == str(project.root / "workers" / "agent.worker")
     assert settings.worker("b") == "agent"
-    by_file = resolve(str(project.root / "workers" / "agent.worker"), Path("/"))
+    by_file = resolve("workers/agent.worker", project.root)
     assert by_file.project.root == project.root
+    assert by_file.worker("default") == str(project.root / "workers" / "agent.worker")
 
 
 def test_an_inline_worker_gets_a_writable_var_tmp_for_inspect_s_tools(project):
@@ -110,3 +112,71 @@ def test_the_provider_is_registered_through_the_inspect_ai_entry_point_group():
     import orchestrator.integrations.inspect.provider as provider
 
     assert registry_find_sandboxenv("orchestrator") is provider.OrchestratorSandboxEnvironment
+
+
+@pytest.fixture
+def elsewhere(tmp_path_factory):
+    """Another project on the machine, whose worker has a read-write zone on a folder."""
+    other = ProjectDir(tmp_path_factory.mktemp("elsewhere") / "p")
+    other.zone("victim", "rw")
+    other.worker("evil", "sandbox:\n  zones:\n    - {name: victim, mode: rw}\nnetwork: none")
+    return other
+
+
+def test_a_config_from_a_path_or_data_names_only_files_inside_the_task(project, elsewhere):
+    task = project.root
+    project.worker("agent", "command: [sh]\nnetwork: none")
+    evil = elsewhere.root / "workers" / "evil.worker"
+    os.symlink(evil, task / "linked.worker")
+    (task / "out").symlink_to(elsewhere.root)
+    cases = {
+        str(evil): "is outside the task's folder",
+        os.path.relpath(evil, task): "leads out of ('..') the task's folder",
+        "linked.worker": "linked.worker is a symbolic link",
+        "out/workers/evil.worker": "out is a symbolic link",
+    }
+    for given, why in cases.items():
+        with pytest.raises(ConfigError) as info:
+            resolve(given, task)
+        (problem,) = info.value.problems
+        assert why in problem and "inside the task's folder" in problem, problem
+    (task / "s.yaml").write_text(f"project: {elsewhere.root}\nworker: evil\n")
+    with pytest.raises(ConfigError, match="project /.*: is outside the task's folder"):
+        resolve("s.yaml", task)
+    (task / "s.yaml").write_text("project: .\nworker: ../../elsewhere0/p/workers/evil.worker\n")
+    with pytest.raises(ConfigError, match="environments.default.worker .*: leads out"):
+        resolve("s.yaml", task)
+    # The same fields as data (a dataset's mapping, read by config_deserialize): the same.
+    data = {"project": str(elsewhere.root), "worker": "evil"}
+    with pytest.raises(ConfigError, match="is outside the task's folder"):
+        resolve(OrchestratorSandboxConfig.from_data(data), task)
+    # A model the task builds in Python may name another project: the task's code is trusted.
+    built = resolve(OrchestratorSandboxConfig.model_validate(data), task)
+    assert built.project.root == elsewhere.root
+    assert resolve("workers/agent.worker", task).project.root == task
+    assert resolve(str(task / "workers" / "agent.worker"), task).project.root == task
+
+
+@pytest.mark.parametrize("what", ["worker", "project", "folder"])
+def test_project_and_worker_files_another_user_can_write_are_refused(project, what):
+    project.worker("agent", "command: [sh]\nnetwork: none")
+    changed = {
+        "worker": (project.root / "workers" / "agent.worker", 0o664),
+        "project": (project.root / "orchestrator.yaml", 0o646),
+        "folder": (project.root / "workers", 0o777),
+    }
+    path, mode = changed[what]
+    if what == "worker":  # writable by a group of other users ('nogroup': nobody's)
+        os.chown(path, -1, 65534)
+    config = OrchestratorSandboxConfig.model_validate(
+        {"project": str(project.root), "worker": "agent"}
+    )
+    assert resolve(config, project.root).project.root == project.root
+    path.chmod(mode)
+    for given in (config, "workers/agent.worker"):
+        with pytest.raises(ConfigError) as info:
+            resolve(given, project.root)
+        assert f"{path} has mode {mode:04o}: other users could change" in info.value.problems[0]
+    path.chmod(mode | 0o1000 if what == "folder" else mode)
+    if what == "folder":  # sticky: others may add names, never replace the worker file
+        assert resolve(config, project.root).project.root == project.root

@@ -12,6 +12,9 @@ the container as its commands do. What Harbor asks of a provider, as this one me
 - ``/logs``, ``/tests`` and ``/solution`` are writable tmpfs folders of the run, owned by
   the worker (the root filesystem is read-only), as is the task's working folder when it
   is not ``/tmp``;
+- uploads never follow a link in the task's folder (:mod:`orchestrator.integrations.upload`):
+  a link on the way, or as the file uploaded, is refused naming it; one inside an uploaded
+  folder arrives as the link itself;
 - there is no root in the container: ``user="root"`` (Harbor's own steps: making and
   emptying its folders, ``chmod +x`` of scripts, packing logs) runs as the worker, who
   owns those folders; any user other than root or the worker is refused.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import posixpath
 import tarfile
 from functools import partial
@@ -38,7 +42,8 @@ from pydantic import ValidationError
 from orchestrator.config import Resources, load_project
 from orchestrator.config.models import Isolation, Trust
 from orchestrator.errors import OrchestratorError
-from orchestrator.integrations import transfer
+from orchestrator.hostfs.owners import others_can_write
+from orchestrator.integrations import transfer, upload
 from orchestrator.integrations.harbor import mapping
 from orchestrator.integrations.inspect.config import Environment
 from orchestrator.integrations.projects import one_line, orchestrator_for
@@ -148,6 +153,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
     def _prepare(self) -> Prepared:
         self._max_lifetime = _seconds(self._max_lifetime_option)
         project = load_project(self._project_dir)
+        if why := others_can_write(Path(os.path.realpath(project.file))):
+            raise mapping.refuse(f"{project.file}: {why}; it says what a task's container gets")
         config = self.task_env_config
         image = mapping.image_of(self.environment_dir, config.docker_image)
         policy = self.network_policy
@@ -307,13 +314,20 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         if code != 0:
             raise transfer.failure(path, capture.text("stderr"), doing)
 
+    @property
+    def _task_dir(self) -> Path:
+        """The task's folder (``environment/`` is in it): uploads never follow a link there."""
+        return Path(self.environment_dir).parent
+
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        data = await asyncio.to_thread(_read_capped, Path(source_path))
+        read = partial(upload.read_file, Path(source_path), self._task_dir, MAX_TRANSFER)
+        data = await asyncio.to_thread(read)
         await self._transfer(transfer.WRITE, target_path, Capture(0, 64 << 10), data,
                              "upload_file")  # fmt: skip
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        data = await asyncio.to_thread(_pack, Path(source_dir))
+        pack = partial(upload.pack_folder, Path(source_dir), self._task_dir, MAX_TRANSFER)
+        data = await asyncio.to_thread(pack)
         await self._transfer(transfer.UNTAR, target_dir, Capture(64 << 10, 64 << 10), data,
                              "upload_dir")  # fmt: skip
 
@@ -346,25 +360,6 @@ def _seconds(value: object) -> float | None:
 def _safe(name: str) -> str:
     kept = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower())
     return kept.strip("-.")[:40] or "task"
-
-
-def _read_capped(path: Path) -> bytes:
-    if path.stat().st_size > MAX_TRANSFER:
-        raise OSError(f"{path}: over {MAX_TRANSFER >> 20} MiB, too large to upload")
-    return path.read_bytes()
-
-
-def _pack(folder: Path) -> bytes:
-    """``folder``'s contents as a tar stream (links kept as links)."""
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{folder}: not a folder")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for entry in sorted(folder.iterdir()):
-            tar.add(entry, arcname=entry.name)
-    if buffer.tell() > MAX_TRANSFER:
-        raise OSError(f"{folder}: over {MAX_TRANSFER >> 20} MiB, too large to upload")
-    return buffer.getvalue()
 
 
 def _unpack(data: bytes, target: Path) -> None:

@@ -6,17 +6,27 @@ Given to Inspect as the sandbox's config, either as the model itself or as a pat
 - a ``.worker`` file: one environment running that worker, in the project found in its
   folder or the nearest folder above holding ``orchestrator.yaml``.
 
+A config can come from data: a dataset's sample names its sandbox (a path, or the fields
+as a mapping, which Inspect hands to ``config_deserialize``; an eval log read back does
+the same). So a config given as a path or read from data names only files inside the
+task's own folder (where Inspect starts the task): no absolute path or ``..`` out of it,
+no link on the way (each folder opened without following one). Only a model built in Python
+(the task's own code) may name a project elsewhere. Whatever the config, the project file
+and the worker files it leads to must be files no other local user can change
+(:mod:`orchestrator.hostfs.owners`): each names host folders a container gets.
+
 Pure: no Inspect import, no engine.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from orchestrator.config import (
     PROJECT_FILE,
@@ -31,6 +41,8 @@ from orchestrator.config import (
 )
 from orchestrator.config.models import EnvValue, Isolation, Network, Size, Strict, Trust
 from orchestrator.errors import ConfigError
+from orchestrator.hostfs.owners import others_can_write
+from orchestrator.hostfs.paths import PathRefused, open_path
 from orchestrator.timeouts import MAX_SESSION_S
 
 __all__ = ["Environment", "OrchestratorSandboxConfig", "Settings", "resolve"]
@@ -120,6 +132,15 @@ class OrchestratorSandboxConfig(Strict):
     """The project folder (holding ``orchestrator.yaml``)."""
     environments: dict[str, Environment] = Field(min_length=1)
     """Named sandboxes; the first is the default."""
+    _from_data: bool = PrivateAttr(default=False)
+
+    @classmethod
+    def from_data(cls, data: Any) -> OrchestratorSandboxConfig:
+        """The config a dataset or an eval log gives as a mapping: held to the rules of a
+        config file (only files inside the task's folder)."""
+        config = cls.model_validate(data)
+        config._from_data = True
+        return config
 
     @model_validator(mode="before")
     @classmethod
@@ -174,8 +195,9 @@ class Settings:
 
 
 def resolve(config: OrchestratorSandboxConfig | str | None, cwd: Path) -> Settings:
-    """The settings ``config`` names (relative paths against ``cwd``); a ConfigError of
-    one line per problem, naming the file and field, when they are wrong."""
+    """The settings ``config`` names (relative paths against ``cwd``, the task's folder);
+    a ConfigError of one line per problem, naming the file and field, when they are wrong
+    or name what the config may not (see the module docstring)."""
     if config is None:
         raise ConfigError(
             [
@@ -184,22 +206,37 @@ def resolve(config: OrchestratorSandboxConfig | str | None, cwd: Path) -> Settin
                 f"worker=...)), a path to a .worker file, or {SETTINGS_FILE} beside the task"
             ]
         )
+    task = Path(os.path.realpath(cwd))
     if isinstance(config, OrchestratorSandboxConfig):
-        return _settings(config, cwd, source=None)
-    file = (cwd / config).resolve()
-    if not file.is_file():
-        raise ConfigError(
-            [f"{file}: no such file; the '{PROVIDER}' sandbox's config names a missing file"]
-        )
-    if file.suffix == ".worker":
-        root = _project_above(file)
-        single = {"project": str(root), "worker": str(file)}
-        return _settings(OrchestratorSandboxConfig.model_validate(single), root, source=None)
-    return _settings(load_model(file, OrchestratorSandboxConfig), file.parent, source=file)
+        settings = _settings(config, task, None, task if config._from_data else None)
+    elif Path(config).suffix == ".worker":
+        file = _inside(task, task, config, "the sandbox config")
+        root = _project_above(file, task)
+        single = {"project": os.path.relpath(root, task), "worker": os.path.relpath(file, task)}
+        settings = _settings(OrchestratorSandboxConfig.model_validate(single), task, None, task)
+    else:
+        file = _inside(task, task, config, "the sandbox config")
+        settings = _settings(load_model(file, OrchestratorSandboxConfig), file.parent, file, task)
+    _check_owners(settings, task)
+    return settings
 
 
-def _settings(config: OrchestratorSandboxConfig, base: Path, source: Path | None) -> Settings:
-    project = load_project((base / config.project).resolve())
+def _settings(
+    config: OrchestratorSandboxConfig, base: Path, source: Path | None, task: Path | None
+) -> Settings:
+    """``task``: the folder every path must stay in (None: a model built in Python)."""
+    if task is None:
+        project = load_project((base / config.project).resolve())
+    else:
+        folder = _inside(task, base, config.project, "project", folder=True)
+        _inside(task, folder, PROJECT_FILE, "project file")
+        project = load_project(folder)
+        for name, env in config.environments.items():
+            if env.worker is not None:
+                where, spec = (base, env.worker) if _is_path(env.worker) else (
+                    project.workers_dir, f"{env.worker}.worker"
+                )  # fmt: skip
+                _inside(task, where, spec, f"environments.{name}.worker")
     return Settings(
         project=project,
         environments=tuple(config.environments.items()),
@@ -208,13 +245,63 @@ def _settings(config: OrchestratorSandboxConfig, base: Path, source: Path | None
     )
 
 
-def _project_above(file: Path) -> Path:
+def _is_path(spec: str) -> bool:
+    return "/" in spec or spec.endswith(".worker")
+
+
+def _inside(task: Path, base: Path, given: str, what: str, *, folder: bool = False) -> Path:
+    """``given`` (relative to ``base``) as a path inside the folder ``task``, every
+    component opened without following a link; else one line naming it and the fix."""
+    label = f"{what} {given}"
+    fix = (
+        f"a sandbox config given as a path or as data names only files inside the task's "
+        f"folder {task}; build an OrchestratorSandboxConfig in Python for another project"
+    )
+    # No link on it is followed, so '..' is its lexical parent. (Inspect itself makes a
+    # dataset's relative config path absolute, in the dataset's folder.)
+    path = Path(os.path.normpath(base / given))
+    if not path.is_relative_to(task):
+        where = "is outside" if Path(given).is_absolute() else "leads out of ('..')"
+        raise ConfigError([f"{label}: {where} the task's folder; {fix}"])
+    try:
+        os.close(open_path(path, file_ok=not folder))
+    except PathRefused as refused:
+        if refused.missing:
+            raise ConfigError([f"{label}: no such file or folder ({path})"]) from None
+        raise ConfigError([f"{label}: {refused.reason}; links are never followed; {fix}"]) from None
+    return path
+
+
+def _check_owners(settings: Settings, task: Path) -> None:
+    """Refuse a project file or worker file another local user could change."""
+    project = settings.project
+    files = [project.file]
+    if settings.source != project.file:
+        files.append(settings.source)
+    for name, env in settings.environments:
+        if env.worker is not None:
+            spec = settings.worker(name)
+            files.append(Path(spec) if isinstance(spec, str) and _is_path(spec)
+                         else project.workers_dir / f"{env.worker}.worker")  # fmt: skip
+    owner = os.stat(task).st_uid
+    problems = [
+        f"{file}: {why}; a project or worker file says which host folders a container gets"
+        for file in dict.fromkeys(Path(os.path.realpath(f)) for f in files if f.exists())
+        if (why := others_can_write(file, trusted={owner}))
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
+def _project_above(file: Path, task: Path) -> Path:
     for folder in file.parents:
         if (folder / PROJECT_FILE).is_file():
             return folder
+        if folder == task:
+            break
     raise ConfigError(
         [
-            f"{file}: no {PROJECT_FILE} in its folder or any folder above; give an "
-            "OrchestratorSandboxConfig with project= instead"
+            f"{file}: no {PROJECT_FILE} in its folder or any folder above it inside the "
+            f"task's folder {task}; give an OrchestratorSandboxConfig with project= instead"
         ]
     )

@@ -126,7 +126,9 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
-        return OrchestratorSandboxConfig.model_validate(config)
+        # A mapping comes from data (a dataset's sample, an eval log): held to the rules
+        # of a config file, only files inside the task's folder.
+        return OrchestratorSandboxConfig.from_data(config)
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
