@@ -19,7 +19,7 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
-__all__ = ["others_can_write"]
+__all__ = ["others_can_write", "others_may_write"]
 
 
 def others_can_write(path: Path, *, trusted: Collection[int] = ()) -> str | None:
@@ -37,11 +37,8 @@ def others_can_write(path: Path, *, trusted: Collection[int] = ()) -> str | None
                 f"{here} belongs to uid {info.st_uid}, who could change what it holds; use "
                 "a copy of your own"
             )
-        others = info.st_mode & stat.S_IWOTH or (
-            info.st_mode & stat.S_IWGRP and not _own_group(info.st_gid, euid)
-        )
         folder = stat.S_ISDIR(info.st_mode)
-        if others and not (folder and info.st_mode & stat.S_ISVTX):
+        if others_may_write(info) and not (folder and info.st_mode & stat.S_ISVTX):
             mode = f"{stat.S_IMODE(info.st_mode):04o}"
             return (
                 f"{here} has mode {mode}: other users could change "
@@ -50,13 +47,22 @@ def others_can_write(path: Path, *, trusted: Collection[int] = ()) -> str | None
     return None
 
 
+def others_may_write(info: os.stat_result) -> bool:
+    """Whether a user other than the effective one may write what ``info`` describes: it
+    is writable by others, or by a group that is not the user's own private group."""
+    if info.st_mode & stat.S_IWOTH:
+        return True
+    return bool(info.st_mode & stat.S_IWGRP) and not _own_group(info.st_gid, os.geteuid())
+
+
 def _own_group(gid: int, euid: int) -> bool:
-    """Whether group ``gid`` has no user but this one (a user's private group)."""
+    """Whether group ``gid`` is the private group of user ``euid`` alone: its primary
+    group, with no other member and no other user's primary group."""
     try:
         group = grp.getgrgid(gid)
-        me = pwd.getpwuid(euid).pw_name
+        me = pwd.getpwuid(euid)
     except KeyError:
         return False
-    if any(member != me for member in group.gr_mem):
+    if me.pw_gid != gid or any(member != me.pw_name for member in group.gr_mem):
         return False
     return all(user.pw_uid == euid for user in pwd.getpwall() if user.pw_gid == gid)

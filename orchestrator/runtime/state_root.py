@@ -25,15 +25,14 @@ links: the code that touches them never follows one (:mod:`orchestrator.hostfs`)
 from __future__ import annotations
 
 import contextlib
-import grp
 import os
-import pwd
 import stat
 from pathlib import Path
 
 from orchestrator.config import Project
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.flags import DIR_FLAGS
+from orchestrator.hostfs.owners import others_may_write
 
 __all__ = [
     "GITIGNORE",
@@ -139,32 +138,16 @@ def _replaceable(fd: int, here: Path, what: str, fix: str, trusted: set[int]) ->
     """Refuse the folder ``fd`` (at ``here``) when another user could replace an entry in
     it: it is theirs, or they may write it and it has no sticky bit."""
     info = os.fstat(fd)
-    euid = os.geteuid()
     if info.st_uid not in trusted:
         raise StateRootRefused(
             f"{what}: {here} belongs to uid {info.st_uid}, who could replace what is in it; "
             f"run the orchestrator as uid {info.st_uid}, {fix}"
         )
-    others = info.st_mode & stat.S_IWOTH or (
-        info.st_mode & stat.S_IWGRP and not _own_group(info.st_gid, euid)
-    )
-    if others and not info.st_mode & stat.S_ISVTX:
+    if others_may_write(info) and not info.st_mode & stat.S_ISVTX:
         raise StateRootRefused(
             f"{what}: {here} has mode {stat.S_IMODE(info.st_mode):04o}, so other users could "
             f"replace what is in it; `chmod g-w,o-w {here}` (or `chmod +t`), {fix}"
         )
-
-
-def _own_group(gid: int, euid: int) -> bool:
-    """Whether group ``gid`` has no user but this one (a user's private group)."""
-    try:
-        group = grp.getgrgid(gid)
-        me = pwd.getpwuid(euid)
-    except KeyError:
-        return False
-    if me.pw_gid != gid or any(member != me.pw_name for member in group.gr_mem):
-        return False
-    return all(user.pw_uid == euid for user in pwd.getpwall() if user.pw_gid == gid)
 
 
 def _open_or_make(fd: int, name: str, here: Path, mode: int, what: str) -> tuple[int, bool]:
