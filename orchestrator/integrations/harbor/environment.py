@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from orchestrator.config import Resources, load_project
 from orchestrator.config.models import Isolation, Trust
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ImageMissing, OrchestratorError
 from orchestrator.integrations import transfer
 from orchestrator.integrations.harbor import mapping
 from orchestrator.integrations.inspect.config import Environment
@@ -88,6 +88,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._max_lifetime: float | None = None
         self._prepared: Prepared | None = None
         self._session: Session | None = None
+        self._not_started = ""  # why start failed: what any later call answers
         self._workdir = "/tmp"
         self._uid = -1
         self._gid = -1
@@ -187,7 +188,12 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
-        await asyncio.to_thread(self._open)
+        try:
+            await asyncio.to_thread(self._open)
+        except (ValueError, RuntimeError) as exc:  # one line, said before Harbor's traceback
+            self._not_started = str(exc)
+            self.logger.error(self._not_started)
+            raise
         # The folders Harbor's own Docker environment mounts from the host exist here too.
         made = await self.exec(f"mkdir -p {' '.join(LOG_FOLDERS)}")
         if made.return_code != 0:
@@ -199,10 +205,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         orch = orchestrator_for(self._project_dir)
         try:
             if not orch.engine.image_exists(prepared.spec.image):
-                raise ValueError(
-                    f"orchestrator environment: image {prepared.spec.image} is not on this "
-                    "machine (nothing is pulled); build it here first"
-                )
+                raise ImageMissing(prepared.spec.image)
             run = orch.open_keep_alive(prepared)
             try:
                 self._session = orch.open_session(
@@ -270,7 +273,9 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
     ) -> int:
         session = self._session
         if session is None:
-            raise RuntimeError("orchestrator environment: not started (or already stopped)")
+            raise RuntimeError(
+                self._not_started or "orchestrator environment: not started (or already stopped)"
+            )
         workdir = self._workdir if cwd is None else posixpath.join(self._workdir, cwd)
         call = partial(
             session.exec,
