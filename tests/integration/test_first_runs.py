@@ -38,7 +38,8 @@ def _project(root: Path, front: str) -> Path:
 def test_a_project_without_a_workers_folder_runs_with_an_empty_read_only_one(
     engine, tmp_path: Path
 ) -> None:
-    worker = _project(tmp_path / "p", f"command: {json.dumps(['python3', '-c', PROBE])}")
+    command = json.dumps(["python3", "-c", PROBE])
+    worker = _project(tmp_path / "p", f"sandbox: {{}}\ncommand: {command}")
 
     done = cli("run", str(worker), "--project", str(tmp_path / "p"))
 
@@ -68,7 +69,7 @@ def test_a_missing_image_is_named_with_its_fix_before_anything_runs(
 
     assert done.returncode == 125, done.stderr
     lines = done.stderr.splitlines()
-    assert lines[0].startswith(f"orchestrator: image '{image}' is not on this machine"), lines
+    assert lines[0].startswith(f"orchestrator: error: image '{image}' is not on this machine"), lines
     assert fix in lines[0]
     if fix.startswith("`orchestrator build"):
         assert f"docker build -t {image} DIR" in lines[0]
