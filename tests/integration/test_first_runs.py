@@ -69,7 +69,9 @@ def test_a_missing_image_is_named_with_its_fix_before_anything_runs(
 
     assert done.returncode == 125, done.stderr
     lines = done.stderr.splitlines()
-    assert lines[0].startswith(f"orchestrator: error: image '{image}' is not on this machine"), lines
+    assert lines[0].startswith(f"orchestrator: error: image '{image}' is not on this machine"), (
+        lines
+    )
     assert fix in lines[0]
     if fix.startswith("`orchestrator build"):
         assert f"docker build -t {image} DIR" in lines[0]
