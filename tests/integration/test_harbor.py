@@ -220,7 +220,7 @@ def test_the_docs_project_without_a_workers_folder_runs_the_task(engine, harbor,
     shutil.copytree(TASKS / "hello", task)
     mount = {"type": "bind", "source": str(root / "code"), "target": "/code", "read_only": True}
 
-    pid, job, trial, output = _run(
+    pid, _, trial, output = _run(
         harbor, task, _Bare(root), tmp_path / "jobs", "--mounts-json", json.dumps([mount])
     )
 
