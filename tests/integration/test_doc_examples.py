@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.docker.egress import EGRESS_KEY
+from orchestrator.docker.egress_gc import remove_egress
 from tests.integration.conftest import require_gvisor
 from tests.integration.doc_console import console_block, console_env, run_steps
 from tests.tracked import copy_tracked
@@ -56,3 +58,25 @@ def test_the_readme_journey_from_run_to_clear(engine, checkout: Path) -> None:
     report = (project / "report.md").read_text()
     assert "statement.pdf" in report  # the worker's report, now in the repo
     assert not (project / "output" / "report.md").exists()  # through the outbox, not the zone
+
+
+def test_the_summarise_offline_recipe_runs_as_written(engine, tmp_path: Path) -> None:
+    require_gvisor(engine)
+    copy_tracked("examples/summarise", tmp_path / "checkout" / "examples" / "summarise")
+    (tmp_path / "home").mkdir()
+    steps = console_block(ROOT / "examples" / "summarise" / "README.md", "## Run it offline")
+    try:
+        outputs = run_steps(steps, tmp_path / "checkout", console_env(tmp_path / "home"))
+    finally:  # the fake API, its network and the egress proxy that joined it
+        subprocess.run(["docker", "rm", "-f", "summarise-offline-llm"], capture_output=True)
+        for proxy in engine.api.containers(all=True, filters={"network": ["summarise-offline"]}):
+            if key := (proxy.get("Labels") or {}).get(EGRESS_KEY):
+                remove_egress(engine, key)
+        subprocess.run(["docker", "network", "rm", "summarise-offline"], capture_output=True)
+
+    (audited,) = [out for command, out in outputs.items() if "egress.credential" in command]
+    substituted = [line for line in audited if "event=substituted" in line]
+    assert len(substituted) == 2 and all("status=200" in line for line in substituted)
+    project = tmp_path / "home" / "summarise-offline"
+    key = (project / "offline" / "real").read_text()
+    assert key not in (project / ".sandbox" / "audit.jsonl").read_text()
