@@ -256,3 +256,18 @@ class _Bare:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+
+def test_a_misspelt_option_is_refused_with_the_option_it_resembles(engine, harbor, tmp_path):
+    project = ProjectDir(tmp_path / "project")
+    project.write_project()
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+
+    pid, _, trial, _ = _run(harbor, task, project, tmp_path / "jobs", "--ek", "isolaton=runc")
+
+    message = trial["exception_info"]["exception_message"].strip()
+    assert message.startswith("orchestrator environment: --ek isolaton: not an option"), message
+    assert "did you mean 'isolation'?" in message and "\n" not in message
+    assert trial["agent_execution"] is None  # refused at start
+    _assert_nothing_left(engine, pid, project)

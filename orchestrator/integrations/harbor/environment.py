@@ -20,6 +20,7 @@ the container as its commands do. What Harbor asks of a provider, as this one me
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 import logging
 import posixpath
@@ -46,6 +47,7 @@ from orchestrator.integrations.tmpfs import with_tmpfs, writable
 from orchestrator.integrations.transfer import Capture, TooMuch
 from orchestrator.prepare import Prepared
 from orchestrator.runtime.session import Session
+from orchestrator.vocabulary import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,10 @@ MAX_TRANSFER = 1 << 30
 TRANSFER_TIMEOUT = 600
 #: What a command given no timeout may take (seconds): Harbor's own phases time out.
 DEFAULT_TIMEOUT = 24 * 3600.0
+#: This environment's own options (``--ek NAME=VALUE``).
+OPTIONS = ("project", "isolation", "trust", "allow_ports", "max_lifetime")
+#: What Harbor's own base class takes by name (everything else it passes is an ``--ek``).
+_HARBOR_PARAMETERS = set(inspect.signature(BaseEnvironment.__init__).parameters)
 
 
 class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
@@ -86,6 +92,9 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._allow_ports = allow_ports
         self._max_lifetime_option = max_lifetime
         self._max_lifetime: float | None = None
+        # Harbor hands every ``--ek`` to the constructor and its base class swallows the
+        # ones it does not know: a misspelt option would silently be its default.
+        self._unknown = sorted(set(kwargs) - _HARBOR_PARAMETERS)
         self._prepared: Prepared | None = None
         self._session: Session | None = None
         self._not_started = ""  # why start failed: what any later call answers
@@ -147,6 +156,12 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise ValueError(f"orchestrator environment: {where}: {first['msg']}") from None
 
     def _prepare(self) -> Prepared:
+        for name in self._unknown:
+            hint = did_you_mean(name, OPTIONS)
+            raise mapping.refuse(
+                f"--ek {name}: not an option of this environment; "
+                f"{hint + ' ' if hint else ''}(options: {', '.join(OPTIONS)})"
+            )
         self._max_lifetime = _seconds(self._max_lifetime_option)
         project = load_project(self._project_dir)
         config = self.task_env_config
