@@ -76,15 +76,38 @@ class StartFailure(EngineError):
         super().__init__(message)
 
 
+#: The images ``orchestrator images build`` makes (repository names), and the option
+#: that asks for one it does not make by default.
+OWN_IMAGES = {
+    "orchestrator/worker": "",
+    "orchestrator/proxy": "",
+    "orchestrator/credproxy": "",
+    "orchestrator/orchestrator": " --with-orchestrator",
+}
+
+
 class ImageMissing(EngineError):
     """The image a plan names does not exist locally."""
 
     def __init__(self, image: str) -> None:
         self.image = image
-        super().__init__(
-            f"image '{image}' is not available locally: build it with "
-            "`orchestrator images build` (no registry is consulted)"
+        super().__init__(f"image '{image}' is not on this machine: {image_fix(image)}")
+
+
+def image_fix(image: str) -> str:
+    """How to get ``image`` here: the command that builds the orchestrator's own images,
+    else the ways to build or load any other (nothing is ever pulled)."""
+    repository = image.rsplit(":", 1)[0] if "/" not in image.rsplit(":", 1)[-1] else image
+    if repository in OWN_IMAGES:
+        return (
+            f"build it with `orchestrator images build{OWN_IMAGES[repository]}` "
+            "(no registry is consulted)"
         )
+    return (
+        f"build it here from its Dockerfile (`orchestrator build DIR -t {image}`, each step "
+        f"a hardened run, or `docker build -t {image} DIR`) or `docker load` it; no "
+        "registry is consulted"
+    )
 
 
 class ImageBuildError(OrchestratorError):

@@ -13,6 +13,8 @@ and stay as they are:
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Final, Literal
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "Approval",
     "BackendName",
     "Trust",
+    "did_you_mean",
 ]
 
 Trust = Literal["untrusted", "session", "workspace", "full"]
@@ -41,3 +44,11 @@ TOOL_PRE_APPROVED: Final = "pre_approved"
 BackendName = Literal["docker", "swarm"]
 #: Where runs run (``--engine``): a container on this engine, or a service on its swarm.
 BACKENDS: tuple[BackendName, ...] = ("docker", "swarm")
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``"did you mean 'resources'?"`` when ``word`` looks like a misspelling of one of
+    ``known`` (difflib's closest match), else the empty string: the hint a one-line error
+    about an unknown field, zone, worker or credential name carries."""
+    close = difflib.get_close_matches(word, sorted(set(known) - {word}), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else ""

@@ -196,9 +196,32 @@ def _print_lines(entries: Sequence[AuditEntry]) -> None:
         click.echo("  ".join(fields))
 
 
+#: What each operation is read for: the metadata the listing shows after the identifying
+#: fields (``--json`` has all of it). A key ending in ``.`` is an operation prefix.
+ESSENTIAL: dict[str, tuple[str, ...]] = {
+    "session.exec": ("argv", "exit_code", "timed_out"),
+    "session.stage": ("files", "change_id"),
+    "egress.decision": ("method", "host", "port"),
+    "egress.credential": ("event", "credential", "method", "host", "port", "path", "status"),
+    "plan.compiled": ("image", "isolation", "network"),
+    "run.started": ("image", "isolation", "network"),
+    "run.ended": ("status", "exit_code", "duration_s"),
+    "run.inputs": ("inputs",),
+    "credential.used": ("credential", "use", "remote"),
+    "tool.refused": ("tool", "status"),
+    "gc.removed": ("kind", "name"),
+    "zone.": ("old_mode", "new_mode", "when"),
+    "broker.": ("child", "child_run"),
+    "change.": ("change_id", "files", "written", "deleted", "status"),
+    "clearance.": ("change_id", "commit", "branch", "remote"),
+}
+
+
 def _context(entry: AuditEntry) -> str:
-    """The entry's identifying fields as ``key=value`` pairs, the unset ones left out."""
-    pairs = [
+    """The entry's identifying fields, then the metadata its operation is read for (the
+    command run, the host asked for, the change set), as ``key=value`` pairs; unset ones
+    are left out, lists and mappings written as JSON."""
+    pairs: list[tuple[str, object]] = [
         ("worker", entry.worker),
         ("run", entry.run_id),
         ("session", entry.session_id),
@@ -206,7 +229,22 @@ def _context(entry: AuditEntry) -> str:
         ("zone", entry.zone),
         ("path", entry.path),
     ]
-    return " ".join(f"{key}={value}" for key, value in pairs if value is not None)
+    keys = ESSENTIAL.get(entry.operation) or next(
+        (
+            keys
+            for op, keys in ESSENTIAL.items()
+            if op.endswith(".") and entry.operation.startswith(op)
+        ),
+        (),
+    )
+    pairs += [(key, entry.metadata.get(key)) for key in keys]
+    return " ".join(f"{key}={_value(value)}" for key, value in pairs if value is not None)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 @click.group("audit", invoke_without_command=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
+import types
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator.config.models import ProjectConfig, WorkerConfig, ZoneConfig
 from orchestrator.errors import ConfigError
 from orchestrator.hostfs.paths import PathRefused, check_path
+from orchestrator.vocabulary import did_you_mean
 
 PROJECT_FILE = "orchestrator.yaml"
 WORKER_SUFFIX = ".worker"
@@ -145,6 +148,8 @@ def find_worker(project: Project, spec: str) -> Path:
         return by_name
     known = sorted(p.stem for p in project.workers_dir.glob(f"*{WORKER_SUFFIX}"))
     hint = f"known workers: {', '.join(known)}" if known else "the folder has no .worker files"
+    if close := did_you_mean(spec, known):
+        hint = f"{close} ({hint})"
     raise ConfigError([f"{by_name}: no worker named '{spec}' in {project.workers_dir}; {hint}"])
 
 
@@ -369,13 +374,17 @@ def _validate(model: type[M], data: Any, file: Path, node: yaml.Node | None, lin
             loc = tuple(error["loc"])
             field = ".".join(str(part) for part in loc) or "(top level)"
             line = _line_of(node, loc, line_offset)
-            problems.append(f"{file}{line}: {field}: {_explain(error)}")
+            problems.append(f"{file}{line}: {field}: {_explain(error, model)}")
         raise ConfigError(problems) from None
 
 
-def _explain(error: Any) -> str:
+def _explain(error: Any, model: type[BaseModel]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
+        loc = tuple(error["loc"])
+        hint = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1])) if loc else ""
+        if hint:
+            return f"unknown field; {hint} (or remove it)"
         return "unknown field; remove it or check its spelling"
     if kind == "missing":
         return "required field is missing; add it"
@@ -393,6 +402,46 @@ def _explain(error: Any) -> str:
         return f"must be {'more' if kind == 'greater_than' else 'less'} than {limit}"
     message = str(error["msg"])
     return message.removeprefix("Value error, ")
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names a mapping at ``loc`` of ``model`` may hold (for a spelling hint):
+    follows fields, dict values, list items and union members (pydantic names a union
+    member in ``loc`` by its class or tag)."""
+    here: list[Any] = [model]
+    for part in loc:
+        found: list[Any] = []
+        for kind in _unwrapped(here):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                if isinstance(part, str) and part in kind.model_fields:
+                    found.append(kind.model_fields[part].annotation)
+                elif part == kind.__name__:
+                    found.append(kind)
+            elif typing.get_origin(kind) is dict and isinstance(part, str):
+                found.append(typing.get_args(kind)[1])
+            elif typing.get_origin(kind) in (list, tuple) and isinstance(part, int):
+                found.append(typing.get_args(kind)[0])
+        here = found
+    return [
+        name
+        for kind in _unwrapped(here)
+        if isinstance(kind, type) and issubclass(kind, BaseModel)
+        for name in kind.model_fields
+    ]
+
+
+def _unwrapped(kinds: list[Any]) -> list[Any]:
+    """Annotations with ``Annotated`` and unions opened up (``X | None`` is ``X``)."""
+    out: list[Any] = []
+    for kind in kinds:
+        origin = typing.get_origin(kind)
+        if origin is typing.Annotated:
+            out += _unwrapped([typing.get_args(kind)[0]])
+        elif origin in (typing.Union, types.UnionType):
+            out += _unwrapped(list(typing.get_args(kind)))
+        else:
+            out.append(kind)
+    return out
 
 
 #: What to write instead, for pydantic's type errors (its own words name no fix).

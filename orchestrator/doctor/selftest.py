@@ -324,10 +324,10 @@ def _under(isolation: str | None) -> str:
 
 
 def _fix(exc: OrchestratorError) -> str | None:
-    from orchestrator.errors import EngineUnreachable, ImageMissing
+    from orchestrator.errors import EngineUnreachable, ImageMissing, image_fix
 
     if isinstance(exc, ImageMissing):
-        return "orchestrator images build"
+        return image_fix(exc.image)
     if isinstance(exc, EngineUnreachable):
         return "start the Docker engine"
     return None

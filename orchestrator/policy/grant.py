@@ -21,7 +21,7 @@ from orchestrator.labels import current_owner
 from orchestrator.policy.network import NetworkGrant, describe, network_grant
 from orchestrator.policy.network import rank as network_rank
 from orchestrator.policy.trust import PROFILES
-from orchestrator.vocabulary import PRE_APPROVED
+from orchestrator.vocabulary import PRE_APPROVED, did_you_mean
 
 SECRETS_PREFIX = "orchestrator-secrets-"
 
@@ -203,6 +203,11 @@ def standard_zones(trust: Trust, paths: RunPaths) -> tuple[list[ZoneGrant], list
             outbox = paths.run_dir / "outbox"  # nominal: the outbox lives in the container
             zones.append(ZoneGrant("staged", outbox, "/staged", "rw", standard=True, outbox=True))
             continue
+        if name == "workers" and not os.path.lexists(paths.workers):
+            # A project whose workers are given inline (harness adapters, a worker file
+            # named by path) may have no workers folder: an empty read-only one instead.
+            masks.append("/workers")
+            continue
         zones.append(ZoneGrant(name, host[name], f"/{name}", mode, standard=True))
         if name == "workers" and paths.sandbox_root.is_relative_to(paths.workers):
             masks.append(f"/workers/{paths.sandbox_root.relative_to(paths.workers).as_posix()}")
@@ -370,9 +375,10 @@ def _check_secrets(
     for name in secrets:
         if name not in known:
             offered = ", ".join(sorted(known)) or "none"
+            hint = did_you_mean(name, known)
             problems.append(
                 f"{worker.where('secrets')}: '{name}' is not in {project.file} credentials "
-                f"(known: {offered}); add it there"
+                f"(known: {offered}); {hint + ' ' if hint else ''}add it there"
             )
     _check_egress(project, worker, [n for n in secrets if n in bound], network, problems)
 
@@ -481,9 +487,10 @@ def _project_zone(
     zone = project.zones.get(request.name)
     if zone is None:
         offered = ", ".join(sorted(project.zones)) or "none"
+        hint = did_you_mean(request.name, project.zones)
         problems.append(
             f"{where}: zone '{request.name}' is not declared in {project.file} "
-            f"(zones: {offered}); add it there or remove it here"
+            f"(zones: {offered}); {hint + ' ' if hint else ''}add it there or remove it here"
         )
         return None
     mode = request.mode

@@ -18,7 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from orchestrator.errors import ContainerStopped, EngineError, OrchestratorError, StartFailure
+from orchestrator.errors import (
+    ContainerStopped,
+    EngineError,
+    ImageMissing,
+    OrchestratorError,
+    StartFailure,
+)
 from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
@@ -55,8 +61,11 @@ class ContainerBackend:
         return self.engine
 
     def check(self, prepared: Prepared) -> dict[str, Any]:
-        # Before anything exists: an engine without the plan's runtime runs nothing.
-        return {"runtime": self.engine.runtime_for(prepared.spec)}
+        # Before anything exists: an engine without the plan's runtime or image runs nothing.
+        runtime = self.engine.runtime_for(prepared.spec)
+        if not self.engine.image_exists(prepared.spec.image):
+            raise ImageMissing(prepared.spec.image)
+        return {"runtime": runtime}
 
     def pins_mounts(self) -> bool:
         return self.engine.pins_mounts()

@@ -219,3 +219,31 @@ def test_what_is_refused_is_one_line_before_any_container(
     assert message.startswith("orchestrator sandbox: ") and "\n" not in message, message
     assert open_audit(load_project(project.root)).query(AuditFilter(operation="run.started")) == []
     _nothing_left(engine, project)
+
+
+def test_inline_options_run_in_a_project_without_a_workers_folder(engine, tmp_path):
+    # docs/agents-sandbox.md's options describe the worker inline: no workers folder needed.
+    root = tmp_path / "bare"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "notes.txt").write_text("zone text\n")
+    (root / "orchestrator.yaml").write_text(
+        "zones:\n  data: {path: data, mode: ro}\nisolation: {untrusted: runc}\n"
+    )
+    client = OrchestratorSandboxClient(
+        OrchestratorSandboxClientOptions(
+            project=str(root), zones=[{"name": "data", "mode": "ro"}], resources={"memory": "256m"}
+        )
+    )
+
+    async def scenario():
+        session = await client.create(manifest=Manifest(root="/tmp/work"))
+        async with session:
+            done = await session.exec("cat /data/notes.txt; ls -A /workers; touch /workers/x")
+        await client.delete(session)
+        return done
+
+    done = asyncio.run(scenario())
+    assert done.stdout == b"zone text\n"  # the zone; /workers empty
+    assert b"Read-only file system" in done.stderr
+    assert not (root / "workers").exists()
+    assert containers_of(engine, os.getpid()) == []

@@ -253,3 +253,66 @@ def test_uploads_never_follow_a_link_out_of_the_task(harbor, tmp_path):
     )
     assert said["upload_dir"].startswith(f"refused: {task / 'data'}: {task / 'data'} is a ")
     assert key.stat().st_atime == 1_000_000  # never read
+
+
+def test_the_docs_project_without_a_workers_folder_runs_the_task(engine, harbor, tmp_path):
+    # docs/harbor.md's worked example: an orchestrator.yaml with one zone, nothing else.
+    root = tmp_path / "project"
+    (root / "code").mkdir(parents=True)
+    (root / "code" / "word.txt").write_text("from the zone")
+    (root / "orchestrator.yaml").write_text("zones:\n  code: {path: code, mode: ro}\n")
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+    mount = {"type": "bind", "source": str(root / "code"), "target": "/code", "read_only": True}
+
+    pid, _, trial, output = _run(
+        harbor, task, _Bare(root), tmp_path / "jobs", "--mounts-json", json.dumps([mount])
+    )
+
+    assert trial["exception_info"] is None, (trial["exception_info"], output)
+    assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
+    assert not (root / "workers").exists()
+    _assert_nothing_left(engine, pid, _Bare(root))
+
+
+def test_a_trial_that_cannot_start_says_why_in_one_line_first(engine, harbor, tmp_path):
+    project = ProjectDir(tmp_path / "project")
+    project.write_project()
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+    (task / "environment" / "Dockerfile").write_text("FROM example.invalid/not-here:1\n")
+
+    pid, job, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+
+    info = trial["exception_info"]
+    assert info is not None and job["stats"]["n_errored_trials"] == 1, output
+    message = info["exception_message"].strip()
+    assert message.startswith(
+        "orchestrator environment: image 'example.invalid/not-here:1' is not on this machine"
+    ), message
+    assert "docker build -t example.invalid/not-here:1" in message and "\n" not in message
+    assert output.splitlines()[0] == message  # said first, before Harbor's tracebacks
+    assert "Error: orchestrator environment: not started" not in output  # later calls too
+    _assert_nothing_left(engine, pid, project)
+
+
+class _Bare:
+    """A project folder written by hand (``_run`` and the leak check need its root)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+
+def test_a_misspelt_option_is_refused_with_the_option_it_resembles(engine, harbor, tmp_path):
+    project = ProjectDir(tmp_path / "project")
+    project.write_project()
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+
+    pid, _, trial, _ = _run(harbor, task, project, tmp_path / "jobs", "--ek", "isolaton=runc")
+
+    message = trial["exception_info"]["exception_message"].strip()
+    assert message.startswith("orchestrator environment: --ek isolaton: not an option"), message
+    assert "did you mean 'isolation'?" in message and "\n" not in message
+    assert trial["agent_execution"] is None  # refused at start
+    _assert_nothing_left(engine, pid, project)

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import textwrap
 import time
 import uuid
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -45,13 +46,13 @@ class Actor:
 
     def argv(self, *argv: str) -> list[str]:
         """``argv`` (a Python command line) as this actor. The user gets the system's own
-        Python with this checkout and the venv's packages: the venv's interpreter may live
-        in root's home, out of other users' reach."""
+        Python with its own readable copy of this checkout's code and the venv's packages
+        (:func:`readable_install`): the checkout and its venv may live in a folder other
+        users cannot enter (``/root``, a ``mktemp -d``)."""
         if self.is_root:
             return [sys.executable, *argv]
-        packages = sysconfig.get_paths()["purelib"]
         return ["runuser", "-u", USER, "--", "env", "-i", "HOME=/nonexistent",
-                f"PATH={os.environ['PATH']}", f"PYTHONPATH={REPO}:{packages}",
+                f"PATH={os.environ['PATH']}", f"PYTHONPATH={_USER_INSTALL}",
                 PYTHON_FOR_USER, *argv]  # fmt: skip
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -80,18 +81,68 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON_FOR_USER = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
 
+#: The folder on ``PYTHONPATH`` of the throw-away user's commands (set by ``test_user``).
+_USER_INSTALL = ""
+
+
+def readable_install(into: Path) -> None:
+    """Copy into ``into`` (readable by every user) this checkout's ``orchestrator`` and
+    ``tests`` packages and the files of every distribution the project needs to run (its
+    dependencies, found through their metadata; not the test tools)."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for package in ("orchestrator", "tests"):
+        shutil.copytree(REPO / package, into / package, ignore=ignore)
+    seen: set[str] = set()
+    todo = list(metadata.requires("orchestrator") or ())
+    while todo:
+        requirement = todo.pop()
+        if "extra ==" in requirement.partition(";")[2]:
+            continue  # an optional extra's
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        assert name is not None, requirement
+        try:
+            dist = metadata.distribution(name.group())
+        except metadata.PackageNotFoundError:
+            continue  # for another Python or platform (a marker): not installed here
+        if dist.metadata["Name"].lower() in seen:
+            continue
+        seen.add(dist.metadata["Name"].lower())
+        todo += dist.requires or []
+        for file in dist.files or ():
+            source = Path(str(file.locate()))
+            if file.parts[0] == ".." or not source.is_file() or "__pycache__" in file.parts:
+                continue  # scripts beside the venv's bin, compiled caches
+            target = into / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    for folder, _dirs, files in os.walk(into):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+
+
 @pytest.fixture(scope="module")
 def test_user():
-    """A throw-away user in the docker group (removed afterwards)."""
+    """A throw-away user in the docker group, with its own readable copy of the code it
+    runs (both removed afterwards)."""
+    global _USER_INSTALL
     created = subprocess.run(["id", USER], capture_output=True, check=False).returncode != 0
     if created:
         subprocess.run(
             ["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", "-G", "docker",
              USER], check=True, capture_output=True,
         )  # fmt: skip
-    yield USER
-    if created:
-        subprocess.run(["userdel", USER], check=False, capture_output=True)
+    install = Path(tempfile.mkdtemp(prefix="orch-links-install-", dir="/tmp"))
+    try:
+        os.chmod(install, 0o755)
+        readable_install(install)
+        _USER_INSTALL = str(install)
+        yield USER
+    finally:
+        _USER_INSTALL = ""
+        shutil.rmtree(install, ignore_errors=True)
+        if created:
+            subprocess.run(["userdel", USER], check=False, capture_output=True)
 
 
 @pytest.fixture(params=["root", "user"])

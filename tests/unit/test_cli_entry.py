@@ -168,3 +168,31 @@ def test_an_owner_that_dies_before_it_is_ready_says_why(tmp_path: Path) -> None:
         "error": "the session's owner exited with code 125 before it was ready: "
         "no such worker \x1b[31m"
     }
+
+
+def test_the_audit_listing_shows_what_each_operation_is_read_for(project: Path) -> None:
+    # docs/inspect.md promises "every command the agent ran" and "what it tried to reach".
+    log = AuditLog(load_project(project).sandbox_root / "audit.jsonl")
+    session = {"worker": "w", "run_id": "r1", "session_id": "s1", "trust_level": "untrusted"}
+    log.record("session.exec", **session,
+               metadata={"argv": ["bash", "-c", "cat /code/README.md"], "exit_code": 0,
+                         "timed_out": False, "duration_s": 0.1})  # fmt: skip
+    log.record("egress.decision", **session, allowed=False, reason="not in the allowlist",
+               metadata={"host": "evil.example", "port": 443, "method": "CONNECT"})  # fmt: skip
+    log.record("sandbox.write", **session, zone="session", path="/session/notes.md")
+    log.record("change.created", **session,
+               metadata={"change_id": "3f9c0d1e77aa", "files": 2, "target": "repo"})  # fmt: skip
+
+    def listed(*filters: str) -> list[str]:
+        done = orchestrator("audit", *filters, "--project", project)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    (run,) = listed("--operation", "session.*")
+    assert 'argv=["bash", "-c", "cat /code/README.md"] exit_code=0' in run, run
+    (reach,) = listed("--operation", "egress.decision")
+    assert "DENIED" in reach and "method=CONNECT host=evil.example port=443" in reach, reach
+    (wrote,) = listed("--operation", "sandbox.write")
+    assert "path=/session/notes.md" in wrote
+    (change,) = listed("--operation", "change.*")
+    assert "change_id=3f9c0d1e77aa files=2" in change, change

@@ -68,7 +68,7 @@ def test_unknown_key_names_file_line_and_field(project):
     (line,) = problems(excinfo)
     assert (
         line
-        == f"{project.root / 'workers' / 'w.worker'}:4: resources.memroy: unknown field; remove it or check its spelling"
+        == f"{project.root / 'workers' / 'w.worker'}:4: resources.memroy: unknown field; did you mean 'memory'? (or remove it)"
     )
 
 

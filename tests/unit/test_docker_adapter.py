@@ -103,7 +103,7 @@ def test_permanent_errors_fail_at_once():
 
 def test_missing_image_and_unreachable_engine_are_named():
     api = FakeAPI([docker_errors.ImageNotFound("no such image")])
-    with pytest.raises(ImageMissing, match="orchestrator images build"):
+    with pytest.raises(ImageMissing, match="'img' is not on this machine: .*docker build -t img"):
         DockerEngine(client=api).create(spec())
     api = FakeAPI(
         [requests.exceptions.ConnectionError(ConnectionRefusedError(111, "Connection refused"))]
@@ -213,3 +213,24 @@ def test_an_oom_event_after_the_exit_still_counts(code, flag, events, oom, asks)
         since, filters = api.asked[0]
         assert filters == {"container": "c1", "event": "oom"}
         assert since == 1795466401  # the container's start, to the second
+
+
+def test_a_missing_image_names_the_fix_for_that_image():
+    from orchestrator.credproxy import CREDPROXY_IMAGE
+    from orchestrator.docker.images import ORCHESTRATOR_IMAGE, WORKER_IMAGE
+    from orchestrator.egress import PROXY_IMAGE
+    from orchestrator.errors import OWN_IMAGES
+
+    # Every image `orchestrator images build` makes, and only those, is named as its.
+    made = {WORKER_IMAGE, PROXY_IMAGE, CREDPROXY_IMAGE, ORCHESTRATOR_IMAGE}
+    assert {image.rsplit(":", 1)[0] for image in made} == set(OWN_IMAGES)
+    for image in (WORKER_IMAGE, PROXY_IMAGE, CREDPROXY_IMAGE):
+        assert str(ImageMissing(image)).endswith(
+            "build it with `orchestrator images build` (no registry is consulted)"
+        )
+    assert "`orchestrator images build --with-orchestrator`" in str(
+        ImageMissing(ORCHESTRATOR_IMAGE)
+    )
+    for image in ("python:3.12", "localhost:5000/team/agent", "orchestrator/workers:latest"):
+        text = str(ImageMissing(image))
+        assert f"`docker build -t {image} DIR`" in text and "images build" not in text, text

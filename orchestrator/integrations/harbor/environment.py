@@ -23,6 +23,7 @@ the container as its commands do. What Harbor asks of a provider, as this one me
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 import logging
 import os
@@ -41,7 +42,7 @@ from pydantic import ValidationError
 
 from orchestrator.config import Resources, load_project
 from orchestrator.config.models import Isolation, Trust
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ImageMissing, OrchestratorError
 from orchestrator.hostfs.owners import others_can_write
 from orchestrator.integrations import transfer, upload
 from orchestrator.integrations.harbor import mapping
@@ -51,6 +52,7 @@ from orchestrator.integrations.tmpfs import with_tmpfs, writable
 from orchestrator.integrations.transfer import Capture, TooMuch
 from orchestrator.prepare import Prepared
 from orchestrator.runtime.session import Session
+from orchestrator.vocabulary import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,10 @@ MAX_TRANSFER = 1 << 30
 TRANSFER_TIMEOUT = 600
 #: What a command given no timeout may take (seconds): Harbor's own phases time out.
 DEFAULT_TIMEOUT = 24 * 3600.0
+#: This environment's own options (``--ek NAME=VALUE``).
+OPTIONS = ("project", "isolation", "trust", "allow_ports", "max_lifetime")
+#: What Harbor's own base class takes by name (everything else it passes is an ``--ek``).
+_HARBOR_PARAMETERS = set(inspect.signature(BaseEnvironment.__init__).parameters)
 
 
 class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
@@ -91,8 +97,12 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._allow_ports = allow_ports
         self._max_lifetime_option = max_lifetime
         self._max_lifetime: float | None = None
+        # Harbor hands every ``--ek`` to the constructor and its base class swallows the
+        # ones it does not know: a misspelt option would silently be its default.
+        self._unknown = sorted(set(kwargs) - _HARBOR_PARAMETERS)
         self._prepared: Prepared | None = None
         self._session: Session | None = None
+        self._not_started = ""  # why start failed: what any later call answers
         self._workdir = "/tmp"
         self._uid = -1
         self._gid = -1
@@ -151,6 +161,12 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise ValueError(f"orchestrator environment: {where}: {first['msg']}") from None
 
     def _prepare(self) -> Prepared:
+        for name in self._unknown:
+            hint = did_you_mean(name, OPTIONS)
+            raise mapping.refuse(
+                f"--ek {name}: not an option of this environment; "
+                f"{hint + ' ' if hint else ''}(options: {', '.join(OPTIONS)})"
+            )
         self._max_lifetime = _seconds(self._max_lifetime_option)
         project = load_project(self._project_dir)
         if why := others_can_write(Path(os.path.realpath(project.file))):
@@ -194,7 +210,12 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
-        await asyncio.to_thread(self._open)
+        try:
+            await asyncio.to_thread(self._open)
+        except (ValueError, RuntimeError) as exc:  # one line, said before Harbor's traceback
+            self._not_started = str(exc)
+            self.logger.error(self._not_started)
+            raise
         # The folders Harbor's own Docker environment mounts from the host exist here too.
         made = await self.exec(f"mkdir -p {' '.join(LOG_FOLDERS)}")
         if made.return_code != 0:
@@ -206,10 +227,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         orch = orchestrator_for(self._project_dir)
         try:
             if not orch.engine.image_exists(prepared.spec.image):
-                raise ValueError(
-                    f"orchestrator environment: image {prepared.spec.image} is not on this "
-                    "machine (nothing is pulled); build it here first"
-                )
+                raise ImageMissing(prepared.spec.image)
             run = orch.open_keep_alive(prepared)
             try:
                 self._session = orch.open_session(
@@ -277,7 +295,9 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
     ) -> int:
         session = self._session
         if session is None:
-            raise RuntimeError("orchestrator environment: not started (or already stopped)")
+            raise RuntimeError(
+                self._not_started or "orchestrator environment: not started (or already stopped)"
+            )
         workdir = self._workdir if cwd is None else posixpath.join(self._workdir, cwd)
         call = partial(
             session.exec,
