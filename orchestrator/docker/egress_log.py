@@ -44,9 +44,10 @@ __all__ = ["DecisionLog"]
 
 log = logging.getLogger(__name__)
 
-#: How long :meth:`DecisionLog.close` lets the proxy report what it counted last (it
-#: reports about once a second), when the run flooded.
-_FLOOD_SETTLE = 1.2
+#: How long :meth:`DecisionLog.close` lets the proxy report what it counted last, when
+#: the run flooded: the proxy reports at most 2 s after a request it counted, and the
+#: run's worker is gone by then.
+_FLOOD_SETTLE = 2.2
 #: A line longer than this (the proxy cuts its own at 512 bytes) is dropped unread.
 _LINE_LIMIT = 4096
 
@@ -90,7 +91,7 @@ class DecisionLog:
         self._counts = {True: 0, False: 0}  # kept, by verdict
         self._unlisted = {True: 0, False: 0}
         self._unlisted_bytes = 0
-        self._flooded_at = 0.0  # monotonic time the last flood line or overflow was seen
+        self._flooded = False  # a flood line or an overflow was seen
         self._thread: threading.Thread | None = None
         if follow:
             self._thread = threading.Thread(
@@ -164,7 +165,7 @@ class DecisionLog:
                     self._unlisted[False] += flood.denied
                     self._unlisted[True] += flood.allowed
                     self._unlisted_bytes += flood.size
-                    self._flooded_at = time.monotonic()
+                    self._flooded = True
 
     def _keep(self, decision: Decision, size: int) -> None:
         limit = RUN_ALLOWED if decision.allowed else RUN_DENIED
@@ -174,7 +175,7 @@ class DecisionLog:
             return
         self._unlisted[decision.allowed] += 1
         self._unlisted_bytes += size
-        self._flooded_at = time.monotonic()
+        self._flooded = True
 
     def _mine(self, client: str) -> bool:
         try:
@@ -199,8 +200,8 @@ class DecisionLog:
         self.stop()  # ends the thread's read at once
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._flooded_at:  # let the proxy report what it counted last
-            time.sleep(max(0.0, self._flooded_at + _FLOOD_SETTLE - time.monotonic()))
+        if self._flooded:  # let the proxy report what it counted last
+            time.sleep(_FLOOD_SETTLE)
         container = self._locate()
         if container is not None:
             with (

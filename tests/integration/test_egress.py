@@ -41,7 +41,7 @@ from orchestrator.docker.netnames import RUN_PREFIX, full_network, network_name
 from orchestrator.docker.networks import release_network
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec, Limits, Network, Tmpfs, project_key
-from tests.integration.conftest import ISOLATIONS, cli, require_gvisor
+from tests.integration.conftest import ISOLATIONS, cli, require_gvisor, wait_until
 
 docker = pytest.mark.docker
 
@@ -1301,3 +1301,177 @@ def test_a_listed_name_or_address_in_another_run_is_refused_by_the_proxy(engine,
         assert release_network(engine, net_a)
         if key:
             eg_gc.remove_egress(engine, key)
+
+
+# -- a flood cannot erase decisions; no DNS out of a worker's namespace ---------------------
+
+#: An allowlist of the flood test's own, so that its proxy is shared by its runs only.
+FLOOD_ALLOW = ["allowed.test", "www.allowed.test:8443"]
+FLOOD_FRONT = (
+    "trust: session\nnetwork: {allow: [allowed.test, 'www.allowed.test:8443']}\n"
+    "sandbox: {zones: [{name: meet, mode: rw}]}"
+)
+
+#: Waits for /meet/other-ready, makes one allowed request, then COUNT pipelined denied
+#: requests with 255-character host names through its proxy; prints what it sent.
+FLOODER = r"""
+import json, os, socket, threading, time, urllib.request
+def wait(name, limit=120):
+    end = time.time() + limit
+    while not os.path.exists("/meet/" + name):
+        assert time.time() < end, name
+        time.sleep(0.1)
+wait("other-ready")
+with urllib.request.urlopen("http://allowed.test/", timeout=15) as answer:
+    first = answer.status
+sent = answered = 0
+def host(n):
+    return ("%08d" % n) + "x" * 55 + ("." + "a" * 63) * 3  # 255 characters
+def drain(sock, counts):
+    while True:
+        try:
+            data = sock.recv(1 << 16)
+        except OSError:
+            return
+        if not data:
+            return
+        counts[0] += data.count(b"HTTP/1.1 403")
+end = time.time() + 90
+while sent < COUNT and time.time() < end:
+    sock = socket.create_connection(("proxy", 3128), timeout=30)
+    counts = [0]
+    reader = threading.Thread(target=drain, args=(sock, counts))
+    reader.start()
+    try:
+        while sent < COUNT and time.time() < end:
+            batch = b"".join(
+                b"GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n" % ((host(n).encode(),) * 2)
+                for n in range(sent, min(sent + 500, COUNT))
+            )
+            sock.sendall(batch)
+            sent = min(sent + 500, COUNT)
+        time.sleep(1)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    reader.join(60)
+    sock.close()
+    answered += counts[0]
+open("/meet/flooded", "w").close()
+print(json.dumps({"first": first, "sent": sent, "answered": answered}))
+"""
+
+#: Fetches an allowed and a denied URL, tells the flooder, waits for the flood to end,
+#: then fetches another denied one.
+OTHER = r"""
+import json, os, time, urllib.error, urllib.request
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=15) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+seen = [fetch("http://allowed.test/"), fetch("http://denied.test/")]
+open("/meet/other-ready", "w").close()
+end = time.time() + 240
+while not os.path.exists("/meet/flooded") and time.time() < end:
+    time.sleep(0.2)
+seen.append(fetch("http://www.allowed.test/"))
+print(json.dumps(seen))
+"""
+
+
+def _runs_of(audit, worker):
+    from orchestrator.audit import AuditFilter
+
+    return [
+        e.run_id for e in audit.query(AuditFilter(operation="run.started")) if e.worker == worker
+    ]
+
+
+def _decisions_of(audit, run_id):
+    from orchestrator.audit import AuditFilter
+
+    entries = audit.query(AuditFilter(operation="egress.decision", run=run_id))
+    return [(e.metadata["host"], e.allowed) for e in entries]
+
+
+@docker
+def test_a_flood_of_denied_requests_erases_no_decision_and_stops_no_later_run(
+    engine, internet, project
+):
+    """One allowed request, then 100,000 pipelined denied ones with 255-character names
+    (enough to rotate the proxy's whole log 3 x 10 MB without the log budget): the allowed
+    decision and another run's decisions on the same proxy are all in the audit log, the
+    flood is one egress.flood entry with counts, the audit log and the run's stderr grow
+    by little, and a new run on the allowlist starts right after."""
+    from orchestrator.audit import AuditFilter, AuditLog
+    from orchestrator.config import load_project
+
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(FLOOD_ALLOW)))
+    meet = project.zone("meet", "rw")
+    count = 100_000
+    project.worker(
+        "flooder",
+        f"command: {json.dumps(['python3', '-c', FLOODER.replace('COUNT', str(count))])}\n"
+        f"{FLOOD_FRONT}\nresources: {{timeout: 300}}",
+    )
+    project.worker("other", f"command: {json.dumps(['python3', '-c', OTHER])}\n{FLOOD_FRONT}")
+    project.worker(
+        "late",
+        "command: "
+        + json.dumps(["python3", "-c", probe_script([["fetch", "late", "http://allowed.test/"]])])
+        + f"\n{FLOOD_FRONT}",
+    )
+    root = str(project.root)
+    audit_path = load_project(project.root).sandbox_root / "audit.jsonl"
+    other = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "other", "--project", root, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: (meet / "other-ready").exists(), 120), other.poll()
+        before = audit_path.stat().st_size
+        started = time.monotonic()
+        flood = cli("run", "flooder", "--project", root, timeout=400)
+        took = time.monotonic() - started
+        grown = audit_path.stat().st_size - before
+    finally:
+        (meet / "flooded").touch()
+        out, err = other.communicate(timeout=240)
+    late = cli("run", "late", "--project", root, "--json")
+
+    assert flood.returncode == 0, flood.stderr
+    sent = last_json(flood.stdout)
+    assert sent["first"] == 200 and sent["sent"] == count, sent
+    assert sent["answered"] > count // 2, sent  # the proxy did answer the flood
+    audit = AuditLog(audit_path)
+    [flood_run] = _runs_of(audit, "flooder")
+    decisions = _decisions_of(audit, flood_run)
+    assert ("allowed.test", True) in decisions
+    denied = [host for host, allowed in decisions if not allowed]
+    assert 0 < len(denied) <= contract.RUN_DENIED
+    [entry] = audit.query(AuditFilter(operation="egress.flood", run=flood_run))
+    counted = entry.metadata["denied"] + entry.metadata["logged_denied"]
+    assert sent["answered"] <= counted <= count, (entry.metadata, sent)
+    assert entry.metadata["bytes"] > 250 * entry.metadata["denied"]
+    assert grown < 400_000, grown  # was 55 MB
+    assert len(flood.stderr.splitlines()) <= 15 and len(flood.stderr) < 4096, flood.stderr
+    assert "egress FLOOD" in flood.stderr
+
+    assert other.returncode == 0, err
+    assert json.loads(json.loads(out)["stdout"].strip().splitlines()[-1]) == [200, 403, 403]
+    [other_run] = _runs_of(audit, "other")
+    assert sorted(_decisions_of(audit, other_run)) == [
+        ("allowed.test", True),
+        ("denied.test", False),
+        ("www.allowed.test", False),
+    ]
+    assert not audit.query(AuditFilter(operation="egress.flood", run=other_run))
+
+    assert late.returncode == 0, late.stderr
+    assert last_json(late.json()["stdout"])["late"][:2] == ["ok", 200]
+    assert ("allowed.test", True) in _decisions_of(audit, late.json()["run_id"])
+    print(f"flood: {sent}, run {took:.1f} s, audit +{grown} bytes, {entry.metadata}")
