@@ -50,6 +50,7 @@ def diagnose(
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import WORKER_IMAGE
     from orchestrator.docker.inspection import engine_facts, images_present
+    from orchestrator.docker.podman import engine_kind
     from orchestrator.docker.runtimes import GVISOR_NETWORK, GVISOR_NONE, setup_command
     from orchestrator.egress import PROXY_IMAGE
 
@@ -63,6 +64,7 @@ def diagnose(
     cgroup = host.cgroup_version()
     max_userns = host.max_user_namespaces()
     disk = host.disk_free(project.sandbox_root)
+    upstream = host.embedded_upstream()
     images = images_present(
         engine, list(dict.fromkeys([WORKER_IMAGE, PROXY_IMAGE, *project.images]))
     )
@@ -82,6 +84,7 @@ def diagnose(
         checks.disk_check(disk),
         checks.images_check(images, {WORKER_IMAGE, PROXY_IMAGE}),
         *checks.firewall_checks(state, facts),
+        checks.dns_cve_check(facts, upstream, podman=engine_kind(engine).podman),
         project.check,
     ]
     report.facts = {
@@ -91,6 +94,11 @@ def diagnose(
             "cgroup_controllers": host.cgroup_controllers(),
             "max_user_namespaces": max_userns,
             "root": host.is_root(),
+            "embedded_dns_upstream": {
+                "source": upstream.source,
+                "servers": upstream.servers,
+                "loopback": upstream.loopback,
+            },
         },
         "disk": {
             "path": str(disk.path),

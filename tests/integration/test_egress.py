@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
+import itertools
 import json
 import os
 import socket
@@ -1644,7 +1645,7 @@ def test_a_worker_without_network_has_no_resolver(engine, project, isolation):
     assert result.returncode == 0, result.stderr
     seen = last_json(result.json()["stdout"])
     words = seen["resolv"]
-    servers = {after for before, after in zip(words, words[1:]) if before == "nameserver"}
+    servers = {after for before, after in itertools.pairwise(words) if before == "nameserver"}
     assert servers <= {"0.0.0.0"}, seen  # none, or "this host" (gVisor writes none)
     assert seen["nets"] == ["lo"], seen
     assert seen["lookup"] == "failed" and seen["lookup_s"] < 3, seen
