@@ -55,6 +55,7 @@ class FakeApi:
         self.networks: dict[str, dict[str, Any]] = {}
         self.log: list[bytes] = []
         self.reads = 0
+        self.now = datetime.now(UTC)  # when the proxy logged the test's first lines
 
     def create_network(self, name: str, **_: Any) -> dict[str, str]:
         self.networks[name] = {
@@ -90,16 +91,16 @@ def _stamp(line: bytes) -> datetime:
     return datetime.fromisoformat(line.split()[0].decode()[:26]).replace(tzinfo=UTC)
 
 
-NOW = datetime.now(UTC)
-
-
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> DockerClient:
     egress = Egress("http://proxy:3128", "proxy-id", "0" * 16)
     monkeypatch.setattr(networks, "ensure_egress", lambda *_a, **_k: egress)
     monkeypatch.setattr(networks, "attach", lambda *_a: None)
     api = FakeApi()
-    api.log = [_line(NOW, "10.9.0.2", "mine.test"), _line(NOW, "10.8.0.2", "theirs.test")]
+    api.log = [
+        _line(api.now, "10.9.0.2", "mine.test"),
+        _line(api.now, "10.8.0.2", "theirs.test"),
+    ]
     return DockerClient(api)  # type: ignore[arg-type]
 
 
@@ -152,7 +153,7 @@ def test_decisions_followed_during_the_run_survive_the_log_being_rotated(
     api = engine.api
     networks.prepare_network(engine, _spec())
     _wait_for(lambda: api.reads >= 1)  # the follower read the log as it was
-    later = NOW + timedelta(seconds=1)
+    later = api.now + timedelta(seconds=1)
     api.log = [_line(later, "10.9.0.2", "after.test", "-")]  # the first lines rotated away
     found = networks.network_decisions(engine, _spec(), SINCE)
     assert [(d.host, d.allowed) for d in found.decisions] == [
@@ -168,13 +169,13 @@ def test_a_run_keeps_a_bounded_number_of_decisions_and_counts_the_rest(
 ) -> None:
     api = engine.api
     many = [
-        _line(NOW + timedelta(microseconds=n), "10.9.0.2", f"d{n}.test", "-")
+        _line(api.now + timedelta(microseconds=n), "10.9.0.2", f"d{n}.test", "-")
         for n in range(RUN_DENIED + 50)
     ]
-    last = NOW + timedelta(microseconds=RUN_DENIED + 60)  # the log is in time order
-    flood = f"{last.strftime('%Y-%m-%dT%H:%M:%S.%f')}999Z {FLOOD_MARK} {NOW.timestamp():.3f} "
+    last = api.now + timedelta(microseconds=RUN_DENIED + 60)  # the log is in time order
+    flood = f"{last.strftime('%Y-%m-%dT%H:%M:%S.%f')}999Z {FLOOD_MARK} {api.now.timestamp():.3f} "
     api.log = [
-        _line(NOW, "10.9.0.2", "mine.test"),
+        _line(api.now, "10.9.0.2", "mine.test"),
         *many,
         f"{flood}10.9.0.2 1000 2 30000\n".encode(),
         f"{flood}10.8.0.2 7 7 7\n".encode(),  # another run's flood
