@@ -177,8 +177,8 @@ ALLOWED = "allow"
 #: Per client (a run's worker), the proxy logs at most this many denied (allowed)
 #: decisions at once, refilled at that many per :data:`FLOOD_WINDOW` seconds; what goes
 #: beyond is counted, and reported about once a second while it lasts as one line:
-#: ``EGRESS-FLOOD <time> <client> <denied> <allowed> <bytes>``. A line is cut at
-#: :data:`LINE_MAX` bytes.
+#: ``EGRESS-FLOOD <time> <client> <denied> <allowed> <bytes>``, then once with zero counts
+#: when it has ended (nothing more to report). A line is cut at :data:`LINE_MAX` bytes.
 LOG_DENIED = 100
 LOG_ALLOWED = 1000
 FLOOD_WINDOW = 60.0
@@ -244,13 +244,18 @@ def parse_decisions(text: str) -> list[Decision]:
 @dataclass(frozen=True)
 class Flood:
     """Requests of one client the proxy counted instead of logging them (over its budget):
-    ``denied`` and ``allowed`` requests, ``size`` bytes of log lines, reported at ``time``."""
+    ``denied`` and ``allowed`` requests, ``size`` bytes of log lines, reported at ``time``.
+    All zero: the client's flood has ended, everything of it was reported."""
 
     client: str
     time: datetime
     denied: int
     allowed: int
     size: int
+
+    @property
+    def ended(self) -> bool:
+        return not (self.denied or self.allowed)
 
 
 def parse_floods(text: str) -> list[Flood]:

@@ -31,8 +31,8 @@ counted, not logged, and reported once a second while it lasts as one line
   EGRESS-FLOOD <time> <client> <denied> <allowed> <bytes>
 
 (requests not logged one by one since the last such line, and the bytes their lines would
-have taken), so a flood of requests cannot rotate other decisions out of the log. A line is
-cut at LINE_MAX bytes.
+have taken), then one with zero counts once it has ended, so a flood of requests cannot
+rotate other decisions out of the log. A line is cut at LINE_MAX bytes.
 ``--check`` renders the configuration, lets squid parse it and exits; ``--print`` prints
 it; ``--health`` asks the running squid for an answer over loopback (not logged) and exits
 0 when one comes, 1 otherwise (the container's health check).
@@ -216,6 +216,7 @@ class Budget:
         self.seen = now
         self.dropped = {True: 0, False: 0}
         self.bytes = 0
+        self.flooding = False
 
     def refill(self, now: float) -> bool:
         """Add what ``now - seen`` earns; True when both buckets are full."""
@@ -237,9 +238,12 @@ class Budget:
         return False
 
     def report(self, client: str, now: float) -> str | None:
-        """The FLOOD_MARK line for what was dropped since the last one (None: nothing)."""
-        if not (self.dropped[True] or self.dropped[False]):
+        """The FLOOD_MARK line for what was dropped since the last one; after the last
+        line of a flood, one with zero counts (the flood has ended); None otherwise."""
+        dropped = bool(self.dropped[True] or self.dropped[False])
+        if not (dropped or self.flooding):
             return None
+        self.flooding = dropped
         line = (
             f"{FLOOD_MARK} {now:.3f} {client} {self.dropped[False]} {self.dropped[True]} "
             f"{self.bytes}"
@@ -271,7 +275,7 @@ class Gate:
             line = budget.report(client, now)
             if line is not None:
                 lines.append(line)
-            elif budget.refill(now):
+            elif budget.refill(now):  # quiet, its flood reported as ended
                 del self.budgets[client]
         return lines
 

@@ -6,7 +6,8 @@ other member of that network is a squid proxy (``images/proxy``), which sits on 
 outside bridge (``orchestrator-egress``) and joins each run's network with the alias
 ``proxy`` (:func:`attach`). The proxy admits plain HTTP and HTTPS ``CONNECT`` to the listed
 hosts and ports only, and logs every decision (with the client's address) on its stdout,
-from where :func:`decisions` reads them back.
+within a budget per client; each run follows its own decisions there while it runs
+(:mod:`.egress_log`), and :func:`decisions` reads them back at once.
 
 One proxy exists per distinct allowlist (and set of local service networks it joins),
 named after a hash of both (the *key*), and is shared by every run with that allowlist:
@@ -614,6 +615,10 @@ def _subnets(network: Mapping[str, Any]) -> list[str]:
     return [str(c["Subnet"]) for c in configs if c.get("Subnet") and ":" not in c["Subnet"]]
 
 
+#: Proxy containers this process has seen answer: reusing one costs one engine request.
+_ANSWERED: set[str] = set()
+
+
 class _Vanished(Exception):
     """The proxy container was removed (by its failing creator) while being waited for."""
 
@@ -646,7 +651,8 @@ def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
     """Wait until squid answers a request (:func:`_answers`); fail fast if it exits."""
     delay = 0.05
     while True:
-        if _answers(engine, container):
+        if container in _ANSWERED or _answers(engine, container):
+            _ANSWERED.add(container)
             return
         with engine_errors("inspecting the egress proxy"):
             try:

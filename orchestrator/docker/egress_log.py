@@ -7,7 +7,8 @@ lets anything that fills the log meanwhile erase them, so :class:`DecisionLog` f
 log from the moment the run's network is attached: a thread keeps the lines of the run's
 clients (its network's subnet) as the engine writes them, and :meth:`DecisionLog.close`
 stops it and reads what came after the last line seen (the tunnels logged when the run's
-containers went), never a line twice. Docker's own timestamp on each line is the cursor.
+containers went, and the rest of a flood until the proxy reports its end), never a line
+twice. Docker's own timestamp on each line is the cursor.
 
 What a run keeps is bounded: :data:`~orchestrator.egress.RUN_DENIED` denied and
 :data:`~orchestrator.egress.RUN_ALLOWED` allowed decisions one by one, the rest counted,
@@ -44,10 +45,10 @@ __all__ = ["DecisionLog"]
 
 log = logging.getLogger(__name__)
 
-#: How long :meth:`DecisionLog.close` lets the proxy report what it counted last, when
-#: the run flooded: the proxy reports at most 2 s after a request it counted, and the
-#: run's worker is gone by then.
-_FLOOD_SETTLE = 2.2
+#: How long :meth:`DecisionLog.close` waits at most for the proxy to report the end of the
+#: run's flood (it may still be working through the requests of a worker now gone); the
+#: counts are a lower bound after that.
+_FLOOD_SETTLE = 30.0
 #: A line longer than this (the proxy cuts its own at 512 bytes) is dropped unread.
 _LINE_LIMIT = 4096
 
@@ -91,7 +92,7 @@ class DecisionLog:
         self._counts = {True: 0, False: 0}  # kept, by verdict
         self._unlisted = {True: 0, False: 0}
         self._unlisted_bytes = 0
-        self._flooded = False  # a flood line or an overflow was seen
+        self._flooding = False  # the proxy's last flood line for the run had counts
         self._thread: threading.Thread | None = None
         if follow:
             self._thread = threading.Thread(
@@ -165,7 +166,7 @@ class DecisionLog:
                     self._unlisted[False] += flood.denied
                     self._unlisted[True] += flood.allowed
                     self._unlisted_bytes += flood.size
-                    self._flooded = True
+                    self._flooding = not flood.ended
 
     def _keep(self, decision: Decision, size: int) -> None:
         limit = RUN_ALLOWED if decision.allowed else RUN_DENIED
@@ -175,7 +176,6 @@ class DecisionLog:
             return
         self._unlisted[decision.allowed] += 1
         self._unlisted_bytes += size
-        self._flooded = True
 
     def _mine(self, client: str) -> bool:
         try:
@@ -200,16 +200,18 @@ class DecisionLog:
         self.stop()  # ends the thread's read at once
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._flooded:  # let the proxy report what it counted last
-            time.sleep(_FLOOD_SETTLE)
-        container = self._locate()
-        if container is not None:
-            with (
-                engine_errors("reading the egress proxy's decisions"),
-                contextlib.suppress(docker_errors.NotFound),  # removed meanwhile
-            ):
-                self._read(container, follow=False)
-        return self.result()
+        deadline = time.monotonic() + _FLOOD_SETTLE
+        while True:
+            container = self._locate()
+            if container is not None:
+                with (
+                    engine_errors("reading the egress proxy's decisions"),
+                    contextlib.suppress(docker_errors.NotFound),  # removed meanwhile
+                ):
+                    self._read(container, follow=False)
+            if container is None or not self._flooding or time.monotonic() > deadline:
+                return self.result()
+            time.sleep(0.5)  # the proxy has not reported the end of the run's flood yet
 
     def result(self) -> EgressLog:
         with self._lock:

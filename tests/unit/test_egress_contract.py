@@ -229,6 +229,8 @@ def test_a_flood_of_denials_is_logged_within_the_budget_and_counted(entry):
     assert sum(f.allowed for f in counted) == 0
     assert sum(f.size for f in counted) > 250 * (100_000 - len(denied))
     assert len(floods) <= 17  # about one a second while it lasts
+    [end] = contract.parse_floods("\n".join(gate.tick(start + 17)))
+    assert end.ended and end.client == "172.30.0.2"  # then once: it has ended
     assert gate.tick(start + 200) == [] and not gate.budgets  # quiet clients are forgotten
 
 

@@ -180,8 +180,13 @@ def test_a_run_keeps_a_bounded_number_of_decisions_and_counts_the_rest(
         f"{flood}10.9.0.2 1000 2 30000\n".encode(),
         f"{flood}10.8.0.2 7 7 7\n".encode(),  # another run's flood
     ]
+    ended = f"{(last + timedelta(seconds=1)).strftime('%Y-%m-%dT%H:%M:%S.%f')}000Z"
+    end = f"{ended} {FLOOD_MARK} {api.now.timestamp() + 1:.3f} 10.9.0.2 0 0 0\n".encode()
     networks.prepare_network(engine, _spec())
+    threading.Timer(1.0, lambda: api.log.append(end)).start()  # the proxy reports its end
+    started = time.monotonic()
     found = networks.network_decisions(engine, _spec(), SINCE)
+    assert 1.0 <= time.monotonic() - started < 10  # waited for the end of the flood
     assert len(found.decisions) == RUN_DENIED + 1
     assert found.decisions[0].host == "mine.test"
     assert (found.unlisted_denied, found.unlisted_allowed) == (50 + 1000, 2)
