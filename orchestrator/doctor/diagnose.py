@@ -50,7 +50,6 @@ def diagnose(
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import WORKER_IMAGE
     from orchestrator.docker.inspection import engine_facts, images_present
-    from orchestrator.docker.podman import engine_kind
     from orchestrator.docker.runtimes import GVISOR_NETWORK, GVISOR_NONE, setup_command
     from orchestrator.egress import PROXY_IMAGE
 
@@ -84,7 +83,7 @@ def diagnose(
         checks.disk_check(disk),
         checks.images_check(images, {WORKER_IMAGE, PROXY_IMAGE}),
         *checks.firewall_checks(state, facts),
-        checks.dns_cve_check(facts, upstream, podman=engine_kind(engine).podman),
+        checks.dns_cve_check(facts, upstream, podman=_podman(engine)),
         project.check,
     ]
     report.facts = {
@@ -224,3 +223,10 @@ def _isolations(config: ProjectConfig, workers: list[WorkerConfig]) -> list[str]
     used = set(config.isolation.model_dump().values())
     used |= {w.isolation for w in workers if w.isolation}
     return [isolation for isolation in ISOLATION_ORDER if isolation in used]
+
+
+def _podman(engine: DockerEngine) -> bool:
+    """Whether the engine is Podman (Docker Engine's CVEs are not its own)."""
+    from orchestrator.docker.podman import engine_kind
+
+    return engine_kind(engine).podman
