@@ -48,7 +48,10 @@ log = logging.getLogger(__name__)
 #: How long :meth:`DecisionLog.close` waits at most for the proxy to report the end of the
 #: run's flood (it may still be working through the requests of a worker now gone); the
 #: counts are a lower bound after that.
-_FLOOD_SETTLE = 30.0
+_FLOOD_SETTLE = 60.0
+#: How long an end of the flood must stand (no later count for the run) to be taken as
+#: the end: under load the proxy may see a gap in a flood that goes on.
+_FLOOD_QUIET = 3.0
 #: A line longer than this (the proxy cuts its own at 512 bytes) is dropped unread.
 _LINE_LIMIT = 4096
 
@@ -93,6 +96,7 @@ class DecisionLog:
         self._unlisted = {True: 0, False: 0}
         self._unlisted_bytes = 0
         self._flooding = False  # the proxy's last flood line for the run had counts
+        self._flood_seen = 0.0  # when the last one was read (monotonic; 0: none)
         self._thread: threading.Thread | None = None
         if follow:
             self._thread = threading.Thread(
@@ -167,6 +171,7 @@ class DecisionLog:
                     self._unlisted[True] += flood.allowed
                     self._unlisted_bytes += flood.size
                     self._flooding = not flood.ended
+                    self._flood_seen = time.monotonic()
 
     def _keep(self, decision: Decision, size: int) -> None:
         limit = RUN_ALLOWED if decision.allowed else RUN_DENIED
@@ -209,7 +214,10 @@ class DecisionLog:
                     contextlib.suppress(docker_errors.NotFound),  # removed meanwhile
                 ):
                     self._read(container, follow=False)
-            if container is None or not self._flooding or time.monotonic() > deadline:
+            settled = not self._flood_seen or (
+                not self._flooding and time.monotonic() - self._flood_seen >= _FLOOD_QUIET
+            )
+            if container is None or settled or time.monotonic() > deadline:
                 return self.result()
             time.sleep(0.5)  # the proxy has not reported the end of the run's flood yet
 
