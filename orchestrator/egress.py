@@ -31,6 +31,11 @@ __all__ = [
     "ENV_EXCLUDE",
     "ENV_PORT",
     "ENV_REACH",
+    "FLOOD_MARK",
+    "FLOOD_WINDOW",
+    "LINE_MAX",
+    "LOG_ALLOWED",
+    "LOG_DENIED",
     "PROXY_ALIAS",
     "PROXY_HEALTH",
     "PROXY_IMAGE",
@@ -45,12 +50,15 @@ __all__ = [
     "PROXY_URL",
     "PROXY_VARIABLES",
     "PROXY_VERSION",
-    "READY_MARK",
+    "RUN_ALLOWED",
+    "RUN_DENIED",
     "Decision",
+    "Flood",
     "HealthCheck",
     "allow_text",
     "network_env",
     "parse_decisions",
+    "parse_floods",
     "proxy_environment",
 ]
 
@@ -60,8 +68,9 @@ PROXY_IMAGE = "orchestrator/proxy:latest"
 #: (environment, networks, health check, rules). Bump it whenever that changes: a shared
 #: proxy carrying another version (or none: made before the label existed) is replaced
 #: when no run of an older version still uses it. 2: per-run networks, EGRESS_EXCLUDE, the
-#: health check, EGRESS_REACH (private destinations other than these refused).
-PROXY_VERSION = "2"
+#: health check, EGRESS_REACH (private destinations other than these refused). 3: decisions
+#: logged within a budget per client, the rest counted in FLOOD_MARK lines.
+PROXY_VERSION = "3"
 
 # -- how workers reach it ---------------------------------------------------------------
 
@@ -128,8 +137,10 @@ PROXY_NOFILE = 4096
 #: Its only writable place (a tmpfs; its root filesystem is read-only), and its size.
 PROXY_TMP = "/tmp"
 PROXY_TMP_SIZE = 16 << 20
-#: Options of the ``json-file`` log its decisions are read back from: 3 files of 10 MB,
-#: which bounds how far back they can be read.
+#: Options of the ``json-file`` log its decisions are read back from: 3 files of 10 MB.
+#: A run follows the log while it runs (:mod:`orchestrator.docker.egress_log`), and each
+#: client's decisions are logged within a budget (:data:`LOG_DENIED`), so no worker can
+#: rotate another run's decisions (or its own) away before they are read.
 PROXY_LOG_OPTIONS = {"max-size": "10m", "max-file": "3"}
 
 
@@ -154,8 +165,6 @@ PROXY_HEALTH = HealthCheck(
     retries=3,
     start_period=10.0,
 )
-#: The line (on stderr) once the proxy accepts connections (squid's own).
-READY_MARK = b"Accepting HTTP Socket connections"
 
 # -- what it answers --------------------------------------------------------------------
 
@@ -164,6 +173,21 @@ DECISION_MARK = "EGRESS"
 DECISION_FIELDS = ("start", "method", "host", "port", "verdict", "status", "code", "client")
 #: The verdict field of a request an allowlist entry admitted (``-`` otherwise).
 ALLOWED = "allow"
+
+#: Per client (a run's worker), the proxy logs at most this many denied (allowed)
+#: decisions at once, refilled at that many per :data:`FLOOD_WINDOW` seconds; what goes
+#: beyond is counted, and reported about once a second while it lasts as one line:
+#: ``EGRESS-FLOOD <time> <client> <denied> <allowed> <bytes>``, then once with zero counts
+#: when it has ended (nothing more to report). A line is cut at :data:`LINE_MAX` bytes.
+LOG_DENIED = 100
+LOG_ALLOWED = 1000
+FLOOD_WINDOW = 60.0
+FLOOD_MARK = "EGRESS-FLOOD"
+LINE_MAX = 512
+#: What a run keeps of its decisions one by one (in memory, the audit log and its result):
+#: this many denied and :data:`RUN_ALLOWED` allowed; the rest are counted (a flood).
+RUN_DENIED = 200
+RUN_ALLOWED = 2000
 
 
 @dataclass(frozen=True)
@@ -214,4 +238,39 @@ def parse_decisions(text: str) -> list[Decision]:
                 client=fields[8] if len(fields) > 8 else "",
             )
         )
+    return found
+
+
+@dataclass(frozen=True)
+class Flood:
+    """Requests of one client the proxy counted instead of logging them (over its budget):
+    ``denied`` and ``allowed`` requests, ``size`` bytes of log lines, reported at ``time``.
+    All zero: the client's flood has ended, everything of it was reported."""
+
+    client: str
+    time: datetime
+    denied: int
+    allowed: int
+    size: int
+
+    @property
+    def ended(self) -> bool:
+        return not (self.denied or self.allowed)
+
+
+def parse_floods(text: str) -> list[Flood]:
+    """Parse the proxy's :data:`FLOOD_MARK` lines (other lines are ignored)."""
+    found: list[Flood] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 6 or fields[0] != FLOOD_MARK:
+            continue
+        _, moment, client, denied, allowed, size = fields
+        if not (denied.isdigit() and allowed.isdigit() and size.isdigit()):
+            continue
+        try:
+            when = datetime.fromtimestamp(float(moment), UTC)
+        except (ValueError, OverflowError):
+            continue
+        found.append(Flood(client, when, int(denied), int(allowed), int(size)))
     return found

@@ -22,6 +22,17 @@ Every request is logged on stdout as one line:
 
 where the fifth field is ``allow`` when the allowlist admitted the request and ``-`` when
 it was denied, and the last is the client's address. Squid's own messages go to stderr.
+
+squid runs as this script's child and writes its decision lines into a pipe; the script
+passes them on with a budget per client (a run's worker): a bucket of LOG_DENIED denied
+and LOG_ALLOWED allowed decisions, refilled over FLOOD_WINDOW seconds. What exceeds it is
+counted, not logged, and reported once a second while it lasts as one line
+
+  EGRESS-FLOOD <time> <client> <denied> <allowed> <bytes>
+
+(requests not logged one by one since the last such line, and the bytes their lines would
+have taken), then one with zero counts once it has ended, so a flood of requests cannot
+rotate other decisions out of the log. A line is cut at LINE_MAX bytes.
 ``--check`` renders the configuration, lets squid parse it and exits; ``--print`` prints
 it; ``--health`` asks the running squid for an answer over loopback (not logged) and exits
 0 when one comes, 1 otherwise (the container's health check).
@@ -32,9 +43,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 CONFIG = "/tmp/squid.conf"
 DEFAULT_PORTS = (80, 443)
@@ -45,6 +59,17 @@ NEVER = ("127.0.0.0/8", "0.0.0.0/8", "169.254.0.0/16", "::1", "fe80::/10", "fc00
 #: Private and shared address space, where the runs' networks live: never a destination
 #: except the networks in EGRESS_REACH.
 PRIVATE = ("10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16")
+
+
+#: The log budget per client: a bucket of this many denied (allowed) decisions, refilled
+#: at that many per FLOOD_WINDOW seconds; beyond it decisions are counted (FLOOD_MARK).
+LOG_DENIED = 100
+LOG_ALLOWED = 1000
+FLOOD_WINDOW = 60.0
+FLOOD_MARK = "EGRESS-FLOOD"
+#: A decision line is cut here (squid logs host names of any length).
+LINE_MAX = 512
+LIMITS = {True: LOG_ALLOWED, False: LOG_DENIED}
 
 
 def fail(message: str) -> None:
@@ -183,6 +208,111 @@ def health(port: int) -> int:
     return 0 if answer.startswith(b"HTTP/") else 1
 
 
+class Budget:
+    """One client's log budget: buckets of decisions it may still log, and what it dropped."""
+
+    def __init__(self, now: float) -> None:
+        self.tokens = {verdict: float(limit) for verdict, limit in LIMITS.items()}
+        self.seen = now
+        self.dropped = {True: 0, False: 0}
+        self.bytes = 0
+        self.flooding = False
+
+    def refill(self, now: float) -> bool:
+        """Add what ``now - seen`` earns; True when both buckets are full."""
+        elapsed = max(0.0, now - self.seen)
+        self.seen = now
+        for verdict, limit in LIMITS.items():
+            self.tokens[verdict] = min(
+                float(limit), self.tokens[verdict] + elapsed * limit / FLOOD_WINDOW
+            )
+        return all(self.tokens[v] >= limit for v, limit in LIMITS.items())
+
+    def admit(self, allowed: bool, size: int, now: float) -> bool:
+        self.refill(now)
+        if self.tokens[allowed] >= 1.0:
+            self.tokens[allowed] -= 1.0
+            return True
+        self.dropped[allowed] += 1
+        self.bytes += size
+        return False
+
+    def report(self, client: str, now: float) -> str | None:
+        """The FLOOD_MARK line for what was dropped since the last one; after the last
+        line of a flood, one with zero counts (the flood has ended); None otherwise."""
+        dropped = bool(self.dropped[True] or self.dropped[False])
+        if not (dropped or self.flooding):
+            return None
+        self.flooding = dropped
+        line = (
+            f"{FLOOD_MARK} {now:.3f} {client} {self.dropped[False]} {self.dropped[True]} "
+            f"{self.bytes}"
+        )
+        self.dropped = {True: 0, False: 0}
+        self.bytes = 0
+        return line
+
+
+class Gate:
+    """Decision lines in, the lines to log out: each client within its :class:`Budget`."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, Budget] = {}
+
+    def take(self, line: str, now: float) -> str | None:
+        line = line.rstrip("\n")[:LINE_MAX]
+        fields = line.split()
+        if len(fields) < 9 or fields[0] != "EGRESS":
+            return line or None
+        client = fields[8]
+        budget = self.budgets.setdefault(client, Budget(now))
+        return line if budget.admit(fields[5] == "allow", len(line) + 1, now) else None
+
+    def tick(self, now: float) -> list[str]:
+        """The flood lines due now; clients whose buckets are full again are forgotten."""
+        lines = []
+        for client, budget in list(self.budgets.items()):
+            line = budget.report(client, now)
+            if line is not None:
+                lines.append(line)
+            elif budget.refill(now):  # quiet, its flood reported as ended
+                del self.budgets[client]
+        return lines
+
+
+def relay(squid: subprocess.Popen[bytes]) -> int:
+    """Pass squid's decision lines through a :class:`Gate` to stdout until squid ends."""
+    assert squid.stdout is not None
+    source = squid.stdout.fileno()
+    gate = Gate()
+    pending = b""
+    last_tick = time.monotonic()
+    out = sys.stdout
+    while True:
+        ready, _, _ = select.select([source], [], [], 1.0)
+        chunk = os.read(source, 65536) if ready else b""
+        if ready and not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        now = time.time()
+        for raw in lines:
+            line = gate.take(raw.decode(errors="replace"), now)
+            if line is not None:
+                out.write(line + "\n")
+        if len(pending) > 65536:  # a line without an end: cut it
+            pending = b""
+        if time.monotonic() - last_tick >= 1.0:
+            last_tick = time.monotonic()
+            for line in gate.tick(now):
+                out.write(line + "\n")
+        out.flush()
+    for line in gate.tick(time.time()):
+        out.write(line + "\n")
+    out.flush()
+    return squid.wait()
+
+
 def main() -> None:
     port_text = os.environ.get("EGRESS_PORT", "3128")
     if "--health" in sys.argv[1:]:
@@ -205,7 +335,10 @@ def main() -> None:
         sys.exit(subprocess.call(["squid", "-k", "parse", "-f", CONFIG]))
     summary = ", ".join(sorted(allow))
     print(f"egress-proxy: allowing {summary}", file=sys.stderr, flush=True)
-    os.execvp("squid", ["squid", "-N", "-f", CONFIG])  # noqa: S606 (a fixed program)
+    squid = subprocess.Popen(["squid", "-N", "-f", CONFIG], stdout=subprocess.PIPE)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda number, _frame: squid.send_signal(number))
+    sys.exit(relay(squid))
 
 
 if __name__ == "__main__":

@@ -426,13 +426,40 @@ def _mount_line(mount: Mount, project_root: Path, zone: bool) -> str:
     return line
 
 
+#: At most this many lines of egress decisions after a run; the audit log has them all.
+EGRESS_LINES = 10
+
+
+def egress_summary(result: RunResult) -> list[str]:
+    """The run's egress decisions in a few lines: one per verdict and destination with
+    its count, at most :data:`EGRESS_LINES`, then what was left out and any flood."""
+    counts: dict[tuple[bool, str], int] = {}
+    for decision in result.egress:
+        key = (bool(decision["allowed"]), f"{decision['host'][:80]}:{decision['port']}")
+        counts[key] = counts.get(key, 0) + 1
+    lines = []
+    for (allowed, target), count in sorted(counts.items(), key=lambda item: -item[1]):
+        times = f" ({count} times)" if count > 1 else ""
+        lines.append(f"egress {'allowed' if allowed else 'DENIED'}: {shown(target)}{times}")
+    if len(lines) > EGRESS_LINES:
+        rest = len(lines) - EGRESS_LINES + 1
+        lines[EGRESS_LINES - 1 :] = [f"egress: {rest} more destinations (orchestrator audit)"]
+    flood = result.egress_flood
+    if flood:
+        lines.append(
+            f"egress FLOOD: {flood['denied']} denied and {flood['allowed']} allowed requests "
+            "more were counted, not logged one by one (orchestrator audit --operation "
+            "egress.flood)"
+        )
+    return lines
+
+
 def _report(result: RunResult, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
         return
-    for decision in result.egress:
-        verdict = "allowed" if decision["allowed"] else "DENIED"
-        say(f"egress {verdict}: {decision['host']}:{decision['port']}")
+    for line in egress_summary(result):
+        say(line)
     outbox = result.outbox
     if outbox is not None and outbox.change_id:
         rejected = f", {len(outbox.rejected)} entries rejected" if outbox.rejected else ""

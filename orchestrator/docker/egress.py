@@ -6,7 +6,8 @@ other member of that network is a squid proxy (``images/proxy``), which sits on 
 outside bridge (``orchestrator-egress``) and joins each run's network with the alias
 ``proxy`` (:func:`attach`). The proxy admits plain HTTP and HTTPS ``CONNECT`` to the listed
 hosts and ports only, and logs every decision (with the client's address) on its stdout,
-from where :func:`decisions` reads them back.
+within a budget per client; each run follows its own decisions there while it runs
+(:mod:`.egress_log`), and :func:`decisions` reads them back at once.
 
 One proxy exists per distinct allowlist (and set of local service networks it joins),
 named after a hash of both (the *key*), and is shared by every run with that allowlist:
@@ -51,7 +52,6 @@ from orchestrator.egress import (
     PROXY_TMP_SIZE,
     PROXY_URL,
     PROXY_VERSION,
-    READY_MARK,
     Decision,
     allow_text,
     network_env,
@@ -99,7 +99,7 @@ EGRESS_VERSION = f"{labels.PREFIX}.egress-version"
 #: The proxy's /tmp (:data:`orchestrator.egress.PROXY_TMP_SIZE`), never executable.
 PROXY_TMPFS = {PROXY_TMP: f"rw,nosuid,nodev,noexec,size={PROXY_TMP_SIZE >> 20}m,mode=1777"}
 
-#: A proxy started longer ago than this is taken to be ready without reading its log.
+#: A proxy started longer ago than this is taken to be ready without asking it.
 _READY_GRACE = timedelta(seconds=60)
 #: A proxy container still in state ``created`` after this long was abandoned by its
 #: creator (a killed process) and is replaced.
@@ -615,27 +615,57 @@ def _subnets(network: Mapping[str, Any]) -> list[str]:
     return [str(c["Subnet"]) for c in configs if c.get("Subnet") and ":" not in c["Subnet"]]
 
 
+#: Proxy containers this process has seen answer: reusing one costs one engine request.
+_ANSWERED: set[str] = set()
+
+
 class _Vanished(Exception):
     """The proxy container was removed (by its failing creator) while being waited for."""
 
 
+def _answers(engine: DockerClient, container: str) -> bool:
+    """Whether squid answers a request on the proxy's loopback now: its own health check
+    (``egress-proxy --health``, which connects and reads an answer), run in the container.
+    Not a log line: the log may be rotated, and a line says nothing of now."""
+    with engine_errors("checking that the egress proxy answers"):
+        try:
+            exec_id = engine.api.exec_create(
+                container, list(PROXY_HEALTH.test[1:]), stdout=True, stderr=True
+            )["Id"]
+            engine.api.exec_start(exec_id)
+        except docker_errors.NotFound:
+            raise _Vanished(container) from None
+        except docker_errors.APIError as exc:
+            if exc.status_code == 409:  # not running (yet, or any more)
+                return False
+            raise
+        for _ in range(50):  # the engine records the exit code shortly after the output
+            code = engine.api.exec_inspect(exec_id).get("ExitCode")
+            if code is not None:
+                return bool(code == 0)
+            time.sleep(0.02)
+    return False
+
+
 def _wait_ready(engine: DockerClient, container: str, deadline: float) -> None:
-    """Poll the proxy's log until squid accepts connections; fail fast if it exits."""
-    delay = 0.02
+    """Wait until squid answers a request (:func:`_answers`); fail fast if it exits."""
+    delay = 0.05
     while True:
-        with engine_errors("reading the egress proxy's log"):
+        if container in _ANSWERED or _answers(engine, container):
+            _ANSWERED.add(container)
+            return
+        with engine_errors("inspecting the egress proxy"):
             try:
-                text = engine.api.logs(container, stdout=False, stderr=True)
-                if READY_MARK in text:
-                    return
                 state = engine.api.inspect_container(container)["State"]
             except docker_errors.NotFound:
                 raise _Vanished(container) from None
         if state.get("Status") in ("exited", "dead"):
-            tail = "\n".join(text.decode(errors="replace").splitlines()[-15:])
+            with engine_errors("reading the egress proxy's log"):
+                text = engine.api.logs(container, stdout=False, stderr=True, tail=15)
             raise EngineError(
                 f"the egress proxy {container[:12]} exited with code "
-                f"{state.get('ExitCode')} before accepting connections:\n{tail}"
+                f"{state.get('ExitCode')} before accepting connections:\n"
+                + text.decode(errors="replace").rstrip()
             )
         if time.monotonic() > deadline:
             raise EngineError(

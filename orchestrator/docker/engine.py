@@ -46,7 +46,7 @@ from orchestrator.errors import (
 )
 from orchestrator.exits import Exit, signalled
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.engine import EgressDecision, ExitState, ManagedObject, Stream
+from orchestrator.runtime.engine import EgressLog, ExitState, ManagedObject, Stream
 
 #: A container killed by SIGKILL, as the engine reports it (an OOM kill among others).
 EXIT_SIGKILL = signalled(signal.SIGKILL)
@@ -485,7 +485,7 @@ class DockerEngine(DockerClient):
 
         return networks.prepare_network(self, spec)
 
-    def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
+    def network_decisions(self, spec: ContainerSpec, since: datetime) -> EgressLog:
         from orchestrator.docker import networks
 
         return networks.network_decisions(self, spec, since)

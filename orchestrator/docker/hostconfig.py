@@ -19,6 +19,15 @@ from orchestrator.docker.netnames import network_name
 from orchestrator.plan import ContainerSpec, Tmpfs
 
 NO_NEW_PRIVILEGES = "no-new-privileges:true"
+#: The resolver of a worker that has no way out but loopback or its proxy (``none``, an
+#: allowlist): "this host" inside its own network namespace, where nothing answers. On a
+#: run's internal network, the engine's embedded DNS (127.0.0.11) still answers the names
+#: of the network's containers (``proxy``), and forwards every other name here, so no
+#: query leaves the worker's namespace: without it, Engine 20.10 forwards them to the
+#: host's resolvers out through the bridge, and from the host's own namespace when those
+#: are loopback addresses (CVE-2024-29018). Not a loopback address, which the engine
+#: would dial from the host's namespace. See docs/network.md.
+NO_RESOLVER = ["0.0.0.0"]  # noqa: S104 (an address to query, not one to listen on)
 
 
 def tmpfs_options(tmpfs: Tmpfs) -> str:
@@ -83,6 +92,7 @@ def host_config(spec: ContainerSpec, runtime: str) -> dict[str, Any]:
             Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts
         ],
         "network_mode": network_name(spec),
+        "dns": NO_RESOLVER if spec.network.mode in ("none", "allowlist") else None,
         "read_only": spec.read_only_rootfs,
         "cap_drop": ["ALL"],
         "cap_add": list(spec.capabilities) or None,

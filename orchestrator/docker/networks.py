@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from docker import errors as docker_errors
 
@@ -25,9 +25,9 @@ from orchestrator.docker.credproxy import remove_spares
 from orchestrator.docker.egress import (
     BRIDGE_PREFIX,
     EGRESS_ROLE,
+    PROXY_PREFIX,
     SHARED,
     attach,
-    decisions,
     ensure_egress,
     ensure_network,
     network_users,
@@ -35,10 +35,12 @@ from orchestrator.docker.egress import (
     shared_labels,
 )
 from orchestrator.docker.egress_gc import remove_idle_egress
+from orchestrator.docker.egress_log import DecisionLog
 from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.engine import EgressDecision, ManagedObject
+from orchestrator.policy.network import egress_key
+from orchestrator.runtime.engine import EgressLog, ManagedObject
 
 #: Containers on the project's ``full`` network must not reach each other.
 NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
@@ -46,6 +48,8 @@ NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
 #: The subnets of the run networks this process set up, by name: a run's decisions are
 #: told apart by them even when its network is already gone when they are read.
 _RUN_SUBNETS: dict[str, list[ipaddress.IPv4Network]] = {}
+#: The decision logs this process follows, by run network (:mod:`.egress_log`).
+_FOLLOWED: dict[str, DecisionLog] = {}
 
 
 def prepare_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObject | None:
@@ -96,6 +100,7 @@ def _open_run_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObjec
             egress = ensure_egress(engine, allow, services=spec.network.services)
             try:
                 attach(engine, egress, name)
+                _follow(engine, spec, name)
                 return ManagedObject("network", name, name, run_labels)
             except docker_errors.NotFound:
                 if retried:  # the proxy was removed as idle just now: set it up again once
@@ -110,6 +115,9 @@ def release_network(engine: DockerClient, network: str) -> bool:
     """Remove an owned network, first disconnecting what is left on it (the shared proxy
     of a finished run); True when it is gone."""
     _RUN_SUBNETS.pop(network, None)
+    followed = _FOLLOWED.pop(network, None)
+    if followed is not None:
+        followed.stop()
     with engine_errors(f"removing network {network}"):
         try:
             info = retrying(lambda: engine.api.inspect_network(network))
@@ -126,29 +134,51 @@ def release_network(engine: DockerClient, network: str) -> bool:
     return remove_network(engine, str(info["Id"]))
 
 
-def network_decisions(
-    engine: DockerClient, spec: ContainerSpec, since: datetime
-) -> list[EgressDecision]:
+def _proxy_of(engine: DockerClient, spec: ContainerSpec) -> str | None:
+    """The id of the proxy serving ``spec``'s allowlist now (None: there is none)."""
+    allow = validate_allowlist(spec.network.allow)
+    name = PROXY_PREFIX + egress_key(allow, tuple(sorted(set(spec.network.services))))
+    with engine_errors(f"looking up the egress proxy {name}"):
+        try:
+            return str(engine.api.inspect_container(name)["Id"])
+        except docker_errors.NotFound:
+            return None
+
+
+def _follow(engine: DockerClient, spec: ContainerSpec, network: str) -> None:
+    """Start following the proxy's decisions on the run's network (:mod:`.egress_log`)."""
+    if network in _FOLLOWED:
+        return
+    _FOLLOWED[network] = DecisionLog(
+        engine,
+        lambda: _proxy_of(engine, spec),
+        _RUN_SUBNETS.get(network, []),
+        datetime.now(UTC) - timedelta(seconds=1),
+    )
+
+
+def network_decisions(engine: DockerClient, spec: ContainerSpec, since: datetime) -> EgressLog:
     """The egress proxy's allow/deny decisions for this run's requests since ``since``.
 
-    Requests are told apart by the client's address, which lies in the run's own network
-    (read before that network is removed at the end of the run, or remembered from when
-    it was set up). When that subnet is unknown there are none: the proxy's other
-    decisions are other runs'.
+    Requests are told apart by the client's address, which lies in the run's own network.
+    The decisions were followed since the network was attached (:func:`_follow`); this
+    reads the rest. Without a follower (another process set the run up) the proxy's log is
+    read once, from the run's subnet (read before that network is removed at the end of
+    the run, or remembered from when it was set up); when that is unknown there are none:
+    the proxy's other decisions are other runs'.
     """
     if spec.network.mode != "allowlist":
-        return []
+        return EgressLog()
     name = network_name(spec)
-    subnets = _run_subnets(engine, name) or _RUN_SUBNETS.get(name, [])
-    if not subnets:
-        return []
-    allow = validate_allowlist(spec.network.allow)
-    egress = ensure_egress(engine, allow, services=spec.network.services)
-    return [
-        EgressDecision(d.host, d.port, d.allowed, d.method)
-        for d in decisions(engine, egress, since)
-        if _in_any(d.client, subnets)
-    ]
+    followed = _FOLLOWED.pop(name, None)
+    if followed is None:
+        subnets = _run_subnets(engine, name) or _RUN_SUBNETS.get(name, [])
+        if not subnets:
+            return EgressLog()
+        followed = DecisionLog(
+            engine, lambda: _proxy_of(engine, spec), subnets, since, follow=False
+        )
+    return followed.close()
 
 
 def _run_subnets(engine: DockerClient, network: str) -> list[ipaddress.IPv4Network]:

@@ -16,7 +16,7 @@ from orchestrator.doctor import firewall
 
 if TYPE_CHECKING:
     from orchestrator.docker.inspection import EngineFacts
-    from orchestrator.doctor.host import DiskFree
+    from orchestrator.doctor.host import DiskFree, EmbeddedUpstream
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -273,6 +273,60 @@ def firewall_checks(state: firewall.FirewallState, facts: EngineFacts) -> list[C
                 )
             )
     return rows
+
+
+#: CVE-2024-29018 (GHSA-mq39-4gv4-mvpx): dockerd forwards DNS queries from containers on
+#: internal networks through the host's namespace when the upstream resolver is a loopback
+#: address. Fixed in these releases; 24.0 (end of life) never was.
+DNS_CVE = "CVE-2024-29018"
+DNS_CVE_FIXED = ((23, 0, 11), (25, 0, 5), (26, 0, 0))
+
+
+def dns_cve_affected(version: str) -> bool:
+    """Whether a Docker Engine version lacks the fix for :data:`DNS_CVE` (by its number:
+    a distribution's backported patch is not seen)."""
+    got = _version(version.split("+")[0].split("-")[0])[:3]
+    if got >= max(DNS_CVE_FIXED):
+        return False
+    return not any(got[0] == fixed[0] and got >= fixed for fixed in DNS_CVE_FIXED)
+
+
+def dns_cve_check(facts: EngineFacts, upstream: EmbeddedUpstream, *, podman: bool) -> Check:
+    """The engine's version against :data:`DNS_CVE`, with the host resolver set-up that
+    exposes it (a loopback upstream other than systemd-resolved's stub alone)."""
+    name = "engine dns"
+    fixed = ", ".join(".".join(map(str, v)) for v in sorted(DNS_CVE_FIXED, reverse=True))
+    if podman:
+        return Check(name, "pass", f"not applicable: {DNS_CVE} is Docker Engine's (Podman)")
+    if not dns_cve_affected(facts.version):
+        return Check(name, "pass", f"Docker {facts.version} has the fix for {DNS_CVE}")
+    affected = f"Docker {facts.version} is affected by {DNS_CVE} (fixed in {fixed})"
+    if not facts.local:
+        return Check(
+            name,
+            "warn",
+            f"{affected}; the engine runs on another machine: its resolvers are not seen",
+            f"upgrade Docker to {fixed} or later",
+        )
+    if not upstream.loopback:
+        servers = ", ".join(upstream.servers) or "none"
+        return Check(
+            name,
+            "pass",
+            f"{affected}, but not exposed here: {upstream.source} names no loopback resolver "
+            f"({servers})",
+        )
+    return Check(
+        name,
+        "warn",
+        f"{affected} and exposed: {upstream.source} names the loopback resolver "
+        f"{', '.join(upstream.loopback)}, which the engine queries from the host's namespace "
+        "for containers on internal networks too (a DNS way out around any allowlist). "
+        "This orchestrator's workers get no resolver (dns 0.0.0.0) and never use it; other "
+        "containers on internal networks do",
+        f"upgrade Docker to {fixed} or later, or point the host (or daemon.json `dns`) at a "
+        "resolver that is not a loopback address (systemd-resolved's stub alone is fine)",
+    )
 
 
 def _version(text: str) -> tuple[int, ...]:

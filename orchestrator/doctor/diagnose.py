@@ -63,6 +63,7 @@ def diagnose(
     cgroup = host.cgroup_version()
     max_userns = host.max_user_namespaces()
     disk = host.disk_free(project.sandbox_root)
+    upstream = host.embedded_upstream()
     images = images_present(
         engine, list(dict.fromkeys([WORKER_IMAGE, PROXY_IMAGE, *project.images]))
     )
@@ -82,6 +83,7 @@ def diagnose(
         checks.disk_check(disk),
         checks.images_check(images, {WORKER_IMAGE, PROXY_IMAGE}),
         *checks.firewall_checks(state, facts),
+        checks.dns_cve_check(facts, upstream, podman=_podman(engine)),
         project.check,
     ]
     report.facts = {
@@ -91,6 +93,11 @@ def diagnose(
             "cgroup_controllers": host.cgroup_controllers(),
             "max_user_namespaces": max_userns,
             "root": host.is_root(),
+            "embedded_dns_upstream": {
+                "source": upstream.source,
+                "servers": upstream.servers,
+                "loopback": upstream.loopback,
+            },
         },
         "disk": {
             "path": str(disk.path),
@@ -216,3 +223,10 @@ def _isolations(config: ProjectConfig, workers: list[WorkerConfig]) -> list[str]
     used = set(config.isolation.model_dump().values())
     used |= {w.isolation for w in workers if w.isolation}
     return [isolation for isolation in ISOLATION_ORDER if isolation in used]
+
+
+def _podman(engine: DockerEngine) -> bool:
+    """Whether the engine is Podman (Docker Engine's CVEs are not its own)."""
+    from orchestrator.docker.podman import engine_kind
+
+    return engine_kind(engine).podman

@@ -86,6 +86,42 @@ def docker_nameservers(
     return [server for server in servers if not _is_loopback(server)]
 
 
+#: systemd-resolved's stub: a resolv.conf naming it alone sends Docker to SYSTEMD_RESOLV_CONF.
+SYSTEMD_STUB = "127.0.0.53"
+
+
+@dataclass(frozen=True)
+class EmbeddedUpstream:
+    """Where the engine's embedded DNS (127.0.0.11 on user-defined networks) sends names
+    it does not know: ``servers`` from ``source``; ``loopback`` are those it queries from
+    the host's own network namespace, for containers on internal networks too unless the
+    engine has the fix for CVE-2024-29018."""
+
+    source: str
+    servers: list[str]
+    loopback: list[str]
+
+
+def embedded_upstream(
+    daemon_json: Path = DAEMON_JSON,
+    resolv_conf: Path = RESOLV_CONF,
+    systemd_resolv_conf: Path = SYSTEMD_RESOLV_CONF,
+) -> EmbeddedUpstream:
+    """As Engine 20.10 to 25 pick them: ``dns`` in daemon.json, else the host's
+    resolv.conf, or systemd-resolved's upstream list when that names only its stub."""
+    try:
+        configured = json.loads(daemon_json.read_text()).get("dns")
+    except (OSError, ValueError, AttributeError):
+        configured = None
+    if isinstance(configured, list) and configured:
+        source, servers = f"{daemon_json} (dns)", [str(server) for server in configured]
+    else:
+        source, servers = str(resolv_conf), _nameservers(resolv_conf)
+        if servers == [SYSTEMD_STUB]:
+            source, servers = str(systemd_resolv_conf), _nameservers(systemd_resolv_conf)
+    return EmbeddedUpstream(source, servers, [s for s in servers if _is_loopback(s)])
+
+
 def host_resolvers(servers: list[str]) -> list[str]:
     """Those of ``servers`` that are this host's own non-loopback addresses: queries to
     them arrive through the host's INPUT chain, from the egress bridges too."""

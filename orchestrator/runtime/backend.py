@@ -35,7 +35,7 @@ from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
 if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec
     from orchestrator.prepare import Prepared
-    from orchestrator.runtime.engine import EgressDecision, Engine, Stream
+    from orchestrator.runtime.engine import EgressLog, Engine, Stream
     from orchestrator.runtime.removal import Interrupted
 
 __all__ = ["Backend", "Collected", "Launch", "Named", "Outcome", "OutputSink", "Status", "Tail"]
@@ -170,7 +170,7 @@ class Launch(Protocol):
     def remove(self) -> bool:
         """Remove the run's container (service, secrets): True when all went. Never raises."""
 
-    def decisions(self, since: datetime) -> list[EgressDecision]:
+    def decisions(self, since: datetime) -> EgressLog:
         """The egress proxy's decisions on this run's requests (an allowlisted run)."""
 
     def release(self) -> None:

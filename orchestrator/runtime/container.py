@@ -29,7 +29,7 @@ from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
-from orchestrator.runtime.engine import EgressDecision, Engine, ManagedObject, Stream
+from orchestrator.runtime.engine import EgressLog, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
 from orchestrator.runtime.setid import walk_needed
@@ -237,7 +237,7 @@ class ContainerLaunch:
             self._reader.join(timeout=5)
         return removed
 
-    def decisions(self, since: datetime) -> list[EgressDecision]:
+    def decisions(self, since: datetime) -> EgressLog:
         return self.engine.network_decisions(self.spec, since)
 
     def release(self) -> None:

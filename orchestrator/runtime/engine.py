@@ -12,7 +12,7 @@ engine failures themselves and raise :class:`~orchestrator.errors.EngineError` f
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Literal, Protocol
@@ -49,6 +49,23 @@ class EgressDecision:
     port: int
     allowed: bool
     method: str
+
+
+@dataclass(frozen=True)
+class EgressLog:
+    """The egress proxy's decisions on one run: those logged one by one, and how many
+    requests were only counted (over the proxy's log budget for the run's worker, or over
+    what a run keeps: :data:`orchestrator.egress.RUN_DENIED`) with the bytes their lines
+    took. Counted requests are a flood; they are at least these many."""
+
+    decisions: list[EgressDecision] = field(default_factory=list)
+    unlisted_denied: int = 0
+    unlisted_allowed: int = 0
+    unlisted_bytes: int = 0
+
+    @property
+    def flooded(self) -> bool:
+        return bool(self.unlisted_denied or self.unlisted_allowed)
 
 
 class ExecHandle(Protocol):
@@ -132,8 +149,9 @@ class Networks(Protocol):
         Return the run's own network, which the run removes when it ends (None: nothing
         of the run's own, e.g. a network shared by a project's runs)."""
 
-    def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
-        """The egress proxy's decisions on this run's requests (empty without one)."""
+    def network_decisions(self, spec: ContainerSpec, since: datetime) -> EgressLog:
+        """The egress proxy's decisions on this run's requests since ``since`` (empty
+        without one)."""
 
     def collect_shared(self, idle_seconds: float) -> list[str]:
         """Remove shared objects (proxies, networks) that no container uses any more."""

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, Protocol
 
 from orchestrator.audit import AuditLog
+from orchestrator.egress import RUN_ALLOWED, RUN_DENIED
 from orchestrator.errors import EngineError, OrchestratorError
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.plan import RESERVED_ENV, SECRETS_DIR, ContainerSpec, Mount
@@ -36,7 +37,7 @@ from orchestrator.runtime.backend import Backend, Launch, Outcome, OutputSink, S
 from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
 from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
-from orchestrator.runtime.engine import EgressDecision, Engine, Stream
+from orchestrator.runtime.engine import EgressLog, Engine, Stream
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
 from orchestrator.runtime.preparation import path_violations, prepare_filesystem
@@ -102,6 +103,8 @@ class RunResult:
     """Change sets for zones with ``approval.write: ask`` (the worker wrote a private copy)."""
     egress: list[dict[str, Any]] = field(default_factory=list)
     """The egress proxy's decisions on this run's requests: host, port, allowed."""
+    egress_flood: dict[str, int] | None = None
+    """Requests only counted, not listed in ``egress`` (a flood): denied, allowed, bytes."""
     violations: list[str] = field(default_factory=list)
     """Links found on the project's zone paths or own folders after the run (a worker may
     have planted them); each is also a ``zone.violation`` audit entry."""
@@ -483,7 +486,7 @@ class Run:
             self._strip_setid()
             self._release_access()
             asked = self.staging.zones(self.prepared) if self.staging is not None else []
-            egress = self._egress_decisions()
+            egress, flood = self._egress_decisions()
             self._proxy.removed()  # the credential proxy, before the network it is on
             if launch is not None:
                 launch.release()
@@ -506,6 +509,7 @@ class Run:
                 outbox=self.outcome.collected,
                 asked=asked,
                 egress=egress,
+                egress_flood=flood,
                 violations=violations,
                 inputs=[info.to_dict() for info in self.inputs],
             )
@@ -534,15 +538,21 @@ class Run:
             if self.prepared.fresh_session and self.depth == 0:
                 remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
 
-    def _egress_decisions(self) -> list[dict[str, Any]]:
+    def _egress_decisions(self) -> tuple[list[dict[str, Any]], dict[str, int] | None]:
         """The proxy's decisions on this run, into the audit log and the result."""
         if self.spec.network.mode != "allowlist" or self.launch is None:
-            return []
+            return [], None
         try:
             found = self.launch.decisions(self._wall_start)
         except OrchestratorError as exc:
             log.warning("could not read the egress proxy's decisions: %s", exc)
-            return []
+            self.audit.record(
+                "egress.unread",
+                allowed=False,
+                reason=str(exc),
+                **run_context(self.spec),
+            )
+            return [], None
         return audit_decisions(found, self.spec, self.audit)
 
     def _strip_setid(self) -> None:
@@ -614,11 +624,20 @@ def after_run_violations(prepared: Prepared, audit: AuditLog) -> list[str]:
 
 
 def audit_decisions(
-    decisions: Iterable[EgressDecision], spec: ContainerSpec, audit: AuditLog | None
-) -> list[dict[str, Any]]:
-    """The egress proxy's decisions on one run: each into the audit log, all as result rows."""
+    found: EgressLog, spec: ContainerSpec, audit: AuditLog | None
+) -> tuple[list[dict[str, Any]], dict[str, int] | None]:
+    """The egress proxy's decisions on one run: each into the audit log and the result
+    rows, up to :data:`~orchestrator.egress.RUN_DENIED` denied and ``RUN_ALLOWED`` allowed
+    ones; what goes beyond (and what the proxy only counted) is one ``egress.flood`` entry
+    with the counts, also returned. A flood does not stop the run (docs/network.md)."""
     rows = []
-    for decision in decisions:
+    kept = {True: 0, False: 0}
+    unlisted = {True: found.unlisted_allowed, False: found.unlisted_denied}
+    for decision in found.decisions:
+        if kept[decision.allowed] >= (RUN_ALLOWED if decision.allowed else RUN_DENIED):
+            unlisted[decision.allowed] += 1
+            continue
+        kept[decision.allowed] += 1
         rows.append({"host": decision.host, "port": decision.port, "allowed": decision.allowed})
         if audit is not None:
             audit.record(
@@ -628,7 +647,21 @@ def audit_decisions(
                 **run_context(spec),
                 metadata={"host": decision.host, "port": decision.port, "method": decision.method},
             )
-    return rows
+    if not (unlisted[True] or unlisted[False]):
+        return rows, None
+    flood = {"denied": unlisted[False], "allowed": unlisted[True], "bytes": found.unlisted_bytes}
+    if audit is not None:
+        audit.record(
+            "egress.flood",
+            allowed=False,
+            reason=(
+                f"{unlisted[False]} denied and {unlisted[True]} allowed requests beyond the "
+                "log budget were counted, not logged one by one"
+            ),
+            **run_context(spec),
+            metadata={**flood, "logged_denied": kept[False], "logged_allowed": kept[True]},
+        )
+    return rows, flood
 
 
 def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str, str]:

@@ -37,6 +37,7 @@ NAMED = {
     "cgroups",
     "rootless",
     "user namespaces",
+    "engine dns",
     "disk",
     "images",
     "firewall",

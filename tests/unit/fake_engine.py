@@ -23,6 +23,7 @@ from orchestrator.plan import ContainerSpec
 from orchestrator.runtime import Interrupted
 from orchestrator.runtime.engine import (
     EgressDecision,
+    EgressLog,
     Engine,
     ExecHandle,
     ExitState,
@@ -99,6 +100,8 @@ class FakeEngine:
     containers: set[str] = field(default_factory=set)
     managed: list[ManagedObject] = field(default_factory=list)
     decisions: list[EgressDecision] = field(default_factory=list)
+    unlisted_denied: int = 0
+    """Denied requests the proxy only counted (a flood), besides ``decisions``."""
     execs: list[ExecCall] = field(default_factory=list)
     """Every exec asked for, in order."""
     exec_frames: list[list[tuple[Stream, bytes]]] = field(default_factory=list)
@@ -234,8 +237,8 @@ class FakeEngine:
             return None
         return ManagedObject("network", f"net-{spec.run_id}", f"net-{spec.run_id}", {})
 
-    def network_decisions(self, spec: ContainerSpec, since: datetime) -> list[EgressDecision]:
-        return list(self.decisions)
+    def network_decisions(self, spec: ContainerSpec, since: datetime) -> EgressLog:
+        return EgressLog(list(self.decisions), unlisted_denied=self.unlisted_denied)
 
     def collect_shared(self, idle_seconds: float) -> list[str]:
         return []

@@ -486,3 +486,34 @@ def test_a_failing_tool_names_the_operation_the_runsc_version_and_the_fix():
     assert passed.status == "pass" and "0.0~20240729.0" in passed.detail
     silent = tools.judge(tools.parse("Traceback ...\n"), "runsc version X", "boom")
     assert silent.status == "fail" and "did not report" in silent.detail and "boom" in silent.detail
+
+
+def test_the_engine_dns_forwarding_cve_is_judged_by_version_and_resolver(tmp_path: Path):
+    """CVE-2024-29018: affected versions, and the host set-up that exposes them."""
+    for version in ("20.10.24+dfsg1", "23.0.10", "24.0.9", "25.0.4"):
+        assert checks.dns_cve_affected(version), version
+    for version in ("23.0.11", "25.0.5", "26.0.0", "27.3.1"):
+        assert not checks.dns_cve_affected(version), version
+    resolv = tmp_path / "resolv.conf"
+    systemd = tmp_path / "systemd.conf"
+    daemon = tmp_path / "daemon.json"
+    systemd.write_text("nameserver 10.1.2.3\n")
+    resolv.write_text("nameserver 127.0.0.53\n")  # the stub alone: Docker asks systemd's list
+    stub = host.embedded_upstream(daemon, resolv, systemd)
+    assert (stub.source, stub.loopback) == (str(systemd), [])
+    resolv.write_text("nameserver 127.0.0.1\nnameserver 10.0.0.2\n")  # e.g. dnsmasq
+    local = host.embedded_upstream(daemon, resolv, systemd)
+    assert (local.source, local.loopback) == (str(resolv), ["127.0.0.1"])
+    daemon.write_text(json.dumps({"dns": ["::1"]}))
+    assert host.embedded_upstream(daemon, resolv, systemd).loopback == ["::1"]
+
+    exposed = checks.dns_cve_check(facts(version="20.10.24+dfsg1"), local, podman=False)
+    assert exposed.status == "warn"
+    assert "CVE-2024-29018" in exposed.detail and "127.0.0.1" in exposed.detail
+    assert str(resolv) in exposed.detail and "26.0.0" in (exposed.fix or "")
+    quiet = checks.dns_cve_check(facts(version="20.10.24"), stub, podman=False)
+    assert quiet.status == "pass" and "not exposed" in quiet.detail
+    assert checks.dns_cve_check(facts(version="26.1.0"), local, podman=False).status == "pass"
+    assert checks.dns_cve_check(facts(version="4.3.1"), local, podman=True).status == "pass"
+    remote = checks.dns_cve_check(facts(version="24.0.7", local=False), stub, podman=False)
+    assert remote.status == "warn" and "another machine" in remote.detail

@@ -182,3 +182,66 @@ def test_the_image_installs_the_health_check_and_port_of_the_contract():
     assert f"EXPOSE {contract.PROXY_PORT}\n" in dockerfile
     source = (PROXY_DIR / "entry.py").read_text()
     assert f'"{command[2]}" in sys.argv[1:]' in source
+
+
+# -- the proxy's log budget -----------------------------------------------------------------
+
+
+def test_the_entry_keeps_the_log_budget_of_the_contract(entry):
+    assert entry.LOG_DENIED == contract.LOG_DENIED
+    assert entry.LOG_ALLOWED == contract.LOG_ALLOWED
+    assert entry.FLOOD_WINDOW == contract.FLOOD_WINDOW
+    assert entry.FLOOD_MARK == contract.FLOOD_MARK
+    assert entry.LINE_MAX == contract.LINE_MAX
+
+
+def test_a_flood_of_denials_is_logged_within_the_budget_and_counted(entry):
+    """One allowed request, then 100,000 denied ones with 255-character names in 15 s:
+    the allowed one and the first denials are logged, the rest counted in flood lines the
+    contract parses; another client keeps its own budget."""
+    gate = entry.Gate()
+    start = 1_700_000_000.0
+
+    def line(when, host, verdict, client="172.30.0.2"):
+        return f"EGRESS {when:.3f} GET {host} 80 {verdict} 403 TCP_DENIED {client}"
+
+    logged = [gate.take(line(start, "allowed.test", contract.ALLOWED), start)]
+    floods = []
+    long_name = "a" * 245 + ".evil.test"
+    for n in range(100_000):
+        now = start + n * 15 / 100_000
+        logged.append(gate.take(line(now, long_name, "-"), now))
+        if n % 7000 == 0:
+            floods += gate.tick(now)
+    logged.append(gate.take(line(start + 15, "other.test", "-", "172.31.0.2"), start + 15))
+    floods += gate.tick(start + 16)
+    kept = [text for text in logged if text is not None]
+    decisions = contract.parse_decisions("\n".join(kept))
+    assert decisions[0].host == "allowed.test" and decisions[0].allowed
+    assert decisions[-1].host == "other.test"  # another client is not held back
+    denied = [d for d in decisions if d.client == "172.30.0.2" and not d.allowed]
+    # The bucket, and what it refilled over 15 s.
+    assert contract.LOG_DENIED <= len(denied) <= contract.LOG_DENIED * (1 + 16 / 60)
+    assert all(len(text) <= contract.LINE_MAX for text in kept)
+    counted = contract.parse_floods("\n".join(floods))
+    assert {f.client for f in counted} == {"172.30.0.2"}
+    assert sum(f.denied for f in counted) == 100_000 - len(denied)
+    assert sum(f.allowed for f in counted) == 0
+    assert sum(f.size for f in counted) > 250 * (100_000 - len(denied))
+    assert len(floods) <= 17  # about one a second while it lasts
+    [end] = contract.parse_floods("\n".join(gate.tick(start + 17)))
+    assert end.ended and end.client == "172.30.0.2"  # then once: it has ended
+    assert gate.tick(start + 200) == [] and not gate.budgets  # quiet clients are forgotten
+
+
+def test_flood_lines_are_parsed():
+    text = (
+        "EGRESS-FLOOD 1700000000.500 172.30.0.2 99877 3 30961870\n"
+        "EGRESS-FLOOD 1700000001.000 172.30.0.2 x 3 1\n"
+        "EGRESS 1700000003.000 GET allowed.test 80 allow 200 TCP_MISS 172.30.0.2\n"
+    )
+    [flood] = contract.parse_floods(text)
+    assert flood == contract.Flood(
+        "172.30.0.2", datetime.fromtimestamp(1700000000.5, UTC), 99877, 3, 30961870
+    )
+    assert len(contract.parse_decisions(text)) == 1  # flood lines are not decisions

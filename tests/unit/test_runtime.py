@@ -15,7 +15,7 @@ from orchestrator.errors import EngineError, ImageMissing, StartFailure
 from orchestrator.prepare import prepare
 from orchestrator.runtime import Interrupted, ManagedObject, collect, execute, open_audit
 from orchestrator.runtime import removal as run_module
-from orchestrator.runtime.engine import Engine, ExecHandle
+from orchestrator.runtime.engine import EgressDecision, Engine, ExecHandle
 from tests.unit import fake_engine
 from tests.unit.fake_engine import FakeEngine, FakeExec
 
@@ -95,6 +95,37 @@ def test_the_network_the_engine_made_for_the_run_is_removed_after_its_container(
     removed = f"remove-network-net-{prepared.spec.run_id}"
     assert engine.calls.index("network") < engine.calls.index("create")
     assert engine.calls.index("remove") < engine.calls.index(removed)
+
+
+def test_a_flood_of_egress_decisions_is_one_audit_entry_with_its_counts(project):
+    """Past what a run keeps one by one, decisions are counted into one egress.flood
+    entry (with what the proxy counted itself); the allowed decision stays listed, and
+    what the CLI says of them is a few lines."""
+    from orchestrator.cli.main import EGRESS_LINES, egress_summary
+    from orchestrator.egress import RUN_DENIED
+
+    project.worker("w", 'command: ["true"]\nnetwork: {allow: [example.org]}')
+    loaded = load_project(project.root)
+    prepared = prepare(loaded, load_worker(loaded, "w"))
+    allowed = EgressDecision("example.org", 443, True, "CONNECT")
+    denied = [EgressDecision(f"d{n}.evil.test", 80, False, "GET") for n in range(RUN_DENIED + 30)]
+    engine = FakeEngine(decisions=[allowed, *denied], unlisted_denied=99_000)
+    result = run_audited(engine, prepared)
+    audit = open_audit(loaded)
+    run = prepared.spec.run_id
+    logged = audit.query(AuditFilter(operation="egress.decision", run=run))
+    assert len(logged) == RUN_DENIED + 1
+    assert [e.metadata["host"] for e in logged if e.allowed] == ["example.org"]
+    [flood] = audit.query(AuditFilter(operation="egress.flood", run=run))
+    assert flood.allowed is False
+    assert flood.metadata["denied"] == 99_030 and flood.metadata["allowed"] == 0
+    assert flood.metadata["logged_denied"] == RUN_DENIED
+    assert result.egress_flood == {"denied": 99_030, "allowed": 0, "bytes": 0}
+    assert len(result.egress) == RUN_DENIED + 1
+    lines = egress_summary(result)
+    assert len(lines) == EGRESS_LINES + 1
+    assert lines[0] == "egress allowed: example.org:443"
+    assert "more destinations" in lines[-2] and "99030 denied" in lines[-1]
 
 
 def test_no_network_is_made_or_removed_for_a_run_without_one(prepared):

@@ -25,14 +25,14 @@ from orchestrator.docker.engine import DockerEngine, start_failure_code
 from orchestrator.docker.swarm import nodes, render
 from orchestrator.docker.swarm.egress import proxy_task_template
 from orchestrator.docker.swarm.engine import SwarmEngine, SwarmGc, collect
-from orchestrator.egress import PROXY_IMAGE, parse_decisions
+from orchestrator.egress import PROXY_IMAGE, parse_decisions, parse_floods
 from orchestrator.errors import EngineError, ImageMissing, OrchestratorError
 from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
-from orchestrator.runtime.engine import EgressDecision, Engine, Stream
+from orchestrator.runtime.engine import EgressDecision, EgressLog, Engine, Stream
 
 __all__ = ["SwarmBackend", "SwarmLaunch", "results_folder"]
 
@@ -155,7 +155,7 @@ class SwarmLaunch:
         self.proxy_id: str | None = None
         self.node: str | None = None
         self.worker_removed = False
-        self.found: list[EgressDecision] = []
+        self.found = EgressLog()
 
     def prepare(self) -> None:
         if self.spec.outbox is None:
@@ -244,8 +244,17 @@ class SwarmLaunch:
         pump(iter([(stream, data) for stream, data in frames if data]), tails, sink)
         if self.proxy_id is not None:
             self._remove_worker()  # its tunnels are logged when they close
-            found = parse_decisions(engine.service_stdout(self.proxy_id))
-            self.found = [EgressDecision(d.host, d.port, d.allowed, d.method) for d in found]
+            text = engine.service_stdout(self.proxy_id)  # its only client is the worker
+            floods = parse_floods(text)
+            self.found = EgressLog(
+                [
+                    EgressDecision(d.host, d.port, d.allowed, d.method)
+                    for d in parse_decisions(text)
+                ],
+                unlisted_denied=sum(f.denied for f in floods),
+                unlisted_allowed=sum(f.allowed for f in floods),
+                unlisted_bytes=sum(f.size for f in floods),
+            )
 
     def collect(self, outcome: Outcome, staging: Any) -> None:
         """Read the results folder (hostile data) once the task is gone: its service is
@@ -281,7 +290,7 @@ class SwarmLaunch:
         self.made.clear()
         return ok
 
-    def decisions(self, since: datetime) -> list[EgressDecision]:
+    def decisions(self, since: datetime) -> EgressLog:
         return self.found
 
     def release(self) -> None:
