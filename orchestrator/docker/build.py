@@ -25,11 +25,12 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import suppress
 from typing import IO, Any
 
 import requests
 from docker import errors as docker_errors
-from docker.types import Ulimit
+from docker.types import LogConfig, Ulimit
 
 from orchestrator import labels
 from orchestrator.build.engine import STEP_CAPABILITIES, Output, StepLimits, StepOutcome, StepSpec
@@ -124,7 +125,7 @@ class DockerStepEngine:
                 Ulimit(name="fsize", soft=limits.disk, hard=limits.disk),
             ],
             tmpfs={t: f"rw,nosuid,nodev,exec,size={SCRATCH_SIZE}" for t in spec.scratch},
-            log_config={"type": "none", "config": {}},
+            log_config=LogConfig(type=LogConfig.types.NONE),
             privileged=False,
             ipc_mode="private",
         )
@@ -163,7 +164,9 @@ class DockerStepEngine:
                 raise FileNotFoundError(path) from None
         return iter(stream)
 
-    def run(self, container: str, limits: StepLimits, deadline: float, output: Output) -> StepOutcome:
+    def run(
+        self, container: str, limits: StepLimits, deadline: float, output: Output
+    ) -> StepOutcome:
         with engine_errors("attaching to a build step"):
             frames = self.api.attach(container, stdout=True, stderr=True, stream=True, logs=False)
         reader = _Output(frames, limits.output, output)
@@ -186,11 +189,8 @@ class DockerStepEngine:
                         disk = True
                         break
             if timed_out or disk:
-                with engine_errors("stopping a build step"):
-                    try:
-                        self.api.kill(container)
-                    except docker_errors.APIError:
-                        pass  # it ended meanwhile
+                with engine_errors("stopping a build step"), suppress(docker_errors.APIError):
+                    self.api.kill(container)  # (an error: it ended meanwhile)
             with engine_errors("reading a build step's exit state"):
                 state = self.api.inspect_container(container)["State"]
             if not disk and state.get("ExitCode") == 0 and not timed_out:
@@ -222,8 +222,9 @@ class DockerStepEngine:
     def _layer_size(self, container: str) -> int:
         with engine_errors("measuring a build step's layer"):
             # The SDK's inspect has no ``size``; the API does (SizeRw: the layer's bytes).
-            url = self.api._url("/containers/{0}/json", container)
-            found = self.api._result(self.api._get(url, params={"size": 1}), json=True)
+            api: Any = self.api
+            url = api._url("/containers/{0}/json", container)
+            found = api._result(api._get(url, params={"size": 1}), json=True)
         return int(found.get("SizeRw") or 0)
 
     def commit(self, container: str, config: Mapping[str, Any]) -> str:
