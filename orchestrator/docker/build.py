@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
+from datetime import datetime
 from typing import IO, Any
 
 import requests
@@ -34,11 +35,14 @@ from docker.types import LogConfig, Ulimit
 
 from orchestrator import labels
 from orchestrator.build.engine import STEP_CAPABILITIES, Output, StepLimits, StepOutcome, StepSpec
-from orchestrator.docker import runtimes, seccomp
+from orchestrator.docker import networks, runtimes, seccomp
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
+from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
-from orchestrator.plan import SECCOMP_PROFILE
+from orchestrator.plan import SECCOMP_PROFILE, ContainerSpec, Network
+from orchestrator.plan import Limits as PlanLimits
+from orchestrator.runtime.engine import EgressDecision as Decision
 
 #: Every build step container's name starts so.
 NAME_PREFIX = "orchestrator-build-"
@@ -81,6 +85,33 @@ class DockerStepEngine:
     def runtime(self) -> str:
         return runtimes.build_runtime_name("none")
 
+    # -- the build's network, when the project declares a build allowlist ------------------
+
+    @staticmethod
+    def _network_spec(build_id: str, allow: list[str], services: list[str]) -> ContainerSpec:
+        limits = PlanLimits(memory=0, cpus=0.0, pids=0, timeout_s=0.0)
+        return ContainerSpec(image="", command=None, uid=0, gid=0, limits=limits,
+                             network=Network(mode="allowlist", allow=list(allow),
+                                             services=sorted(set(services))),
+                             run_id=f"build-{build_id}", worker="build")  # fmt: skip
+
+    def open_network(self, build_id: str, allow: list[str], services: list[str]) -> str:
+        """An internal network of the build's own (owner-labelled: ``gc`` removes it after
+        a crash) with the shared egress proxy attached, as an allowlisted run gets."""
+        spec = self._network_spec(build_id, allow, services)
+        networks.prepare_network(self.client, spec)
+        return network_name(spec)
+
+    def close_network(self, network: str) -> None:
+        networks.release_network(self.client, network)
+
+    def egress_decisions(
+        self, build_id: str, allow: list[str], services: list[str], since: datetime
+    ) -> list[Decision]:
+        return networks.network_decisions(
+            self.client, self._network_spec(build_id, allow, services), since
+        )
+
     def image(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         with engine_errors(f"looking up image '{ref}'"):
             try:
@@ -107,10 +138,10 @@ class DockerStepEngine:
         return self._empty
 
     def create(self, spec: StepSpec, limits: StepLimits) -> str:
-        runtime = self.runtime()
+        runtime = runtimes.build_runtime_name("allowlist" if spec.network else "none")
         host = self.api.create_host_config(
             runtime=runtime,
-            network_mode="none",
+            network_mode=spec.network or "none",
             cap_drop=["ALL"],
             cap_add=list(STEP_CAPABILITIES),
             security_opt=seccomp.security_opt(
@@ -142,7 +173,7 @@ class DockerStepEngine:
                 user=spec.user,
                 environment=spec.env,
                 working_dir=spec.workdir or None,
-                network_disabled=True,
+                network_disabled=spec.network is None,
                 host_config=host,
                 labels={},
             )

@@ -97,9 +97,7 @@ def outcomes(done) -> dict[int, str]:
     return {step["line"]: step["outcome"] for step in json.loads(done.stdout)["steps"]}
 
 
-def test_a_multi_stage_build_runs_caches_and_rebuilds_only_after_a_changed_copy(
-    builds, project
-):
+def test_a_multi_stage_build_runs_caches_and_rebuilds_only_after_a_changed_copy(builds, project):
     context: Path = builds.context
     (context / "data.txt").write_text("data\n")
     (context / "folder").mkdir()
@@ -143,7 +141,7 @@ def test_a_multi_stage_build_runs_caches_and_rebuilds_only_after_a_changed_copy(
     assert {s["metadata"]["outcome"] for s in steps} == {"built", "cached", "config"}
 
 
-ATTACKS = r'''
+ATTACKS = r"""
 import ctypes, errno, json, os, socket, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
 found = {}
@@ -171,7 +169,7 @@ refused("sysrq", sysrq)
 refused("module", syscall(313, -1, b"", 0))
 with open("/attacks.json", "w") as out:
     json.dump(found, out)
-'''
+"""
 
 
 def test_attacks_from_a_run_step_are_refused_inside_the_sandbox(builds):
@@ -201,7 +199,9 @@ def test_links_and_special_files_in_the_context_never_bring_in_a_host_file(build
     os.link(secret, context / "hard")
     refused = builds("FROM @BASE@\nLABEL test.mark=@MARK@\nCOPY . /ctx/\n")
     assert refused.returncode == 125
-    assert f"{context / 'hard'} is a hard link to a file outside the build context" in refused.stderr
+    assert (
+        f"{context / 'hard'} is a hard link to a file outside the build context" in refused.stderr
+    )
     assert "Dockerfile:3: COPY" in refused.stderr
     (context / "hard").unlink()
 
@@ -296,3 +296,52 @@ def test_a_sigkilled_build_leaves_only_what_gc_removes(builds, project):
     done = cli("gc", "--project", str(project.root))
     assert done.returncode == 0, done.stderr
     assert not [n for n in step_containers() if n.startswith(mine)]
+
+
+def test_a_build_allowlist_lets_run_steps_reach_only_its_hosts_through_the_audited_proxy(
+    builds, project, engine
+):
+    service_net = f"buildtest-{builds.marker}"
+    server = f"pkgsrv-{builds.marker}"
+    docker("network", "create", service_net)
+    try:
+        started = docker("run", "-d", "--name", server, "--network", service_net, "--user",
+                         "65534", "--workdir", "/tmp", "--entrypoint", "sh", WORKER_IMAGE, "-c",
+                         "echo package > /tmp/pkg.txt && exec python3 -m http.server 8000")  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        project.extra = (
+            f"network:\n  services:\n    - network: {service_net}\n"
+            f"build:\n  allow: ['{server}.{service_net}:8000']\n"
+        )
+        project.write_project()
+        fetch = (
+            "import urllib.request as u\\n"
+            "def get(url):\\n"
+            "    try: return u.urlopen(url, timeout=20).read().decode().strip()\\n"
+            "    except Exception as exc: return 'refused: ' + str(exc)\\n"
+            f"open('/fetched.txt','w').write(get('http://{server}.{service_net}:8000/pkg.txt'))\\n"
+            "open('/denied.txt','w').write(get('http://denied.example/'))\\n"
+        )
+        tag = f"orchestrator-test/build-{builds.marker}:net"
+        done = builds(
+            f"FROM @BASE@\nUSER root\nLABEL test.mark=@MARK@\n"
+            f'RUN printf "{fetch}" > /f.py && python3 /f.py\n',
+            tag=tag,
+        )
+        assert done.returncode == 0, done.stderr
+        shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                       "cat /fetched.txt; echo; cat /denied.txt; echo; env")  # fmt: skip
+        lines = shown.stdout.splitlines()
+        assert lines[0] == "package"
+        assert lines[1].startswith("refused") and "403" in lines[1]
+        assert not [line for line in lines if "proxy" in line.lower()]  # not in the image
+        log = (project.root / ".sandbox" / "audit.jsonl").read_text().splitlines()
+        egress = [json.loads(x) for x in log if '"build.egress"' in x]
+        seen = {(e["metadata"]["host"], e["allowed"]) for e in egress}
+        assert (f"{server}.{service_net}", True) in seen
+        assert ("denied.example", False) in seen
+        assert not [n for n in docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+                    if n.startswith("orchestrator-run-build-")]  # fmt: skip
+    finally:
+        docker("rm", "-f", server)
+        docker("network", "rm", service_net)

@@ -83,7 +83,12 @@ def test_the_context_honours_dockerignore_and_never_follows_a_link(tmp_path):
     context = Context.open(tmp_path)
     try:
         assert sorted(context.items) == [
-            "", ".dockerignore", "keep", "keep/a.txt", "keep/important.log", "outside"
+            "",
+            ".dockerignore",
+            "keep",
+            "keep/a.txt",
+            "keep/important.log",
+            "outside",
         ]
         assert context.items["outside"].link == "/etc"
         assert [i.path for i in context.select("keep/*.txt", "here")] == ["keep/a.txt"]
