@@ -345,3 +345,26 @@ def test_a_build_allowlist_lets_run_steps_reach_only_its_hosts_through_the_audit
     finally:
         docker("rm", "-f", server)
         docker("network", "rm", service_net)
+
+
+def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
+    (builds.context / "Dockerfile").write_text(
+        f"FROM {WORKER_IMAGE}\nLABEL test.mark={builds.marker}\nRUN sleep 100000\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "build", str(builds.context),
+         "--project", str(project.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
+    try:
+        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers()), 180)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "build interrupted (signal 15)" in err
+    assert not [n for n in step_containers() if n.startswith(mine)]
