@@ -18,7 +18,9 @@ gc`` removes.
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import re
 import secrets
 import tarfile
@@ -53,6 +55,8 @@ DISK_POLL_S = 1.0
 TAIL = 2048
 #: The label a committed image's cache key is under.
 CACHE_LABEL = f"{labels.PREFIX}.build.key"
+#: Go's ``os.ModeDir``, in the mode the engine's path stat reports.
+GO_MODE_DIR = 1 << 31
 #: A tmpfs for ``RUN --mount=type=cache|tmpfs``.
 SCRATCH_SIZE = 256 << 20
 
@@ -186,6 +190,19 @@ class DockerStepEngine:
         with engine_errors("copying files into a build step"):
             if not self.api.put_archive(container, "/", data):
                 raise EngineError("Docker refused the files of a build step")
+
+    def is_folder(self, container: str, path: str) -> bool:
+        api: Any = self.api
+        with engine_errors(f"looking at {path} in a build step"):
+            answer = api.head(api._url("/containers/{0}/archive", container), params={"path": path})
+        if answer.status_code == 404:
+            return False
+        if answer.status_code != 200:
+            raise EngineError(
+                f"Docker refused looking at {path} in a build step ({answer.status_code})"
+            )
+        found = json.loads(base64.b64decode(answer.headers.get("X-Docker-Container-Path-Stat", "")))
+        return bool(int(found.get("mode", 0)) & GO_MODE_DIR)
 
     def get_archive(self, container: str, path: str) -> Iterator[bytes]:
         with engine_errors(f"reading {path} of an image"):

@@ -368,3 +368,20 @@ def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
     assert process.returncode == 128 + signal.SIGTERM, err
     assert "build interrupted (signal 15)" in err
     assert not [n for n in step_containers() if n.startswith(mine)]
+
+
+def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
+    (builds.context / "data.txt").write_text("data\n")
+    tag = f"orchestrator-test/build-{builds.marker}:copies"
+    done = builds(
+        "FROM @BASE@ AS first\nUSER root\nLABEL test.mark=@MARK@\n"
+        "RUN mkdir -p /app /src && echo keep > /app/keep && echo x > /src/a && ln /src/a /src/b\n"
+        "WORKDIR /app\nCOPY data.txt .\nCOPY data.txt /app\nCOPY data.txt /named.txt\n"
+        "FROM first\nCOPY --from=first /src /copied\n",
+        tag=tag,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                   "cat /app/keep /app/data.txt /named.txt /copied/a /copied/b; "
+                   "stat -c %h /copied/a")  # fmt: skip
+    assert shown.stdout.split() == ["keep", "data", "data", "x", "x", "2"], shown.stderr
