@@ -85,6 +85,7 @@ class DockerStepEngine:
         self.client = client or DockerClient()
         self.api = self.client.api
         self._empty: str | None = None
+        self._cache: dict[tuple[str, str], str] | None = None
 
     def runtime(self) -> str:
         return runtimes.build_runtime_name("none")
@@ -124,10 +125,19 @@ class DockerStepEngine:
                 return None
         return str(found["Id"]), dict(found.get("Config") or {})
 
-    def cached(self, key: str) -> str | None:
-        with engine_errors("looking up the build cache"):
-            found = self.api.images(all=True, quiet=True, filters={"label": f"{CACHE_LABEL}={key}"})
-        return str(found[0]) if found else None
+    def cached(self, key: str, parent: str) -> str | None:
+        """One listing of the cache's images per build (by their label), then lookups in
+        it. An image made from one of ours inherits its label: only an image whose parent
+        is ``parent`` is the step's."""
+        if self._cache is None:
+            with engine_errors("looking up the build cache"):
+                found = self.api.images(all=True, filters={"label": CACHE_LABEL})
+            self._cache = {}
+            for image in sorted(found, key=lambda i: -int(i.get("Created") or 0)):
+                label = (image.get("Labels") or {}).get(CACHE_LABEL)
+                if label:
+                    self._cache[(label, str(image.get("ParentId") or ""))] = str(image["Id"])
+        return self._cache.get((key, parent))
 
     def empty_image(self) -> str:
         if self._empty is None:
