@@ -102,6 +102,7 @@ def build_image(
     finally:
         audit.close()
 
+
 def _dockerfile(context: Context, named: str | os.PathLike[str] | None) -> tuple[Path, str]:
     from orchestrator.build.context import TEXT_LIMIT
     from orchestrator.hostfs.files import read_limited
