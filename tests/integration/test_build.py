@@ -32,15 +32,17 @@ def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     )
 
 
-def step_containers() -> list[str]:
-    """Build step containers whose owner is gone (a leak), or alive in this test."""
+def step_containers(*, live: bool = False) -> list[str]:
+    """Build step containers whose owner is gone (a leak); with ``live``, also those of
+    live owners (a build in progress: other engineers' builds run on this engine too)."""
     found = docker("ps", "-a", "--filter", f"name={docker_build.NAME_PREFIX}", "--format",
                    "{{.Names}}").stdout.split()  # fmt: skip
+    wanted = {"gone", "alive"} if live else {"gone"}
     return [
         name
         for name in found
         if (owner := docker_build.owner_labels(name)) is not None
-        and labels.owner_state(owner) != "foreign"
+        and labels.owner_state(owner) in wanted
     ]
 
 
@@ -289,13 +291,13 @@ def test_a_sigkilled_build_leaves_only_what_gc_removes(builds, project):
     )  # fmt: skip
     mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
     try:
-        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers()), 180)
+        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers(live=True)), 180)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
     done = cli("gc", "--project", str(project.root))
     assert done.returncode == 0, done.stderr
-    assert not [n for n in step_containers() if n.startswith(mine)]
+    assert not [n for n in step_containers(live=True) if n.startswith(mine)]
 
 
 def test_a_build_allowlist_lets_run_steps_reach_only_its_hosts_through_the_audited_proxy(
@@ -358,7 +360,7 @@ def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
     )  # fmt: skip
     mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
     try:
-        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers()), 180)
+        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers(live=True)), 180)
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=120)
     finally:
@@ -367,7 +369,7 @@ def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
             process.wait()
     assert process.returncode == 128 + signal.SIGTERM, err
     assert "build interrupted (signal 15)" in err
-    assert not [n for n in step_containers() if n.startswith(mine)]
+    assert not [n for n in step_containers(live=True) if n.startswith(mine)]
 
 
 def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
