@@ -63,7 +63,7 @@ __all__ = [
 
 #: What the orchestrator gives the proxy and expects of it; bump when that changes (the
 #: image's tag says it: checkouts of different versions on one machine use their own).
-CREDPROXY_VERSION = "2"
+CREDPROXY_VERSION = "3"
 #: The proxy image, built from ``images/credproxy`` on a Debian trixie base.
 CREDPROXY_IMAGE = f"orchestrator/credproxy:v{CREDPROXY_VERSION}"
 

@@ -193,6 +193,11 @@ class ContainerSpec:
     """Container path of the run's inputs folder (read-only), or None: no inputs."""
 
     @property
+    def calls_children(self) -> bool:
+        """Whether the worker gets a broker socket (``orchestrator-call``)."""
+        return any(mount.target == BROKER_DIR for mount in self.mounts)
+
+    @property
     def user(self) -> str:
         """The worker's ``uid:gid``, as commands are exec'd with it."""
         return f"{self.uid}:{self.gid}"

@@ -3,12 +3,14 @@
 The credential proxy terminates TLS for the hosts an egress credential is bound to, with
 certificates it issues from this CA. The CA is new for every run, valid for a short time
 (the run's timeout and a margin), limited to issuing server certificates for the bound
-host names (a name constraint), and its key exists only in this process's memory and in
-the proxy's in-memory, read-only state folder. The worker gets the certificate only.
+host names (a name constraint: those names, and no IP address unless one is a bound host
+itself), and its key exists only in this process's memory and in the proxy's in-memory,
+read-only state folder. The worker gets the certificate only.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -46,7 +48,21 @@ def make_run_ca(run_id: str, hosts: Sequence[str], *, lifetime_s: float) -> RunC
         ]
     )
     now = datetime.now(UTC)
-    permitted = [x509.DNSName(host) for host in sorted(set(hosts))]
+    permitted: list[x509.GeneralName] = []
+    addresses: set[int] = set()
+    for host in sorted(set(hosts)):
+        try:
+            address = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            permitted.append(x509.DNSName(host))
+            continue
+        permitted.append(x509.IPAddress(ipaddress.ip_network(address)))
+        addresses.add(address.version)
+    excluded: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_network(network))
+        for version, network in ((4, "0.0.0.0/0"), (6, "::/0"))
+        if version not in addresses
+    ]
     certificate = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -71,7 +87,7 @@ def make_run_ca(run_id: str, hosts: Sequence[str], *, lifetime_s: float) -> RunC
             critical=True,
         )
         .add_extension(
-            x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=None),
+            x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=excluded or None),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

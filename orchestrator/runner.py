@@ -382,11 +382,13 @@ class Orchestrator:
         branch: str | None = None,
         push: bool = False,
         override_scanners: bool = False,
+        acknowledged: Sequence[str] = (),
         confirm: Callable[[Summary], bool] | None = None,
     ) -> ClearResult:
         """Commit a reviewed change set (an id or a unique prefix) into the project's repo,
         and push it with the credential ``clearance.credential`` names (read now, only when
         pushing, never written anywhere). ``confirm`` sees the summary first and may say no.
+        ``acknowledged`` names the files that run code by themselves (each one must be).
         """
         from orchestrator.clearance import clear
         from orchestrator.clearance.errors import ClearanceError
@@ -409,9 +411,15 @@ class Orchestrator:
             remote=settings.remote,
             credential=self._push_credential() if push else None,
             override_scanners=override_scanners,
+            acknowledged=acknowledged,
             confirm=confirm,
             audit=self.audit,
-            scanners=StagingScanners(scanners_for(limits=self.project.config.sandbox.outbox)),
+            scanners=StagingScanners(
+                scanners_for(
+                    limits=self.project.config.sandbox.outbox,
+                    sensitive=settings.sensitive_paths,
+                )
+            ),
             protected=[self.project.sandbox_root],
         )
 

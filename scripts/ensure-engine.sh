@@ -9,7 +9,9 @@
 #                     backports suite through the host's apt, adding that suite for the
 #                     host's own archives when missing; fails in one line if no working
 #                     runsc can be had. Then declares the gVisor runtimes untrusted workers
-#                     run under (reloads dockerd with SIGHUP, never restarts it)
+#                     run under (four: with and without a network, each also with
+#                     --host-uds=open for parents; reloads dockerd with SIGHUP, never
+#                     restarts it)
 set -euo pipefail
 
 gvisor_python=""

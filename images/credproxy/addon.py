@@ -6,14 +6,24 @@ allowlist proxy). It reads ``$CREDPROXY_STATE/config.json`` and the value files 
 
 * TLS is terminated only when the CONNECT target is a bound ``host:port`` and the client's
   SNI names that same host; every other connection is tunnelled untouched.
-* A request on such a connection whose ``Host`` (or ``:authority``) names another host is
-  refused (403). Otherwise each credential bound to the host has its placeholder replaced
-  by the value in its one header (in its whole ``format``, when one is set).
+* A request on such a connection is forwarded only in the form the bound host reads one
+  way: its ``Host`` (exactly one; for HTTP/2 ``:authority`` and any ``host`` too) and an
+  absolute-form target name the tunnel's host and port, or it is refused (403); an
+  absolute-form target is rewritten to origin form. Otherwise each credential bound to the
+  host has its placeholder replaced by the value in its one header (in its whole
+  ``format``, when one is set).
+* A CONNECT to a bound host's name on a port it is not bound to is refused (403).
+* Upgrades: only to WebSocket version 13 (its messages inspected both ways); any other
+  ``Upgrade`` request is refused (403), any other ``101`` answer ends the connection.
+* A folded header line (obs-fold) is refused (403); mitmproxy itself refuses a doubled
+  ``Content-Length`` and ``Transfer-Encoding`` with ``Content-Length`` (audited here).
 * A placeholder anywhere else (another header, the URL, the body, a CONNECT request, a
   plain-HTTP request, a WebSocket message), spelled as itself, percent-, JSON- or
   base64-encoded, blocks the request (403) or the WebSocket.
-* Responses from bound hosts are scrubbed of the values (headers and body, streamed ones
-  chunk by chunk); compressed ones are decoded, scrubbed and re-encoded.
+* Responses from bound hosts are scrubbed of the values in every spelling the request side
+  searches for, case ignored (headers, body, trailers; streamed ones chunk by chunk);
+  ones compressed once with a known coding are decoded, scrubbed and re-encoded; an unknown
+  or stacked ``Content-Encoding`` is refused (502).
 
 Each substitution and block is one line on stdout: ``CREDPROXY {json}`` with event,
 credential, host, port, method, path (no query), status and reason: never a value.
@@ -24,7 +34,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -40,6 +52,10 @@ STATE = Path(os.environ.get("CREDPROXY_STATE", "/run/credproxy"))
 EVENT_MARK = "CREDPROXY"
 READY_MARK = "CREDPROXY-READY"
 BLOCKED_BODY = b"blocked by the credential proxy (see the run's audit log)\n"
+#: Content codings mitmproxy decodes and encodes again: a response in one of them (once) is
+#: scrubbed decoded; any other, or two stacked, is refused.
+KNOWN_CODINGS = ("gzip", "deflate", "br", "zstd")
+MASKED = "a value behind more than one encoding in the answer; masked"
 
 
 class Credential:
@@ -127,14 +143,33 @@ def _guarded(hook: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _host_of(authority: str, default_port: int) -> tuple[str, int]:
-    authority = authority.strip().lower()
-    if authority.startswith("["):
-        host, _, rest = authority[1:].partition("]")
-        port = rest.lstrip(":")
-    else:
-        host, _, port = authority.partition(":")
-    return host.rstrip("."), int(port) if port.isdigit() else default_port
+_AUTHORITY = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9._-]+))(?::([0-9]{1,5}))?")
+
+
+def _host_of(authority: str, default_port: int = 443) -> tuple[str, int] | None:
+    """The host and port an authority (a ``Host`` value, an absolute-form target's) names,
+    read strictly: no user part, no spaces or line breaks, a port of digits (443 when
+    absent, as HTTPS means); None when it is anything else."""
+    found = _AUTHORITY.fullmatch(authority.lower())
+    if found is None:
+        return None
+    host = (found[1] or found[2] or "").rstrip(".")
+    return (host, int(found[3]) if found[3] else default_port) if host else None
+
+
+def _tokens(values: list[str]) -> set[str]:
+    return {token.strip().lower() for value in values for token in value.split(",")}
+
+
+def _websocket_handshake(request: http.Request) -> bool:
+    """Whether the request asks to upgrade to WebSocket version 13, and only that."""
+    headers = request.headers
+    return (
+        request.method == "GET"
+        and [value.strip().lower() for value in headers.get_all("upgrade")] == ["websocket"]
+        and "upgrade" in _tokens(headers.get_all("connection"))
+        and [value.strip() for value in headers.get_all("sec-websocket-version")] == ["13"]
+    )
 
 
 def _is_ip(host: str) -> bool:
@@ -145,8 +180,23 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+class _Refusals(logging.Handler):
+    """mitmproxy's own refusals that end a connection before any flow exists (an HTTP/2
+    request whose ``:authority`` and ``host`` differ, or any other HTTP/2 protocol error),
+    audited as blocks: only the reason is known there, not the host."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "HTTP/2 protocol error" in message:
+            reason = message.split("HTTP/2 protocol error:", 1)[-1].strip()[:120]
+            _event("blocked", None, "-", 0, f"HTTP/2 protocol error refused: {reason}")
+
+
 class CredentialProxy:
     def __init__(self) -> None:
+        server_log = logging.getLogger("mitmproxy.proxy.server")
+        server_log.setLevel(logging.INFO)  # its refusals are logged at INFO
+        server_log.addHandler(_Refusals())
         self.credentials = _load()
         self.bound: dict[tuple[str, int], list[Credential]] = {}
         for credential in self.credentials:
@@ -170,6 +220,14 @@ class CredentialProxy:
             self._block(flow, found.name, "placeholder in the CONNECT request")
         elif _is_ip(flow.request.host):
             self._block(flow, "-", "IP-literal CONNECT target; name the host")
+        else:
+            target = self._target(flow)
+            named = [
+                c for (host, _), found in self.bound.items() if host == target[0] for c in found
+            ]
+            if named and target not in self.bound:
+                names = ",".join(sorted({c.name for c in named}))
+                self._block(flow, names, "CONNECT to a bound host on a port it is not bound to")
 
     @_guarded
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
@@ -204,26 +262,53 @@ class CredentialProxy:
     def _target(self, flow: http.HTTPFlow) -> tuple[str, int]:
         return flow.request.host.lower().rstrip("."), int(flow.request.port)
 
+    def _misdirected(self, flow: http.HTTPFlow, target: tuple[str, int]) -> str | None:
+        """Why a request on a connection intercepted for ``target`` could reach another
+        host behind it (a front end may route by the Host header or by the request target),
+        or None. An absolute-form target naming ``target`` is made origin-form."""
+        request = flow.request
+        sni = (flow.client_conn.sni or "").lower().rstrip(".")
+        server = flow.server_conn.address
+        dialled = (str(server[0]).lower().rstrip("."), int(server[1])) if server else target
+        if not (sni == target[0] and dialled == target):
+            return "target, TLS SNI and connection do not name the same bound host"
+        hosts = request.headers.get_all("host")
+        if len(hosts) > 1:
+            return "Host given twice"
+        authority = request.data.authority.decode("latin-1")
+        if request.is_http2 or request.is_http3:
+            if not authority and not hosts:
+                return "no :authority and no Host"
+            if authority and hosts and _host_of(authority) != _host_of(hosts[0]):
+                return ":authority and Host name different hosts"
+        elif not hosts:
+            return "no Host header"
+        elif authority and _host_of(authority) != target:
+            return "absolute-form target names another host than the connection's"
+        if any(_host_of(name) != target for name in [authority, *hosts] if name):
+            return "Host names another host than the connection's"
+        if authority and not (request.is_http2 or request.is_http3):
+            request.authority = ""  # origin form: the one target the bound host sees
+        return None
+
     @_guarded
     def request(self, flow: http.HTTPFlow) -> None:
         request = flow.request
+        flow.metadata["credproxy_seen"] = True
         target = self._target(flow)
         intercepted = request.scheme == "https" and flow.client_conn.tls_established
         bound = self.bound.get(target, []) if intercepted else []
+        names = ",".join(c.name for c in bound) or "-"
+        if any(b"\r" in value or b"\n" in value for _, value in request.headers.fields):
+            self._block(flow, names, "folded header line (obs-fold)")
+            return
+        if "upgrade" in request.headers and not _websocket_handshake(request):
+            self._block(flow, names, "upgrade to anything but WebSocket version 13")
+            return
         if intercepted and bound:
-            if len(request.headers.get_all("host")) > 1:
-                self._block(flow, ",".join(c.name for c in bound), "Host given twice")
-                return
-            sni = (flow.client_conn.sni or "").lower().rstrip(".")
-            host = _host_of(request.host_header or "", target[1])
-            server = flow.server_conn.address
-            dialled = (str(server[0]).lower().rstrip("."), int(server[1])) if server else target
-            if not (sni == target[0] and host == target and dialled == target):
-                self._block(
-                    flow,
-                    ",".join(c.name for c in bound),
-                    "target, TLS SNI and Host do not name the same bound host",
-                )
+            problem = self._misdirected(flow, target)
+            if problem is not None:
+                self._block(flow, names, problem)
                 return
         # The bound header of each bound credential: checked, then left out of the search.
         written: dict[str, Credential] = {}
@@ -294,23 +379,46 @@ class CredentialProxy:
     def _scrubber(self) -> Scrubber:
         return Scrubber({c.value: f"credential {c.name}" for c in self.credentials})
 
+    def _scrub_fields(
+        self, fields: tuple[tuple[bytes, bytes], ...]
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        """Header or trailer lines, each name and value scrubbed on its own."""
+        scrub = self._scrubber()
+        return tuple((scrub.scrub(name), scrub.scrub(value)) for name, value in fields)
+
     @_guarded
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
-        if response is None or not flow.metadata.get("credproxy_scrub"):
+        if response is None:
             return
-        scrub = self._scrubber()
-        for index, (name, value) in enumerate(list(response.headers.fields)):
-            cleaned = scrub.scrub(value)
-            if cleaned != value:
-                response.headers.fields = (
-                    *response.headers.fields[:index],
-                    (name, cleaned),
-                    *response.headers.fields[index + 1 :],
-                )
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding in ("", "identity"):
+        if response.status_code == 101 and not (
+            _websocket_handshake(flow.request)
+            and response.headers.get("upgrade", "").strip().lower() == "websocket"
+        ):
+            names = ",".join(flow.metadata.get("credproxy") or []) or "-"
+            _event("blocked", flow, names, 101, "switched to a protocol other than WebSocket 13")
+            flow.metadata["credproxy_audited"] = True
+            flow.kill()  # the connection ends here: nothing after the 101 is relayed
+            return
+        if not flow.metadata.get("credproxy_scrub"):
+            return
+        response.headers.fields = self._scrub_fields(response.headers.fields)
+        codings = [
+            token
+            for token in (
+                t.strip().lower()
+                for v in response.headers.get_all("content-encoding")
+                for t in v.split(",")
+            )
+            if token not in ("", "identity")
+        ]
+        if not codings:
             response.stream = self._scrubber()  # chunk by chunk: streamed answers too
+        elif len(codings) > 1 or codings[0] not in KNOWN_CODINGS:
+            # buffered, never relayed: replaced by a refusal in response()
+            flow.metadata["credproxy_refuse"] = (
+                f"Content-Encoding '{','.join(codings)[:60]}' cannot be scrubbed"
+            )
         # else: buffered, decoded and scrubbed whole in response()
 
     @_guarded
@@ -318,18 +426,41 @@ class CredentialProxy:
         response = flow.response
         if response is None:
             return
-        names = flow.metadata.get("credproxy")
-        if flow.metadata.get("credproxy_scrub") and not callable(response.stream):
-            content = response.get_content(strict=False) or b""
-            response.set_content(self._scrubber().scrub(content))
+        names = ",".join(flow.metadata.get("credproxy") or [])
+        refused = flow.metadata.get("credproxy_refuse")
+        if flow.metadata.get("credproxy_scrub") and not refused:
+            if response.trailers:
+                response.trailers.fields = self._scrub_fields(response.trailers.fields)
+            if isinstance(response.stream, Scrubber):
+                if response.stream.masked:  # relayed already: what held the value, masked
+                    _event("blocked", flow, names or "-", response.status_code, MASKED)
+            else:
+                scrubber = self._scrubber()
+                try:
+                    content = response.get_content(strict=True) or b""
+                except ValueError:
+                    content, refused = b"", "an answer that does not decode as its Content-Encoding"
+                response.set_content(scrubber.scrub(content))
+                refused = refused or (MASKED if scrubber.masked else None)
+        if refused:
+            _event("blocked", flow, names or "-", 502, refused)
+            flow.response = http.Response.make(502, BLOCKED_BODY, {"content-type": "text/plain"})
+            return
         if names:
-            _event("substituted", flow, ",".join(names), response.status_code, "")
+            _event("substituted", flow, names, response.status_code, "")
 
     @_guarded
     def error(self, flow: http.HTTPFlow) -> None:
         names = flow.metadata.get("credproxy")
+        if flow.metadata.get("credproxy_audited"):
+            return
         if names and flow.response is None:
             _event("substituted", flow, ",".join(names), 0, "no answer from the host")
+        elif not flow.metadata.get("credproxy_seen") and flow.error is not None:
+            # refused by mitmproxy before any hook decided: framing it will not forward (a
+            # doubled Content-Length, Transfer-Encoding with Content-Length), a body too large
+            message = flow.error.msg.split(":", 1)[0].removeprefix("Received ")[:80]
+            _event("blocked", flow, "-", 400, f"request refused by mitmproxy ({message})")
 
     # -- WebSocket ------------------------------------------------------------------------
 

@@ -97,26 +97,63 @@ def masked(label: str, length: int) -> bytes:
     return f"[{label}]".encode().ljust(length, b"*")[:length]
 
 
-class Scrubber:
-    """Replaces secrets (each in every spelling) in a byte stream, across chunk boundaries,
-    with a mark of the same length.
+def _pattern(secret: str) -> bytes:
+    """A regular expression (bytes, used case-insensitively) for ``secret`` spelled as any
+    mix of itself and, character by character, its percent-encoding, its JSON escape
+    (``\\u00XX``, ``\\/``, ``\\"``) and ``+`` for a space: what the request side decodes
+    before it searches (see ``_views``)."""
+    parts: list[bytes] = []
+    for char in secret:
+        raw = char.encode()
+        forms = [re.escape(raw)]
+        forms.append(b"".join(b"%%%02x" % byte for byte in raw))
+        forms += [b"\\\\u%04x" % ord(char)] if ord(char) < 0x10000 else []
+        escaped = json.dumps(char)[1:-1].encode()
+        if escaped != raw:
+            forms.append(re.escape(escaped))
+        if char == "/":
+            forms.append(rb"\\/")
+        if char == " ":
+            forms.append(rb"\+")
+        parts.append(b"(?:" + b"|".join(forms) + b")")
+    return b"".join(parts)
 
-    Calling it with a chunk returns what can be passed on now and holds back a tail that
-    may start a secret; calling it with ``b""`` at the end releases the rest."""
+
+class Scrubber:
+    """Replaces secrets in a byte stream, across chunk boundaries, with a mark of the same
+    length: each in every spelling the request side searches for, case ignored.
+
+    A spelling made of one encoding (or a mix of them, character by character) and the
+    stable cores of the base64 forms are replaced where they stand. A secret that is still
+    found behind more than one level of encoding (``contains``) masks all the data looked
+    at; ``masked`` then says so. Calling it with a chunk returns what can be passed on now
+    and holds back a tail that may start a secret; calling it with ``b""`` at the end
+    releases the rest."""
 
     def __init__(self, labels: dict[str, str]) -> None:
-        pairs: list[tuple[bytes, bytes]] = []
-        for secret, label in labels.items():
-            for form in spellings(secret):
-                pairs.append((form, masked(label, len(form))))
-        self.pairs = sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
-        self.keep = max((len(form) for form, _ in self.pairs), default=1) - 1
+        self.secrets = [secret for secret in labels if secret]
+        alternatives: list[tuple[int, bytes, str]] = []
+        for secret in self.secrets:
+            alternatives.append((len(secret) * 6, _pattern(secret), labels[secret]))
+            for core in base64_cores(secret.encode()):
+                alternatives.append((len(core), re.escape(core), labels[secret]))
+        # longest first: a secret's own form wins over a core of it
+        alternatives.sort(key=lambda item: item[0], reverse=True)
+        self.expressions = [
+            (re.compile(pattern, re.IGNORECASE), label) for _, pattern, label in alternatives
+        ]
+        longest = max((len(secret) for secret in self.secrets), default=0)
+        #: held back between chunks: long enough for two levels of encoding
+        self.keep = min(longest * 16, 8192)
         self.pending = b""
+        self.masked = False
 
     def scrub(self, data: bytes) -> bytes:
-        for form, shown in self.pairs:
-            if form in data:
-                data = data.replace(form, shown)
+        for expression, label in self.expressions:
+            data = expression.sub(lambda found, label=label: masked(label, len(found[0])), data)
+        if any(contains(data, secret) for secret in self.secrets):
+            self.masked = True
+            return b"*" * len(data)
         return data
 
     def __call__(self, chunk: bytes) -> bytes:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +84,7 @@ def clear(
     remote: str = "origin",
     credential: Credential | None = None,
     override_scanners: bool = False,
+    acknowledged: Iterable[str] = (),
     confirm: Callable[[Summary], bool] | None = None,
     audit: AuditLog | None = None,
     scanners: Scanners | None = None,
@@ -93,6 +95,9 @@ def clear(
     ``branch`` defaults to the checked-out one; another branch is committed to without
     touching the work tree (created from HEAD when missing). ``confirm`` sees the
     :class:`Summary` before anything changes and may say no (:class:`ClearanceDeclined`).
+    ``acknowledged`` names the paths that run code by themselves (the ``sensitive-paths``
+    scanner's findings) that the person clearing has looked at: each one must be named,
+    ``override_scanners`` does not cover them.
     ``scanners`` defaults to the staging package's. ``protected`` folders (the sandbox
     root; the store's root always) are never written. Raises :class:`ClearanceError`, or
     :class:`PushFailed` when the commit is made and marked but the push failed.
@@ -120,6 +125,7 @@ def clear(
                 credential=credential,
                 override_scanners=override_scanners,
                 confirm=confirm,
+                acknowledged=tuple(acknowledged),
                 scanners=scanners,
                 protected=_inside(git_repo.root, [store.root, *protected]),
             )
@@ -211,6 +217,7 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
     parts = check_paths(change_id, changes, run.protected)
     verify_blobs(repo, run.store, change_id)
     outcome = scan(run.scanners, changeset, run.store)
+    _check_acknowledged(run, outcome.sensitive)
     if outcome.blocking and not run.override_scanners:
         more = len(outcome.blocking) - 1
         raise repo.error(
@@ -237,6 +244,12 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
     ask(run, summarise(run, changeset, changes, outcome, new_branch=old is None, resume=resume))
     if checked_out:  # the prompt may have waited a long time: look again before writing
         check_work_tree(repo, changes, parts, base_tree, targets)
+    if outcome.sensitive:
+        run.events.record(
+            "clearance.acknowledged",
+            reason="files that run code by themselves acknowledged by name",
+            metadata={"paths": list(outcome.sensitive)},
+        )
     if outcome.blocking:
         run.events.record(
             "clearance.override",
@@ -295,6 +308,26 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
     return ClearResult(
         change_id, commit, run.branch, len(changes), plan is not None, remote, resumed=resume
     )
+
+
+def _check_acknowledged(run: Run, sensitive: tuple[str, ...]) -> None:
+    """Every path that runs code by itself must be acknowledged by name, and only those."""
+    missing = [path for path in sensitive if path not in run.acknowledged]
+    if missing:
+        flags = " ".join(f"--ack-sensitive {shlex.quote(path)}" for path in missing[:10])
+        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+        raise run.repo.error(
+            f"it changes {len(missing)} file(s) that run code by themselves at the next "
+            f"build, test or CI run: {', '.join(missing[:10])}{more}; read them in "
+            f"`orchestrator staged show {run.change_id}`, then pass {flags}{more}"
+        )
+    unknown = [path for path in run.acknowledged if path not in sensitive]
+    if unknown:
+        listed = ", ".join(sensitive) or "none"
+        raise run.repo.error(
+            f"--ack-sensitive {shlex.quote(unknown[0])} names no file of it that runs code "
+            f"by itself (those are: {listed}); fix the path"
+        )
 
 
 def _open(repo: Path, change_id: str, redactor: Redactor) -> GitRepo:

@@ -3,6 +3,10 @@
 By default the staging package's scanners run (its ``run_scanners`` and ``blocking``);
 tests and other stores pass their own :class:`~orchestrator.clearance.store.Scanners`.
 Results are shown one finding per line: ``scanner: path: what was seen``.
+
+The ``sensitive-paths`` scanner's findings (files that run code by themselves) are not
+overridden with the other blocking findings: `clear` wants each path acknowledged by name,
+so they are kept apart, as :attr:`ScanOutcome.sensitive`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from orchestrator.clearance.store import ChangeSet, ChangeStore, ScanFinding, Scanners
+from orchestrator.staging.scanners import SENSITIVE
 
 if TYPE_CHECKING:
     from orchestrator.staging import Scanner
@@ -27,6 +32,8 @@ class ScanOutcome:
     blocking: tuple[str, ...]
     passed: tuple[str, ...] = ()
     """Names of the scanners that found nothing."""
+    sensitive: tuple[str, ...] = ()
+    """Paths that run code by themselves: clearing them needs each acknowledged by name."""
 
 
 class StagingScanners:
@@ -72,11 +79,23 @@ def scan(scanners: Scanners | None, changeset: ChangeSet, store: ChangeStore) ->
     """Run ``scanners`` (the staging package's when None) over ``changeset``."""
     runner = scanners if scanners is not None else StagingScanners()
     results = list(runner.run(changeset, store))
-    blocking = list(runner.blocking(results))
+    blocked = list(runner.blocking(results))
+    blocking = blocked
+    sensitive = [
+        str(getattr(finding, "path", ""))
+        for result in blocked
+        if getattr(result, "name", None) == SENSITIVE
+        for finding in getattr(result, "findings", ())
+    ]
+    if sensitive and all(sensitive):  # a finding without a path (a crash) blocks as usual
+        blocking = [r for r in blocking if getattr(r, "name", None) != SENSITIVE]
+    else:
+        sensitive = []
     return ScanOutcome(
         findings=tuple(line for result in results for line in describe(result)),
         blocking=tuple(line for result in blocking for line in describe(result)),
         passed=tuple(
-            str(getattr(r, "name", r)) for r in results if not describe(r) and r not in blocking
+            str(getattr(r, "name", r)) for r in results if not describe(r) and r not in blocked
         ),
+        sensitive=tuple(dict.fromkeys(sensitive)),
     )

@@ -41,6 +41,8 @@ class Run:
     confirm: Callable[[Summary], bool] | None
     scanners: Scanners | None
     protected: list[str]
+    acknowledged: tuple[str, ...] = ()
+    """Paths that run code by themselves, named by the person clearing."""
     branch: str = ""
     current: str | None = None
 
@@ -140,4 +142,5 @@ def summarise(
         credential=run.credential.name if run.credential is not None else None,
         resume=resume,
         commit=commit,
+        acknowledged=outcome.sensitive,
     )

@@ -58,6 +58,8 @@ class Summary:
     """Some paths already hold the change set's content (an interrupted clearance)."""
     commit: str | None = None
     """Set when the change set is committed already: only the push is left to do."""
+    acknowledged: tuple[str, ...] = ()
+    """Files that run code by themselves, acknowledged by name (``--ack-sensitive``)."""
 
     def render(self) -> str:
         """The summary as lines of text for a terminal (control characters shown escaped)."""
@@ -81,6 +83,7 @@ class Summary:
                 mode = f" {item.mode:o}" if item.mode is not None else ""
                 size = f"{item.size:>10,d} B" if item.operation != "delete" else " " * 12
                 lines.append(f"  {item.operation:<6} {size}{mode:>5}  {item.path}")
+            lines += [f"  ACKNOWLEDGED (runs code by itself): {p}" for p in self.acknowledged]
             state = "OVERRIDDEN" if self.override_scanners else "blocks clearance"
             lines += [f"  BLOCKING ({state}): {scan}" for scan in self.blocking]
             lines += [f"  scan: {scan}" for scan in self.scans if scan not in self.blocking]

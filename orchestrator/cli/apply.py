@@ -65,7 +65,11 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
         project.zones[zone].host_path,
         allow_delete=allow_delete,
         override_scanners=override_scanners,
-        scanners=scanners_for(limits=limits, suffixes=config.suffixes),
+        scanners=scanners_for(
+            limits=limits,
+            suffixes=config.suffixes,
+            sensitive=project.config.clearance.sensitive_paths,
+        ),
         audit=audit,
     )
     click.echo(

@@ -43,7 +43,17 @@ def _say(message: str) -> None:
 @click.option(
     "--override-scanners",
     is_flag=True,
-    help="Clear even though a scanner blocks the change set (recorded in the audit log).",
+    help="Clear even though a scanner blocks the change set (recorded in the audit log); "
+    "files that run code by themselves still need --ack-sensitive.",
+)
+@click.option(
+    "--ack-sensitive",
+    "acknowledged",
+    metavar="PATH",
+    multiple=True,
+    help="Acknowledge that PATH, a file that runs code at the next build, test or CI run "
+    "(conftest.py, Makefile, .github/workflows/...), was read; needed for each such file "
+    "(recorded in the audit log). Repeatable.",
 )
 @project_option
 def clear(
@@ -52,6 +62,7 @@ def clear(
     push: bool,
     yes: bool,
     override_scanners: bool,
+    acknowledged: tuple[str, ...],
     project_dir: Path,
 ) -> None:
     """Commit change set CHANGE_ID (an id or a unique prefix) into the project's repository.
@@ -75,6 +86,7 @@ def clear(
             branch=branch,
             push=push,
             override_scanners=override_scanners,
+            acknowledged=acknowledged,
             confirm=_confirm(ask=not yes),
         )
     if result.already and not result.pushed:

@@ -11,6 +11,7 @@ when stdout is a terminal and ``--no-color`` is not given.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -123,7 +124,8 @@ def _scanners(project: Project, change: ChangeSet) -> tuple[Scanner, ...]:
         suffixes = zone.suffixes
         if zone.max_file_size is not None:
             limits = limits.model_copy(update={"max_file_size": zone.max_file_size})
-    return scanners_for(limits=limits, suffixes=suffixes)
+    sensitive = project.config.clearance.sensitive_paths
+    return scanners_for(limits=limits, suffixes=suffixes, sensitive=sensitive)
 
 
 def _target_root(project: Project, change: ChangeSet) -> Path | None:
@@ -178,11 +180,24 @@ def _describe(
             f"  ! {scan.name}: {escape(f.path) or '(all)'}: {escape(f.message)}"
             for f in scan.findings
         ]
+    sensitive = _sensitive(scans)
+    if sensitive and change.target.kind == "repo":
+        lines.append(
+            "clearing    needs "
+            + " ".join(f"--ack-sensitive {shlex.quote(escape(p))}" for p in sensitive)
+        )
     lines.append(
         "conflicts   " + ("none" if not conflicts else f"{len(conflicts)} open change sets")
     )
     lines += [f"  - {other}: {', '.join(map(escape, paths))}" for other, paths in conflicts]
     return lines
+
+
+def _sensitive(scans: tuple[ScanResult, ...]) -> list[str]:
+    """The paths that run code by themselves: `clear` wants each acknowledged by name."""
+    from orchestrator.staging import SENSITIVE
+
+    return [f.path for s in scans if s.name == SENSITIVE for f in s.findings if f.path]
 
 
 def _blocked_deletes(project: Project, change: ChangeSet) -> list[str]:
@@ -229,6 +244,7 @@ def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> No
         data = change.to_dict()
         data["conflicts"] = [{"id": other, "paths": paths} for other, paths in conflicts]
         data["blocking"] = [result.name for result in blocking(scans)]
+        data["sensitive"] = _sensitive(scans)
         data["deletes_blocked"] = blocked
         data["diff"] = diff
         _emit(data)

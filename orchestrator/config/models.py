@@ -95,6 +95,15 @@ def _cpus(value: float) -> float:
     return value
 
 
+def _path_pattern(value: str) -> str:
+    """A relative glob pattern: names, ``*``, ``?``, ``**``; no empty, ``.`` or ``..`` part."""
+    if not value or value.startswith("/") or "\\" in value or not value.isprintable():
+        raise ValueError(f"{value!r} is not a relative path pattern (e.g. 'conftest.py', 'ci/**')")
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        raise ValueError(f"{value!r} has an empty, '.' or '..' part; write e.g. 'tools/*.sh'")
+    return value
+
+
 Size = Annotated[int, BeforeValidator(parse_size)]
 MemorySize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_memory)]
 Mode = Literal["ro", "rw"]
@@ -380,6 +389,9 @@ class ClearanceSettings(Strict):
     """Branch to commit on (default: the repo's current branch)."""
     credential: str | None = None
     """Name of the credential a push uses (see ``credentials``)."""
+    sensitive_paths: list[Annotated[str, AfterValidator(_path_pattern)]] = []
+    """More files that run code by themselves (glob patterns), on top of the built-in list:
+    a change set touching one is cleared only with ``--ack-sensitive PATH`` for each."""
 
 
 class IsolationSettings(Strict):

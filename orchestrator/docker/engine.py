@@ -24,7 +24,15 @@ from docker import errors as docker_errors
 from docker.utils import socket as docker_socket
 
 from orchestrator import labels
-from orchestrator.docker import build, credproxy, hostconfig, kernel_log, podman, runtimes
+from orchestrator.docker import (
+    build,
+    credproxy,
+    execlimits,
+    hostconfig,
+    kernel_log,
+    podman,
+    runtimes,
+)
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
@@ -90,7 +98,7 @@ class DockerExec:
         try:
             for stream, chunk in frames:
                 if stream == "stdout":
-                    if first and chunk.startswith(EXEC_FAILED):
+                    if first and chunk.startswith((EXEC_FAILED, execlimits.FAILED)):
                         self.failure = bytearray()
                     first = False
                     if self.failure is not None and len(self.failure) < 4096:
@@ -124,7 +132,7 @@ class DockerEngine(DockerClient):
 
     def runtime_for(self, spec: ContainerSpec) -> str:
         podman.check_spec(self, spec)  # what Podman cannot run, before its runtime names
-        name = runtimes.runtime_name(spec.isolation, spec.network.mode)
+        name = runtimes.runtime_name(spec.isolation, spec.network.mode, broker=spec.calls_children)
         if name == runtimes.RUNC:
             return name  # Docker's own, always there
         key = (str(self.api.base_url), name)
@@ -225,7 +233,10 @@ class DockerEngine(DockerClient):
         with engine_errors(f"creating the container for '{spec.worker}'"):
             try:
                 container_id = retrying(create)
-                self._gvisor_containers[container_id] = runtimes.is_gvisor(runtime)
+                gvisor = runtimes.is_gvisor(runtime)
+                self._gvisor_containers[container_id] = gvisor
+                limits = [{"Name": u.name, "Soft": u.soft, "Hard": u.hard} for u in spec.ulimits]
+                self._exec_nofile[container_id] = execlimits.nofile(gvisor, limits)
                 return container_id
             except docker_errors.ImageNotFound:
                 raise ImageMissing(spec.image) from None
@@ -286,7 +297,7 @@ class DockerEngine(DockerClient):
         code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
         # gVisor: the worker may fail by itself (a refused allocation) while the host's OOM
         # killer hit its sandbox; the kernel's log says so.
-        gvisor = host_config.get("Runtime") in (runtimes.GVISOR_NONE, runtimes.GVISOR_NETWORK)
+        gvisor = runtimes.is_gvisor(str(host_config.get("Runtime") or ""))
         if gvisor and code not in (0, EXIT_SIGKILL) and not oom and state.get("Status") == "exited":
             oom = kernel_log.oom_kill_logged(container_id) is True
         if code == EXIT_SIGKILL and not oom and state.get("Status") == "exited":
@@ -373,10 +384,12 @@ class DockerEngine(DockerClient):
         stdin: bytes | None = None,
     ) -> DockerExec:
         with engine_errors("starting a command in the container"):
+            if container_id not in self._exec_nofile:
+                self._learn(container_id)
             try:
                 exec_id = self.api.exec_create(
                     container_id,
-                    argv,
+                    execlimits.wrapped(argv, self._exec_nofile[container_id]),
                     stdout=True,
                     stderr=True,
                     stdin=stdin is not None,
@@ -402,15 +415,21 @@ class DockerEngine(DockerClient):
 
     #: Whether a container (by id) runs under gVisor, as created here or inspected once.
     _gvisor_containers: ClassVar[dict[str, bool]] = {}
+    #: The nofile limit an exec into a container sets itself (:mod:`.execlimits`), likewise.
+    _exec_nofile: ClassVar[dict[str, tuple[int, int] | None]] = {}
 
     def _under_gvisor(self, container_id: str) -> bool:
-        known = self._gvisor_containers.get(container_id)
-        if known is None:
-            with engine_errors("inspecting the container"):
-                host = self.api.inspect_container(container_id).get("HostConfig") or {}
-            known = runtimes.is_gvisor(str(host.get("Runtime") or ""))
-            self._gvisor_containers[container_id] = known
-        return known
+        if container_id not in self._gvisor_containers:
+            self._learn(container_id)
+        return self._gvisor_containers[container_id]
+
+    def _learn(self, container_id: str) -> None:
+        """What execs need to know of a container this process did not create."""
+        with engine_errors("inspecting the container"):
+            host = self.api.inspect_container(container_id).get("HostConfig") or {}
+        gvisor = runtimes.is_gvisor(str(host.get("Runtime") or ""))
+        self._gvisor_containers[container_id] = gvisor
+        self._exec_nofile[container_id] = execlimits.nofile(gvisor, host.get("Ulimits"))
 
     def _running(self, container_id: str) -> bool:
         """Whether the container still runs (an unanswered question counts as yes)."""

@@ -13,13 +13,20 @@ network argument that matches the container's network, so two runtimes are decla
     enabled in root network namespace"); with ``host`` the Sentry passes network calls to
     the container's own network namespace (never the host's), so the network the plan
     names is exactly the one the worker gets.
+``orchestrator-runsc-broker``, ``orchestrator-runsc-net-broker``
+    The same two with ``--host-uds=open``, for a parent only (a plan that mounts a broker
+    socket): runsc refuses a sandbox's ``connect()`` to a host Unix socket by default, the
+    broker's among them. ``open`` lets it connect to a socket that is already there in its
+    mounts, nothing more (it cannot create or bind one on the host); the Sentry still
+    checks the socket file's owner and mode against the worker's uid, as Linux would under
+    runc. Workers without children never get it (docs/security.md, "Isolation runtimes").
 ``orchestrator-runsc-build`` and ``orchestrator-runsc-build-net``
     The same two for the steps of ``orchestrator build`` (:mod:`orchestrator.build`), plus
     ``--overlay2=none``: runsc otherwise keeps the root filesystem's writes in the
     sandbox's own memory (``root:memory``), where ``docker commit`` never sees them; with
     it, a step's writes reach the container's layer and are committed.
 
-:func:`setup_gvisor` merges both into ``daemon.json`` (every other key kept, written
+:func:`setup_gvisor` merges all six into ``daemon.json`` (every other key kept, written
 atomically, the old file backed up) and makes dockerd reload it with SIGHUP, which
 reloads ``runtimes`` without stopping a single container. It is what ``orchestrator
 engine setup --gvisor`` runs; ``scripts/ensure-engine.sh`` runs it for ``make``.
@@ -50,12 +57,19 @@ DOCKER_PID = Path("/var/run/docker.pid")
 GVISOR_NONE = "orchestrator-runsc"
 #: For every other network mode (the run's own internal network, a ``full`` bridge).
 GVISOR_NETWORK = "orchestrator-runsc-net"
+#: The two above for a parent, whose broker socket is a host Unix socket in its mounts.
+GVISOR_BROKER_NONE = "orchestrator-runsc-broker"
+GVISOR_BROKER_NETWORK = "orchestrator-runsc-net-broker"
+#: Lets a sandbox connect to a host Unix socket in its mounts (runsc's default: none).
+HOST_UDS_OPEN = "--host-uds=open"
 #: Build steps (``orchestrator build``): their writes must reach the container's layer.
 GVISOR_BUILD = "orchestrator-runsc-build"
 GVISOR_BUILD_NETWORK = "orchestrator-runsc-build-net"
 GVISOR_ARGS = {
     GVISOR_NONE: ["--network=none", "--oci-seccomp"],
     GVISOR_NETWORK: ["--network=host", "--oci-seccomp"],
+    GVISOR_BROKER_NONE: ["--network=none", "--oci-seccomp", HOST_UDS_OPEN],
+    GVISOR_BROKER_NETWORK: ["--network=host", "--oci-seccomp", HOST_UDS_OPEN],
     GVISOR_BUILD: ["--network=none", "--oci-seccomp", "--overlay2=none"],
     GVISOR_BUILD_NETWORK: ["--network=host", "--oci-seccomp", "--overlay2=none"],
 }
@@ -76,10 +90,13 @@ def setup_command() -> str:
     return "sudo orchestrator engine setup --gvisor"
 
 
-def runtime_name(isolation: Isolation, network: NetworkMode) -> str:
-    """The engine runtime for a container of ``isolation`` with the plan's ``network``."""
+def runtime_name(isolation: Isolation, network: NetworkMode, *, broker: bool = False) -> str:
+    """The engine runtime for a container of ``isolation`` with the plan's ``network``;
+    ``broker``: the plan mounts a broker socket the worker must be able to connect to."""
     if isolation == "runc":
         return RUNC
+    if broker:
+        return GVISOR_BROKER_NONE if network == "none" else GVISOR_BROKER_NETWORK
     return GVISOR_NONE if network == "none" else GVISOR_NETWORK
 
 

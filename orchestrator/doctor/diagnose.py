@@ -50,7 +50,7 @@ def diagnose(
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import WORKER_IMAGE
     from orchestrator.docker.inspection import engine_facts, images_present
-    from orchestrator.docker.runtimes import GVISOR_NETWORK, GVISOR_NONE, setup_command
+    from orchestrator.docker.runtimes import GVISOR_ARGS, setup_command
     from orchestrator.egress import PROXY_IMAGE
 
     engine = engine or DockerEngine()
@@ -71,7 +71,7 @@ def diagnose(
         checks.engine_check(facts),
         checks.runtimes_check(
             facts,
-            gvisor=(GVISOR_NONE, GVISOR_NETWORK),
+            gvisor=tuple(GVISOR_ARGS),
             needed="gvisor" in project.isolations,
             setup=setup_command(),
         ),

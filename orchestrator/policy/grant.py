@@ -93,8 +93,9 @@ class RunPaths:
     sandbox_root: Path
     run_dir: Path
     policy: tuple[Path, ...] = ()
-    """What the orchestrator reads its policy from: the project file, the workers folder and
-    credential files. Read-only wherever a writable zone holds them."""
+    """What the orchestrator reads its policy from: the project file, the workers folder,
+    credential files and ``network.trust_ca`` files. Read-only wherever a writable zone
+    holds them."""
 
     @property
     def secrets_dir(self) -> Path:
@@ -141,6 +142,10 @@ def policy_paths(project: Project) -> tuple[Path, ...]:
         if credential.source == "file" and credential.path:
             # read without following links (credentials.resolve): the path as written
             paths.append(Path(os.path.normpath(project.root / Path(credential.path).expanduser())))
+    # The CAs the credential proxy trusts upstream: a worker that rewrote one could have the
+    # proxy hand a later run's key to a host of its choosing (read without following links).
+    for name in project.config.network.trust_ca:
+        paths.append(Path(os.path.normpath(project.root / Path(name).expanduser())))
     return tuple(dict.fromkeys(paths))
 
 

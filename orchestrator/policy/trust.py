@@ -15,8 +15,9 @@ The outbox ``/staged`` is, at every level, a fresh tmpfs of its own with a hard 
 worker can add files, never see what earlier runs staged; what it leaves there becomes a
 pending change set on the host. ``/repo/.git`` stays read-only at every level, and the
 sandbox root (other sessions, change sets, the audit log) is never visible through ``/repo``.
-The policy files (the project file, the workers folder, credential files) are read-only in
-every container, wherever a writable zone holds them (see ``grant._policy_guards``).
+The policy files (the project file, the workers folder, credential files, ``trust_ca``
+files) are read-only in every container, wherever a writable zone holds them (see
+``grant._policy_guards``).
 """
 
 from __future__ import annotations

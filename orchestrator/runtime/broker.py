@@ -6,7 +6,12 @@ Docker socket. For each request the host checks that the child is in the parent'
 ``children:`` list, computes the child's grant with the parent's as ceiling, checks that
 every attachment is readable in both grants, runs the child in its own disposable container
 (which may, in turn, get a broker of its own), and answers with the child's result. Every
-call and every refusal goes to the audit log.
+call and every refusal goes to the audit log with its reason: a request that is no JSON
+object, too big, too deep, or too slow to come (``bad request: ...``), one that names no
+child or attachments of the wrong type, a child or attachment the policy refuses, and a call
+beyond :data:`MAX_CONCURRENT` at once. Past :data:`MAX_AUDITED_REFUSALS` in one parent run,
+refusals are counted and the count recorded once at the end (``broker.flood``); the
+parent's strings in an entry are cut to a bounded length.
 
 Protocol: the client sends one JSON line ``{"child": NAME, "attach": [PATH, ...]}`` and
 reads one JSON line back: ``{"ok": true, "run_id", "exit_code", "status", "stdout",
@@ -24,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from orchestrator.audit import AuditLog
 from orchestrator.config import load_worker
@@ -39,6 +44,16 @@ MAX_REQUEST = 64 << 10
 MAX_DEPTH = 4
 #: Child calls one parent may have in flight; more are refused at once.
 MAX_CONCURRENT = 4
+#: Seconds a client has to send its whole request line.
+READ_TIMEOUT = 10.0
+#: Refusals recorded one by one per parent run; past that they are only counted, and the
+#: count is recorded once when the broker closes (``broker.flood``): a parent looping on bad
+#: requests cannot fill the audit log.
+MAX_AUDITED_REFUSALS = 100
+#: Characters of a request's strings (the child's name, each attachment, a reason) and
+#: attachments per entry kept in the audit log.
+AUDIT_TEXT = 256
+AUDIT_ATTACHMENTS = 20
 #: Seconds to wait for cancelled children's threads to wind down.
 CANCEL_GRACE = 10.0
 RunChild = Callable[[Prepared, int], Any]
@@ -68,6 +83,7 @@ class Broker:
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()
+        self._refusals = 0
         #: A child may only use what is left of its parent's time.
         self.deadline = time.monotonic() + parent.grant.limits.timeout
 
@@ -107,6 +123,18 @@ class Broker:
         for thread in self._threads:
             thread.join(timeout=wait)
         self.path.unlink(missing_ok=True)
+        with self._lock:
+            refused = self._refusals
+        if refused > MAX_AUDITED_REFUSALS:
+            self._record(
+                "broker.flood",
+                False,
+                None,
+                reason=f"{refused} requests refused; the first {MAX_AUDITED_REFUSALS} are "
+                "recorded one by one (broker.refused), the rest only counted",
+                refused=refused,
+                recorded=MAX_AUDITED_REFUSALS,
+            )
 
     def _accept(self) -> None:
         assert self._server is not None
@@ -116,11 +144,14 @@ class Broker:
             except OSError:
                 return
             if not self._slots.acquire(blocking=False):
-                with conn, contextlib.suppress(OSError, ValueError):
+                with conn:
                     conn.settimeout(1)
-                    _read_request(conn)  # read it first, so closing does not reset the client
+                    try:  # read it first, so closing does not reset the client
+                        request: dict[str, Any] = _read_request(conn)
+                    except (OSError, ValueError):
+                        request = {}
                     busy = f"more than {MAX_CONCURRENT} child calls at once; wait for one"
-                    conn.sendall(json.dumps({"ok": False, "error": busy}).encode() + b"\n")
+                    _send(conn, self._refused(busy, request.get("child")))
                 continue
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             thread.start()
@@ -134,43 +165,58 @@ class Broker:
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
-            conn.settimeout(10)
+            conn.settimeout(READ_TIMEOUT)
             try:
                 request = _read_request(conn)
-                conn.settimeout(None)
-                answer = self.handle(request)
-            except (OSError, ValueError) as exc:
-                answer = {"ok": False, "error": f"bad request: {exc}"}
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps(answer).encode() + b"\n")
+            except (OSError, ValueError) as exc:  # a timeout, not JSON, too big or too deep
+                _send(conn, self._refused(f"bad request: {str(exc) or type(exc).__name__}", None))
+                return
+            conn.settimeout(None)
+            _send(conn, self.handle(request))
 
-    def _record(self, operation: str, allowed: bool, child: str, **fields: Any) -> None:
+    def _refused(self, reason: str, child: object, **fields: Any) -> dict[str, Any]:
+        """Audit one refusal with its reason (every one, whatever was wrong with the
+        request); the answer the client gets."""
+        name = child if isinstance(child, str) else None
+        with self._lock:
+            self._refusals += 1
+            one_by_one = self._refusals <= MAX_AUDITED_REFUSALS
+        if one_by_one:
+            self._record("broker.refused", False, name, reason=reason, **fields)
+        return {"ok": False, "error": reason}
+
+    def _record(self, operation: str, allowed: bool, child: str | None, **fields: Any) -> None:
         if self.audit is None:
             return
         spec = self.parent.spec
+        reason = fields.pop("reason", None)
+        if "attach" in fields:  # the parent's strings, bounded
+            attach = fields["attach"]
+            fields["attach"] = [_short(path) for path in attach[:AUDIT_ATTACHMENTS]]
+            if len(attach) > AUDIT_ATTACHMENTS:
+                fields["attachments"] = len(attach)
         self.audit.record(
             operation,
             allowed=allowed,
-            reason=fields.pop("reason", None),
+            reason=None if reason is None else _short(reason, 4 * AUDIT_TEXT),
             worker=spec.worker,
             run_id=spec.run_id,
             session_id=spec.session_id,
             trust_level=spec.trust,
-            metadata={"child": child, **fields},
+            metadata={"child": None if child is None else _short(child), **fields},
         )
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         """Check and run one child request; never raises for a refusal."""
         name = request.get("child")
         attach = request.get("attach", [])
-        if not isinstance(name, str) or not isinstance(attach, list):
-            return {"ok": False, "error": "request needs 'child' (a name) and 'attach' (a list)"}
+        if not isinstance(name, str) or not _paths(attach):
+            reason = "request needs 'child' (a name) and 'attach' (a list of paths)"
+            return self._refused(reason, name)
         try:
-            child = self._prepare_child(name, [str(a) for a in attach])
+            child = self._prepare_child(name, attach)
         except OrchestratorError as exc:
-            reason = str(exc)
-            self._record("broker.refused", False, name, reason=reason, attach=attach)
-            return {"ok": False, "error": reason}
+            return self._refused(str(exc), name, attach=attach)
         self._record("broker.call", True, name, child_run=child.spec.run_id, attach=attach)
         run_id = child.spec.run_id
         with self._lock:
@@ -233,6 +279,19 @@ class Broker:
         return replace(prepared, spec=replace(prepared.spec, env=env, limits=limits))
 
 
+def _paths(attach: object) -> TypeGuard[list[str]]:
+    return isinstance(attach, list) and all(isinstance(path, str) for path in attach)
+
+
+def _short(text: str, limit: int = AUDIT_TEXT) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
 def _read_request(conn: socket.socket) -> dict[str, Any]:
     data = b""
     while not data.endswith(b"\n"):
@@ -246,6 +305,12 @@ def _read_request(conn: socket.socket) -> dict[str, Any]:
         request = json.loads(data.decode("utf-8"))
     except RecursionError:  # e.g. 64 KiB of '[': the parser recurses once per level
         raise ValueError("request nested too deeply") from None
+    except UnicodeDecodeError:
+        raise ValueError("request is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"request is not JSON ({exc.msg} at byte {exc.pos})") from None
+    except ValueError:  # the only other: an integer of more digits than Python converts
+        raise ValueError("request holds an integer too long to read") from None
     if not isinstance(request, dict):
         raise ValueError("request must be a JSON object")
     return request

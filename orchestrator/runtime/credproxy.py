@@ -40,6 +40,7 @@ from orchestrator.credproxy import (
     value_file,
 )
 from orchestrator.errors import OrchestratorError
+from orchestrator.hostfs.paths import PathRefused, open_path
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runca import make_run_ca
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 #: How long a run whose container idles (a session, a pooled run: work arrives by exec)
 #: may wait for work, for its CA's validity: past it, TLS to the bound hosts fails (closed).
 KEEP_ALIVE_S = 24 * 3600.0
+#: Largest ``trust_ca`` file read (a bundle of CA certificates).
+TRUST_LIMIT = 1 << 20
 
 
 class _Engine(Containers, CredentialProxies, Protocol):
@@ -141,17 +144,32 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def _trusted(paths: list[str]) -> bytes:
-    """The extra upstream CAs (``network.trust_ca``), each a PEM certificate file."""
+    """The extra upstream CAs (``network.trust_ca``), each a PEM certificate file, read
+    without following a link (a policy file: see ``grant.policy_paths``)."""
     found = b""
     for name in paths:
         try:
-            data = Path(name).read_bytes()
+            held = open_path(Path(name), file_ok=True)
+            try:
+                with open(f"/proc/self/fd/{held}", "rb") as handle:
+                    data = handle.read(TRUST_LIMIT + 1)
+            finally:
+                os.close(held)
+        except PathRefused as refused:
+            raise OrchestratorError(
+                f"network.trust_ca: cannot read {name}: {refused.reason}; name the real path "
+                "of the certificate in the project file"
+            ) from None
         except OSError as exc:
             raise OrchestratorError(
                 f"network.trust_ca: cannot read {name}: {exc.strerror}; fix the path in the "
                 "project file"
             ) from None
-        if b"-----BEGIN CERTIFICATE-----" not in data or b"PRIVATE KEY" in data:
+        if (
+            len(data) > TRUST_LIMIT
+            or b"-----BEGIN CERTIFICATE-----" not in data
+            or b"PRIVATE KEY" in data
+        ):
             raise OrchestratorError(
                 f"network.trust_ca: {name} is not a PEM certificate (or holds a key); "
                 "name the CA's certificate only"

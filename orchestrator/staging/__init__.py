@@ -18,7 +18,7 @@ Imports neither docker nor git: the runtime collects, the clearance package appl
 """
 
 from orchestrator.staging.collected import STREAM, Collected, CollectedFile, Rejection
-from orchestrator.staging.content import describe_type, entropy, escape, is_binary
+from orchestrator.staging.content import TextCheck, describe_type, entropy, escape, is_binary
 from orchestrator.staging.diff import MAX_DIFF_BYTES, TargetState, read_target, render_diff
 from orchestrator.staging.errors import (
     BlobMismatch,
@@ -48,6 +48,8 @@ from orchestrator.staging.manifest import (
 from orchestrator.staging.names import normal_mode, printable, safe_path, suffix_allowed
 from orchestrator.staging.scanners import (
     DEFAULT_SCANNERS,
+    SENSITIVE,
+    SENSITIVE_PATHS,
     ContentScanner,
     Scanner,
     SecretScanner,
@@ -67,6 +69,8 @@ __all__ = [
     "FINAL",
     "MAX_DIFF_BYTES",
     "OPEN",
+    "SENSITIVE",
+    "SENSITIVE_PATHS",
     "STREAM",
     "BlobMismatch",
     "ChangeFile",
@@ -94,6 +98,7 @@ __all__ = [
     "StatusConflict",
     "SuffixScanner",
     "TargetState",
+    "TextCheck",
     "TransitionError",
     "blocking",
     "check_id",

@@ -5,18 +5,26 @@ Everything a worker produced is shown to a person through :func:`escape` (from
 move the cursor, change colours, hide text or reorder it (C0/C1 controls, DEL,
 bidirectional and zero-width marks, line separators, lone surrogates from undecodable
 names) as a visible ``\\xNN`` or ``\\uNNNN`` escape.
+
+:class:`TextCheck` reads a whole file, chunk by chunk, for what decides how it is shown
+and judged: its first NUL byte (binary: summarised, and flagged by the binary scanner)
+and its first byte that is not UTF-8 (shown escaped, and flagged as well). Both look at
+every byte, so text up front cannot hide what comes after it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 
 from orchestrator.escaping import INVISIBLE_EXTRA, escape, escape_bytes
 
 __all__ = [
     "INVISIBLE_EXTRA",
+    "MAX_SHOWN_BYTES",
     "SAMPLE_BYTES",
+    "TextCheck",
     "describe_type",
     "entropy",
     "escape",
@@ -24,8 +32,10 @@ __all__ = [
     "is_binary",
 ]
 
-#: How much of a file binary detection and entropy look at.
+#: The window entropy is measured over, and the head a binary file's type is named from.
 SAMPLE_BYTES = 64 << 10
+#: The largest file the diff shows in full; a larger one is summarised, and flagged.
+MAX_SHOWN_BYTES = 1 << 20
 
 # (offset, magic bytes, description), most specific first.
 _MAGIC: tuple[tuple[int, bytes, str], ...] = (
@@ -85,3 +95,52 @@ def entropy(sample: bytes) -> float:
         return 0.0
     total = len(sample)
     return -sum(n / total * math.log2(n / total) for n in Counter(sample).values())
+
+
+class TextCheck:
+    """Where a byte stream stops being UTF-8 text: its first NUL, its first undecodable byte.
+
+    Feed it every chunk, then call :meth:`finish`; a character cut between two chunks is
+    judged whole, and one left unfinished at the end counts as undecodable.
+    """
+
+    def __init__(self) -> None:
+        self.nul: int | None = None
+        """The offset of the first NUL byte, if any."""
+        self.invalid: int | None = None
+        """The offset of the first byte that is not part of a valid UTF-8 character."""
+        self._seen = 0
+        self._pending = b""  # an unfinished character, starting at ``_seen - len(...)``
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at the next ``chunk`` of the stream."""
+        if self.nul is None and (found := chunk.find(b"\0")) >= 0:
+            self.nul = self._seen + found
+        start = self._seen - len(self._pending)
+        self._seen += len(chunk)
+        if self.invalid is not None:
+            return
+        data = self._pending + chunk
+        try:
+            data.decode("utf-8")
+            self._pending = b""
+        except UnicodeDecodeError as exc:
+            if exc.reason == "unexpected end of data" and exc.start >= len(data) - 3:
+                self._pending = data[exc.start :]
+            else:
+                self.invalid = start + exc.start
+
+    def finish(self) -> TextCheck:
+        """End of the stream: an unfinished last character is undecodable."""
+        if self.invalid is None and self._pending:
+            self.invalid = self._seen - len(self._pending)
+        self._pending = b""
+        return self
+
+    @classmethod
+    def of(cls, chunks: Iterable[bytes]) -> TextCheck:
+        """The check of a whole stream given as ``chunks``."""
+        check = cls()
+        for chunk in chunks:
+            check.feed(chunk)
+        return check.finish()

@@ -5,6 +5,12 @@ carriage returns and bidirectional marks appear as visible ``\\x1b``-style text 
 recolour, move or hide anything. Colour codes are added afterwards, only when asked for.
 The target's current content is read without following links: a target that is (or
 lies beneath) a symbolic link is reported as such, never read through.
+
+Every new byte is shown, or the file is flagged by a scanner: a file without a NUL byte
+is shown as text, whatever its encoding (a byte that is not UTF-8 appears as ``\\xNN``);
+a file with one, or over :data:`~.content.MAX_SHOWN_BYTES`, is summarised (type, size,
+sha256), and the binary or size scanner flags it. When only the current file cannot be
+shown, the new one is shown whole, as added lines.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Literal
 from orchestrator.hostfs.entries import special_kind
 from orchestrator.hostfs.files import read_limited
 from orchestrator.hostfs.flags import DIR_FLAGS, FILE_FLAGS
-from orchestrator.staging.content import describe_type, escape, is_binary
+from orchestrator.staging.content import MAX_SHOWN_BYTES, describe_type, escape
 from orchestrator.staging.manifest import ChangeFile, ChangeSet
 from orchestrator.staging.names import normal_mode, printable
 from orchestrator.staging.store import ChangeStore
@@ -29,7 +35,7 @@ from orchestrator.staging.store import ChangeStore
 __all__ = ["MAX_DIFF_BYTES", "TargetState", "read_target", "render_diff"]
 
 #: Files larger than this (on either side) are summarised instead of diffed.
-MAX_DIFF_BYTES = 1 << 20
+MAX_DIFF_BYTES = MAX_SHOWN_BYTES
 _LINES = re.compile(r"[^\n]*\n|[^\n]+$")
 _COLOURS = {"bold": "1", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 
@@ -128,12 +134,11 @@ def _blob(store: ChangeStore, change: ChangeSet, item: ChangeFile) -> bytes:
 
 
 def _text(data: bytes, size: int) -> str | None:
-    if len(data) > MAX_DIFF_BYTES or len(data) != size or is_binary(data[:8192]):
+    """``data`` as text to show (undecodable bytes kept as lone surrogates, which
+    :func:`escape` shows as ``\\xNN``), or None: binary (a NUL), or too large to show."""
+    if len(data) > MAX_DIFF_BYTES or len(data) != size or b"\0" in data:
         return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    return data.decode("utf-8", "surrogateescape")
 
 
 def _notes(item: ChangeFile, target: TargetState) -> list[str]:
@@ -175,13 +180,19 @@ def _file_diff(
         detail += f", mode {item.mode:04o}"
     lines.append(f"bold\0{detail}")
     lines += [f"yellow\0! {note}" for note in _notes(item, target)]
-    old_text, new_text = _text(old, old_size), _text(new, item.size)
-    if old_text is None or new_text is None:
+    old_text = _text(old, old_size)
+    new_text = "" if item.operation == "delete" else _text(new, item.size)
+    if new_text is None:
         if target.kind == "file":
             lines.append(f"red\0- was: {_summary(old, old_size)}")
-        if item.operation != "delete":
-            lines.append(f"green\0+ now: {_summary(new, item.size)}")
+        lines.append(f"green\0+ now: {_summary(new, item.size)}")
         return lines
+    if old_text is None:
+        lines.append(f"red\0- was: {_summary(old, old_size)}")
+        if item.operation == "delete":
+            return lines
+        lines.append("yellow\0! the current file is not shown: every line below is the new file")
+        old_text = ""
     diff = difflib.unified_diff(
         _LINES.findall(old_text), _LINES.findall(new_text), f"a/{shown}", f"b/{shown}", n=3
     )

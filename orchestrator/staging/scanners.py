@@ -15,7 +15,13 @@ from typing import Protocol, runtime_checkable
 
 from orchestrator.config.models import OutboxLimits
 from orchestrator.staging.blobs import CHUNK
-from orchestrator.staging.content import SAMPLE_BYTES, describe_type, entropy, is_binary
+from orchestrator.staging.content import (
+    MAX_SHOWN_BYTES,
+    SAMPLE_BYTES,
+    TextCheck,
+    describe_type,
+    entropy,
+)
 from orchestrator.staging.manifest import ChangeFile, ChangeSet, Finding, ScanResult
 from orchestrator.staging.names import suffix_allowed
 from orchestrator.staging.store import ChangeStore
@@ -24,6 +30,8 @@ __all__ = [
     "DANGEROUS_SUFFIXES",
     "DEFAULT_SCANNERS",
     "SECRET_PATTERNS",
+    "SENSITIVE",
+    "SENSITIVE_PATHS",
     "ContentScanner",
     "Scanner",
     "SecretScanner",
@@ -33,6 +41,7 @@ __all__ = [
     "blocking",
     "run_scanners",
     "scanners_for",
+    "sensitive_pattern",
 ]
 
 
@@ -54,41 +63,35 @@ def _result(name: str, findings: list[Finding]) -> ScanResult:
     return ScanResult(name, not findings, tuple(findings))
 
 
-def _binary_after(
-    store: ChangeStore, change: ChangeSet, item: ChangeFile, start: int
-) -> int | None:
-    """The offset of the first NUL byte after ``start`` (binary hidden behind text)."""
+def _windows(store: ChangeStore, change: ChangeSet, item: ChangeFile) -> Iterator[bytes]:
+    """The file's content, :data:`SAMPLE_BYTES` at a time."""
     assert item.sha256 is not None
     with store.open_blob(change.id, item.sha256) as blob:
-        blob.seek(start)
-        offset = start
-        while chunk := blob.read(1 << 20):
-            found = chunk.find(b"\0")
-            if found >= 0:
-                return offset + found
-            offset += len(chunk)
-    return None
-
-
-def _head(store: ChangeStore, change: ChangeSet, item: ChangeFile, size: int) -> bytes:
-    assert item.sha256 is not None
-    with store.open_blob(change.id, item.sha256) as blob:
-        return blob.read(size)
+        while window := blob.read(SAMPLE_BYTES):
+            yield window
 
 
 @dataclass(frozen=True)
 class SizeScanner:
-    """Files over a per-file cap, and a change set over a total cap."""
+    """Files over a per-file cap, a change set over a total cap, and files too large for
+    the diff to show (`staged show` summarises them: the review would not see their bytes)."""
 
     max_file_size: int = OutboxLimits().max_file_size
     max_total: int = OutboxLimits().size
     name: str = "size"
+    max_shown: int = MAX_SHOWN_BYTES
 
     def scan(self, change: ChangeSet, store: ChangeStore) -> ScanResult:
         findings = [
             Finding(f.path, f"{f.size} bytes, over the per-file cap of {self.max_file_size}")
-            for f in change.files
             if f.size > self.max_file_size
+            else Finding(
+                f.path,
+                f"{f.size} bytes, over the {self.max_shown} the diff shows: "
+                "the review does not show its content",
+            )
+            for f in _contents(change)
+            if f.size > min(self.max_file_size, self.max_shown)
         ]
         total = sum(f.size for f in change.files)
         if total > self.max_total:
@@ -98,27 +101,49 @@ class SizeScanner:
 
 @dataclass(frozen=True)
 class ContentScanner:
-    """Binary files (named by type) and high-entropy text (encoded or encrypted data)."""
+    """Binary files (named by type), text that is not UTF-8, and high-entropy text
+    (encoded or encrypted data). Every byte of every file is read: text up front hides
+    nothing behind it."""
 
     text_entropy: float = 5.8
-    """Bits per byte above which text of at least ``min_sample`` bytes is flagged."""
+    """Bits per byte above which a window of at least ``min_sample`` bytes is flagged
+    (windows of :data:`SAMPLE_BYTES` in the first :data:`MAX_SHOWN_BYTES`)."""
     min_sample: int = 1024
     name: str = "binary"
 
     def scan(self, change: ChangeSet, store: ChangeStore) -> ScanResult:
         findings = []
         for item in _contents(change):
-            head = _head(store, change, item, SAMPLE_BYTES)
-            if is_binary(head):
-                findings.append(Finding(item.path, f"binary content: {describe_type(head)}"))
-            elif (offset := _binary_after(store, change, item, len(head))) is not None:
-                # Text up front hides nothing from this check: the whole file is read.
-                findings.append(Finding(item.path, f"binary content from byte {offset}"))
-            elif len(head) >= self.min_sample and (bits := entropy(head)) > self.text_entropy:
-                findings.append(
-                    Finding(item.path, f"high-entropy text ({bits:.2f} bits/byte): encoded data?")
-                )
+            message = self._judge(store, change, item)
+            if message is not None:
+                findings.append(Finding(item.path, message))
         return _result(self.name, findings)
+
+    def _judge(self, store: ChangeStore, change: ChangeSet, item: ChangeFile) -> str | None:
+        check, head, offset = TextCheck(), b"", 0
+        bits, where = 0.0, 0  # the highest entropy of a window, and where that window starts
+        for window in _windows(store, change, item):
+            check.feed(window)
+            head = head or window
+            # Entropy where the diff shows the text (a larger file is flagged by size).
+            shown = offset < MAX_SHOWN_BYTES and len(window) >= self.min_sample
+            if shown and (found := entropy(window)) > bits:
+                bits, where = found, offset
+            offset += len(window)
+        check.finish()
+        if check.nul is not None:
+            if check.nul < len(head):
+                return f"binary content: {describe_type(head)}"
+            return f"binary content from byte {check.nul}"
+        if check.invalid is not None:
+            return (
+                f"not UTF-8 text from byte {check.invalid}: the diff shows its undecodable "
+                "bytes escaped (\\xNN)"
+            )
+        if bits > self.text_entropy:
+            at = f" from byte {where}" if where else ""
+            return f"high-entropy text ({bits:.2f} bits/byte{at}): encoded data?"
+        return None
 
 
 #: Suffixes of executables and scripts that run on double-click, flagged by default.
@@ -213,31 +238,67 @@ class SecretScanner:
             tail = window[keep:]
 
 
-#: Paths that make tools run code: CI definitions, editor tasks, git attributes, hooks.
-_SENSITIVE = re.compile(
-    r"(?i)(?:^|/)(?:\.gitmodules|\.gitattributes|\.gitignore|\.lfsconfig|\.envrc"
-    r"|\.pre-commit-config\.ya?ml|\.devcontainer\.json|\.yarnrc(?:\.yml)?|\.npmrc"
-    r"|\.mise\.toml|\.tool-versions)$"
-    r"|(?:^|/)(?:\.githooks|hooks|\.husky)/"
-    r"|^(?:\.github|\.gitlab|\.gitea|\.forgejo|\.circleci|\.buildkite|\.vscode|\.idea"
-    r"|\.devcontainer)/"
-    r"|^(?:\.gitlab-ci\.ya?ml|\.travis\.ya?ml|\.woodpecker(?:\.ya?ml|/.*)|Jenkinsfile"
-    r"|azure-pipelines\.ya?ml)$"
-)
+#: Files that run code by themselves: at the next build, test or CI run, in an editor, in
+#: git. Patterns as ``clearance.sensitive_paths`` takes them (docs/configuration.md): a
+#: pattern without ``/`` matches a file name in any folder, one with ``/`` the whole path;
+#: ``*`` and ``?`` stay within a name, ``**`` spans folders; letter case is ignored.
+SENSITIVE_PATHS: tuple[str, ...] = (
+    # tests and builds: run by pytest, make, pip, npm, cargo, docker, ...
+    "conftest.py", "pytest.ini", "tox.ini", "noxfile.py", "setup.py", "setup.cfg",
+    "pyproject.toml", "sitecustomize.py", "usercustomize.py",
+    "Makefile", "GNUmakefile", "*.mk", "CMakeLists.txt", "*.cmake", "meson.build",
+    "justfile", "Taskfile.yml", "Taskfile.yaml", "Rakefile", "Gemfile", "*.gemspec",
+    "package.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", "build.rs",
+    "Cargo.toml", ".cargo/**", "**/.cargo/**", "build.gradle", "build.gradle.kts",
+    "settings.gradle", "settings.gradle.kts", "gradlew", "pom.xml", "Dockerfile",
+    "Dockerfile.*", "*.dockerfile", "Containerfile", "docker-compose.yml",
+    "docker-compose.yaml", "compose.yml", "compose.yaml",
+    # CI definitions
+    ".github/**", ".gitlab/**", ".gitea/**", ".forgejo/**", ".circleci/**", ".buildkite/**",
+    ".gitlab-ci.yml", ".gitlab-ci.yaml", ".travis.yml", ".travis.yaml", ".woodpecker.yml",
+    ".woodpecker.yaml", ".woodpecker/**", "Jenkinsfile", "azure-pipelines.yml",
+    "azure-pipelines.yaml",
+    # editors, shells, tool managers
+    ".vscode/**", ".idea/**", ".devcontainer/**", ".devcontainer.json", ".envrc",
+    ".mise.toml", ".tool-versions", ".pre-commit-config.yaml", ".pre-commit-config.yml",
+    # git
+    ".gitmodules", ".gitattributes", ".gitignore", ".lfsconfig",
+    "**/.githooks/**", "**/hooks/**", "**/.husky/**",
+)  # fmt: skip
+#: The name of the scanner whose findings `clear` wants acknowledged one by one.
+SENSITIVE = "sensitive-paths"
+_RUNS_CODE = "runs code by itself (at the next build, test or CI run, in an editor or in git)"
+
+
+def _glob(pattern: str) -> str:
+    parts = pattern.split("/")
+    out = "^" if len(parts) > 1 else "(?:^|/)"
+    for number, part in enumerate(parts):
+        last = number == len(parts) - 1
+        if part == "**":
+            out += ".*" if last else "(?:[^/]*/)*"
+            continue
+        out += "".join({"*": "[^/]*", "?": "[^/]"}.get(c, re.escape(c)) for c in part)
+        out += "$" if last else "/"
+    return out
+
+
+def sensitive_pattern(patterns: Sequence[str]) -> re.Pattern[str]:
+    """One regular expression matching a path that any of ``patterns`` matches."""
+    return re.compile("(?i)" + "|".join(f"(?:{_glob(p)})" for p in patterns))
 
 
 @dataclass(frozen=True)
 class SensitivePathScanner:
-    """New or changed files that CI, editors or git act on by themselves."""
+    """New or changed files that builds, tests, CI, editors or git run by themselves, and
+    executables. `clear` wants each of them acknowledged by name (``--ack-sensitive``)."""
 
-    name: str = "sensitive-paths"
-    pattern: re.Pattern[str] = field(default=_SENSITIVE)
+    name: str = SENSITIVE
+    pattern: re.Pattern[str] = field(default=sensitive_pattern(SENSITIVE_PATHS))
 
     def scan(self, change: ChangeSet, store: ChangeStore) -> ScanResult:
         findings = [
-            Finding(f.path, "CI, editor, hook or git configuration: it can run code by itself")
-            for f in _contents(change)
-            if self.pattern.search(f.path)
+            Finding(f.path, _RUNS_CODE) for f in _contents(change) if self.pattern.search(f.path)
         ]
         findings += [
             Finding(f.path, "executable (mode 0755): a program or hook, not a result to read")
@@ -257,16 +318,21 @@ DEFAULT_SCANNERS: tuple[Scanner, ...] = (
 
 
 def scanners_for(
-    *, limits: OutboxLimits | None = None, suffixes: Sequence[str] | None = None
+    *,
+    limits: OutboxLimits | None = None,
+    suffixes: Sequence[str] | None = None,
+    sensitive: Sequence[str] = (),
 ) -> tuple[Scanner, ...]:
-    """The default scanners with a target's own caps and suffix allowlist."""
+    """The default scanners with a target's own caps and suffix allowlist, and the
+    project's ``sensitive`` path patterns on top of :data:`SENSITIVE_PATHS`."""
     limits = limits or OutboxLimits()
+    paths = SensitivePathScanner(pattern=sensitive_pattern((*SENSITIVE_PATHS, *sensitive)))
     return (
         SizeScanner(limits.max_file_size, limits.size),
         ContentScanner(),
         SuffixScanner(tuple(suffixes) if suffixes is not None else None),
         SecretScanner(),
-        SensitivePathScanner(),
+        paths,
     )
 
 

@@ -184,3 +184,146 @@ with open("/staged/results.json", "w") as handle:
     json.dump(results, handle)
 print("RESULTS " + json.dumps(results))
 """
+
+
+CORPUS = r"""
+import base64, json, os, re, socket, ssl, sys, time, urllib.parse
+
+LLM, OTHER = sys.argv[1], sys.argv[2]  # host:port of the bound host and of another one
+HOST = LLM.split(":")[0]
+KEY = os.environ["OPENAI_API_KEY"]
+AUTH = "Authorization: Bearer " + KEY + "\r\n"
+PROXY = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+
+
+def tunnel(target=LLM, alpn=None):
+    raw = socket.create_connection((PROXY.hostname, PROXY.port), timeout=20)
+    raw.sendall(("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        part = raw.recv(4096)
+        if not part:
+            break
+        head += part
+    status = head.split(b" ", 2)[1].decode() if b" " in head else "none"
+    if status != "200":
+        raw.close()
+        return None, "connect " + status
+    context = ssl.create_default_context()
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    return context.wrap_socket(raw, server_hostname=target.split(":")[0]), None
+
+
+def exchange(request, target=LLM):
+    # one connection: the raw request bytes out, every byte that comes back until it closes
+    try:
+        stream, refused = tunnel(target)
+    except (OSError, ssl.SSLError) as exc:
+        stream, refused = None, "failed " + type(exc).__name__
+    if stream is None:
+        return {"statuses": [refused], "raw": ""}
+    stream.settimeout(15)
+    stream.sendall(request.encode())
+    data = b""
+    try:
+        while True:
+            part = stream.recv(65536)
+            if not part:
+                break
+            data += part
+    except (OSError, ssl.SSLError) as exc:
+        data += b"\n(" + type(exc).__name__.encode() + b")"
+    statuses = [status.decode() for status in re.findall(rb"HTTP/1\.[01] ([0-9]{3}) ", data)]
+    return {"statuses": statuses, "raw": base64.b64encode(data).decode()}
+
+
+def h2(headers):
+    # an HTTP/2 request with exactly these header fields (no validation on our side)
+    import h2.config, h2.connection, h2.events
+    try:
+        stream, refused = tunnel(alpn=["h2"])
+    except (OSError, ssl.SSLError) as exc:
+        stream, refused = None, "failed " + type(exc).__name__
+    if stream is None:
+        return {"statuses": [refused], "raw": ""}
+    if stream.selected_alpn_protocol() != "h2":
+        return {"statuses": ["alpn " + str(stream.selected_alpn_protocol())], "raw": ""}
+    config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                       normalize_outbound_headers=False, header_encoding="utf-8")
+    connection = h2.connection.H2Connection(config=config)
+    connection.initiate_connection()
+    connection.send_headers(1, headers, end_stream=True)
+    stream.sendall(connection.data_to_send())
+    statuses, data, done = [], b"", False
+    stream.settimeout(15)
+    try:
+        while not done:
+            part = stream.recv(65536)
+            if not part:
+                statuses.append("closed")
+                break
+            for event in connection.receive_data(part):
+                if isinstance(event, h2.events.ResponseReceived):
+                    statuses += [v for k, v in event.headers if k in (":status", b":status")]
+                    data += repr(event.headers).encode()
+                elif isinstance(event, h2.events.DataReceived):
+                    data += event.data
+                    connection.acknowledge_received_data(len(event.data), event.stream_id)
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset,
+                                        h2.events.ConnectionTerminated)):
+                    if not isinstance(event, h2.events.StreamEnded):
+                        statuses.append(type(event).__name__)
+                    done = True
+            stream.sendall(connection.data_to_send())
+    except Exception as exc:
+        statuses.append(type(exc).__name__)
+    # (one request: a status, or how it ended, once)
+    statuses = list(dict.fromkeys(str(s) for s in statuses))
+    return {"statuses": statuses, "raw": base64.b64encode(data).decode()}
+
+
+def get(path, *head, version="HTTP/1.1", host=LLM, auth=AUTH, close=True):
+    lines = "".join(h + "\r\n" for h in head)
+    host_line = "" if host is None else "Host: " + host + "\r\n"
+    return ("GET " + path + " " + version + "\r\n" + host_line + lines + auth
+            + ("Connection: close\r\n" if close else "") + "\r\n")
+
+
+def post(*head, body="{}"):
+    lines = "".join(h + "\r\n" for h in head)
+    return ("POST /v1/chat/completions HTTP/1.1\r\nHost: " + LLM + "\r\n" + lines + AUTH
+            + "Connection: close\r\n\r\n" + body)
+
+
+ws = ["Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
+cases = {
+    "absolute_other": get("https://" + OTHER + "/absolute"),
+    "absolute_same": get("https://" + LLM + "/v1/models"),
+    "host_twice": get("/v1/models", "Host: " + LLM),
+    "host_twice_other": get("/v1/models", "Host: " + OTHER),
+    "host_other": get("/v1/models", host=OTHER),
+    "host_other_port": get("/v1/models", host=HOST + ":9443"),
+    "host_folded": get("/v1/models", host=LLM + "\r\n " + OTHER),
+    "http10_no_host": get("/v1/models", version="HTTP/1.0", host=None, close=False),
+    "pipelined": get("/v1/models", close=False) + get("/v1/models", host=OTHER),
+    "content_length_twice": post("Content-Length: 2", "Content-Length: 2"),
+    "chunked_and_length": post("Transfer-Encoding: chunked", "Content-Length: 5", body="0\r\n\r\n"),
+    "upgrade_other": get("/upgrade", "Connection: Upgrade", "Upgrade: x"),
+    "upgrade_unasked": get("/upgrade", close=False),
+    "websocket_version_8": get("/upgrade", *ws, "Sec-WebSocket-Version: 8", close=False),
+    "trailers": get("/trailers"),
+    "encoded_unknown": get("/encoded?coding=x-secret"),
+    "encoded_stacked": get("/encoded?coding=gzip,%20gzip"),
+}
+for form in ("upper", "percent-lower", "json-slash", "json-u"):
+    cases["reflect_" + form] = get("/reflect?form=" + form)
+results = {name: exchange(request) for name, request in cases.items()}
+results["connect_other_port"] = exchange(get("/v1/models", host=HOST + ":9443"), HOST + ":9443")
+base = [(":method", "GET"), (":scheme", "https"), (":path", "/v1/models")]
+bearer = ("authorization", "Bearer " + KEY)
+results["h2_same"] = h2(base + [(":authority", LLM), bearer])
+results["h2_authority_other"] = h2(base + [(":authority", OTHER), bearer])
+results["h2_authority_vs_host"] = h2(base + [(":authority", LLM), ("host", OTHER), bearer])
+print("CORPUS " + json.dumps(results))
+"""

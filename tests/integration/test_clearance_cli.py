@@ -87,10 +87,10 @@ def test_without_a_terminal_yes_is_required(project):
 
 def test_real_scanners_block_and_the_override_is_audited(project):
     root, store, stage = project
-    change_id = stage({".github/workflows/ci.yml": b"on: push\n"})
+    change_id = stage({"config.txt": b"aws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"})
     blocked = invoke(change_id, "--yes", "--project", str(root))
     assert isinstance(blocked.exception, ClearanceError)
-    assert "sensitive-paths" in str(blocked.exception)
+    assert "scanners block it: secrets: config.txt" in str(blocked.exception)
     assert "--override-scanners" in str(blocked.exception)
     assert store.get(change_id).status == "pending"
     forced = invoke(change_id, "--yes", "--override-scanners", "--project", str(root))
@@ -98,6 +98,27 @@ def test_real_scanners_block_and_the_override_is_audited(project):
     assert "OVERRIDDEN" in forced.output
     audit = AuditLog(root / ".sandbox" / "audit.jsonl")
     assert audit.query(AuditFilter(operation="clearance.override"))
+
+
+def test_a_file_that_runs_code_needs_its_own_acknowledgement(project):
+    root, store, stage = project
+    (root / "orchestrator.yaml").write_text(PROJECT + "  sensitive_paths: [tools/*.py]\n")
+    change_id = stage({".github/workflows/ci.yml": b"on: push\n", "tools/gen.py": b"x = 1\n"})
+    for extra in ((), ("--override-scanners",), ("--ack-sensitive", "tools/gen.py")):
+        blocked = invoke(change_id, "--yes", *extra, "--project", str(root))
+        assert isinstance(blocked.exception, ClearanceError), blocked.output
+        assert blocked.exception.exit_code == 125
+        assert "--ack-sensitive .github/workflows/ci.yml" in str(blocked.exception)
+    assert store.get(change_id).status == "pending"
+    flags = ["--ack-sensitive", ".github/workflows/ci.yml", "--ack-sensitive", "tools/gen.py"]
+    done = invoke(change_id, "--yes", *flags, "--project", str(root))
+    assert done.exit_code == 0, done.output
+    assert "ACKNOWLEDGED (runs code by itself): .github/workflows/ci.yml" in done.output
+    audit = AuditLog(root / ".sandbox" / "audit.jsonl")
+    [ack] = audit.query(AuditFilter(operation="clearance.acknowledged"))
+    assert sorted(ack.metadata["paths"]) == [".github/workflows/ci.yml", "tools/gen.py"]
+    assert not audit.query(AuditFilter(operation="clearance.override"))
+    assert len(audit.query(AuditFilter(operation="clearance.refused"))) == 3
 
 
 def test_push_with_the_configured_credential_and_branch(project, monkeypatch, tmp_path):

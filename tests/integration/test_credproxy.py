@@ -10,6 +10,7 @@ urllib, requests and httpx in a test image built on the worker image.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -35,17 +36,18 @@ from orchestrator.docker.images import WORKER_IMAGE, build_all
 from orchestrator.errors import EngineError, ImageBuildError
 from tests.integration.conftest import unavailable
 from tests.integration.credfake import SERVER
-from tests.integration.credprobe import PROBE
+from tests.integration.credprobe import CORPUS, PROBE
 
 pytestmark = pytest.mark.docker
 
-CLIENT_IMAGE = "orchestrator/test-credclient:latest"
+CLIENT_IMAGE = "orchestrator/test-credclient:2"
 TEST_LABEL = "io.orchestrator.test"
 CLIENT_DOCKERFILE = f"""
 FROM {WORKER_IMAGE}
 USER root
 RUN set -eu; export DEBIAN_FRONTEND=noninteractive; apt-get update; \\
-    apt-get install -y --no-install-recommends curl python3-requests python3-httpx; \\
+    apt-get install -y --no-install-recommends curl python3-requests python3-httpx \\
+        python3-h2; \\
     apt-get clean; rm -rf /var/lib/apt/lists/*
 USER 10001:10001
 """
@@ -129,7 +131,7 @@ def world(engine):
     net = f"credtest-{uuid.uuid4().hex[:8]}"
     llm, other = f"llm.{net}", f"other.{net}"
     ca, leaves = _certificates([llm, other])
-    real = f"sk-REALKEY-{secrets.token_hex(16)}"
+    real = f"sk-REALKEY/{secrets.token_hex(16)}"  # a '/': JSON and percent forms differ
     engine.api.create_network(net, driver="bridge")
     made: list[str] = []
     allow: list[str] = []
@@ -137,7 +139,7 @@ def world(engine):
         for role in ("llm", "other"):
             cert, key = leaves[f"{role}.{net}"]
             container = engine.api.create_container(
-                image=WORKER_IMAGE,
+                image=CLIENT_IMAGE,  # python3 with h2: the fake speaks HTTP/2 too
                 command=["python3", "-c", SERVER, role, f"http://{other}:8080"],
                 name=f"orchestrator-test-cred{role}-{os.getpid()}-{net}",
                 labels=engine.labels_for({TEST_LABEL: "credproxy"}),
@@ -305,6 +307,108 @@ def test_a_placeholder_holding_worker_gets_answers_and_leaks_nothing(
     assert len(substituted) >= 4 and all(e["metadata"]["status"] for e in substituted)
     assert len(blocked) >= 11, blocked
     assert all("?" not in e["metadata"]["path"] for e in events)
+
+
+def _image_forms():
+    """The proxy image's own ``forms`` module: ``contains`` finds a secret in every spelling
+    the proxy's request side searches for."""
+    import importlib.util
+
+    source = Path(__file__).resolve().parents[2] / "images" / "credproxy" / "forms.py"
+    spec = importlib.util.spec_from_file_location("credproxy_forms_it", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: Each request shape of the corpus (credprobe.CORPUS): what the worker must get back, and
+#: the reason the proxy audits its refusal with (None: forwarded, the key written in).
+CORPUS_EXPECTED: dict[str, tuple[list[str], str | None]] = {
+    "absolute_other": (["403"], "absolute-form target names another host"),
+    "absolute_same": (["200"], None),
+    "host_twice": (["403"], "Host given twice"),
+    "host_twice_other": (["403"], "Host given twice"),
+    "host_other": (["403"], "Host names another host"),
+    "host_other_port": (["403"], "Host names another host"),
+    "host_folded": (["403"], "folded header line"),
+    "http10_no_host": (["403"], "no Host header"),
+    "pipelined": (["200", "403"], "Host names another host"),
+    "content_length_twice": (["400"], "request refused by mitmproxy (multiple content-length"),
+    "chunked_and_length": (["400"], "request refused by mitmproxy (message with both"),
+    "upgrade_other": (["403"], "upgrade to anything but WebSocket version 13"),
+    "upgrade_unasked": ([], "switched to a protocol other than WebSocket 13"),
+    "websocket_version_8": (["403"], "upgrade to anything but WebSocket version 13"),
+    "trailers": (["200"], None),
+    "encoded_unknown": (["502"], "Content-Encoding 'x-secret' cannot be scrubbed"),
+    "encoded_stacked": (["502"], "Content-Encoding 'gzip,gzip' cannot be scrubbed"),
+    "reflect_upper": (["200"], None),
+    "reflect_percent-lower": (["200"], None),
+    "reflect_json-slash": (["200"], None),
+    "reflect_json-u": (["200"], None),
+    "connect_other_port": (["connect 403"], "CONNECT to a bound host on a port it is not"),
+    "h2_same": (["200"], None),
+    "h2_authority_other": (["403"], "Host names another host"),
+    "h2_authority_vs_host": (["ConnectionTerminated"], "HTTP/2 protocol error refused"),
+}
+
+
+def test_the_proxy_forwards_only_requests_it_understands(
+    engine, world, project, isolation, monkeypatch
+):
+    """Request shapes a front end could route to another host than the tunnel's, framing
+    it could read another way, upgrades that would end inspection and answers that carry
+    the key back in other shapes, sent as raw bytes through the real proxy: each is
+    refused (and audited) or forwarded in origin form with the bound Host, and the real key
+    never comes back to the worker in any spelling the proxy searches requests for."""
+    real = world["real"]
+    monkeypatch.setenv("CREDTEST_REAL_KEY", real)
+    _write_project(project, world, isolation)
+    llm, other = f"{world['llm']}:8443", f"{world['other']}:8443"
+    server_log_before = engine.api.logs(world["servers"][0]).decode(errors="replace")
+    with Orchestrator(project.root, engine=engine) as orch, orch.open_session("w") as session:
+        done = session.exec(["python3", "-c", CORPUS, llm, other], timeout=240)
+    assert done.exit_code == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("CORPUS "))
+    seen = json.loads(line.removeprefix("CORPUS "))
+    forms = _image_forms()
+    assert sorted(seen) == sorted(CORPUS_EXPECTED)
+    for name, (statuses, _) in CORPUS_EXPECTED.items():
+        got = seen[name]
+        assert got["statuses"] == statuses, (name, got["statuses"])
+        back = base64.b64decode(got["raw"])
+        assert not forms.contains(back, real), (name, back[:400])  # never back to the worker
+    # the bound server: the key arrived only in origin form, with one Host naming it
+    server_log = engine.api.logs(world["servers"][0]).decode(errors="replace")
+    arrived = [
+        json.loads(x.removeprefix("BOUND "))
+        for x in server_log[len(server_log_before) :].splitlines()
+        if x.startswith("BOUND ")
+    ]
+    keyed = [entry for entry in arrived if real in json.dumps(entry)]
+    assert len(keyed) >= 9, arrived  # every forwarded case above wrote the key in
+    for entry in keyed:
+        _, target, version = entry["line"].split(" ")
+        assert target.startswith("/"), entry
+        assert version in ("HTTP/1.1", "HTTP/1.0", "HTTP/2"), entry
+        named = [v for n, v in entry["headers"] if n.lower() in ("host", ":authority")]
+        assert named == [llm], entry
+    assert any(entry["line"] == "GET /v1/models HTTP/1.1" for entry in keyed)  # rewritten
+    assert "absolute" not in json.dumps(arrived)
+    received = engine.api.logs(world["servers"][1]).decode(errors="replace")
+    assert real not in received
+    # every refusal audited, with its reason
+    audit = project.root / ".sandbox" / "audit.jsonl"
+    entries = [json.loads(x) for x in audit.read_text().splitlines()]
+    blocked = [
+        e["metadata"]["reason"]
+        for e in entries
+        if e["operation"] == "egress.credential" and not e["allowed"]
+    ]
+    for name, (_, reason) in CORPUS_EXPECTED.items():
+        if reason is not None:
+            assert any(reason in found for found in blocked), (name, reason, blocked)
+    assert real not in audit.read_text()
 
 
 def test_the_summarise_example_calls_the_fake_api_without_its_key(
@@ -740,3 +844,57 @@ def test_no_spares_when_asked_and_a_bad_count_is_one_line(engine, world, project
     last = done.stderr.splitlines()[-1]  # after the run's own line
     assert "ORCHESTRATOR_CREDPROXY_SPARES='many'" in last and "from 0 (none) to 8" in last
     assert "Traceback" not in done.stderr
+
+
+# -- trust_ca files are policy ----------------------------------------------------------
+
+TRUST_ATTACK = """
+import errno, os
+def attempt(what, action):
+    try:
+        action()
+        print("DID", what)
+    except OSError as exc:
+        print("refused", what, errno.errorcode[exc.errno])
+def append(path):
+    with open(path, "a") as handle:
+        handle.write("-----BEGIN CERTIFICATE-----\\nMIIBattacker\\n-----END CERTIFICATE-----\\n")
+attempt("edit /repo/certs/ca.pem", lambda: append("/repo/certs/ca.pem"))
+attempt("replace /repo/certs/ca.pem", lambda: os.rename("/repo/evil.pem", "/repo/certs/ca.pem"))
+attempt("remove /repo/certs/ca.pem", lambda: os.unlink("/repo/certs/ca.pem"))
+attempt("add /repo/certs/more.pem", lambda: append("/repo/certs/more.pem"))
+attempt("move /repo/certs", lambda: os.rename("/repo/certs", "/repo/old-certs"))
+attempt("edit /repo/notes.txt", lambda: append("/repo/notes.txt"))
+"""
+
+
+def test_a_full_worker_cannot_rewrite_a_trust_ca_file(engine, project):
+    """``network.trust_ca`` names the CAs the credential proxy trusts upstream, for every
+    later run: a policy file, read-only to every worker (here one with /repo writable)."""
+    import textwrap
+
+    from tests.integration.conftest import cli
+    from tests.integration.test_zones import git_init
+
+    git_init(project.root)
+    (project.root / "certs").mkdir()
+    ca, _ = _certificates([])
+    (project.root / "certs" / "ca.pem").write_bytes(ca)
+    (project.root / "evil.pem").write_bytes(ca + b"# the worker's own\n")
+    (project.root / "notes.txt").write_text("the repo's own file\n")
+    project.extra = "network:\n  trust_ca: [certs/ca.pem]\n"
+    project.write_project()
+    command = json.dumps(["python3", "-c", textwrap.dedent(TRUST_ATTACK)])
+    project.worker("w", f"command: {command}\ntrust: full\nsandbox: {{}}")
+    result = cli("run", "w", "--project", str(project.root))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    edit = "EACCES" if os.getuid() == 0 else "EROFS"  # as for every policy file
+    assert f"refused edit /repo/certs/ca.pem {edit}" in out, out
+    assert "refused replace /repo/certs/ca.pem EXDEV" in out, out  # another mount
+    assert "refused remove /repo/certs/ca.pem EROFS" in out, out
+    assert "refused add /repo/certs/more.pem EROFS" in out, out
+    assert "refused move /repo/certs EBUSY" in out, out  # its folder: a mount point
+    assert "DID edit /repo/notes.txt" in out, out  # the rest of /repo stays writable
+    assert (project.root / "certs" / "ca.pem").read_bytes() == ca
+    assert sorted(p.name for p in (project.root / "certs").iterdir()) == ["ca.pem"]

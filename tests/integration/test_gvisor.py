@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler
@@ -100,6 +101,97 @@ def test_a_worker_may_ask_for_gvisor_on_a_network_never_for_runc_below_its_level
     release_worker(project, "trusted", "trust: session")
     plan = cli("plan", "trusted", "--project", root, "--trust", "untrusted", "--json").json()
     assert plan["isolation"] == "gvisor"
+
+
+#: An untrusted parent: one child that answers, then what the broker must refuse.
+PARENT = """
+import errno, os, socket, subprocess
+def call(*argv):
+    return subprocess.run(["orchestrator-call", *argv], capture_output=True, text=True)
+done = call("kid", "--attach", "/data/a.txt")
+print("kid", done.returncode, done.stdout.strip())
+for child in ("greedy", "stranger"):
+    done = call(child)
+    print(child, done.returncode, done.stderr.strip())
+print("attach", call("kid", "--attach", "/etc/passwd").stderr.strip())
+with socket.socket(socket.AF_UNIX) as conn:  # the socket itself, with what is no request
+    conn.connect(os.environ["ORCHESTRATOR_BROKER"])
+    conn.sendall(b"not json\\n")
+    print("raw", conn.makefile().readline().strip())
+with socket.socket(socket.AF_UNIX) as conn:  # another host socket in its mounts
+    try:
+        conn.connect("/data/host.sock")
+        print("host socket connected")
+    except OSError as e:
+        print("host socket", errno.errorcode[e.errno])
+"""
+KID = "import os; print(open('/data/a.txt').read(), 'from kid under', os.uname().release)"
+
+
+@pytest.mark.docker
+def test_an_untrusted_parent_calls_its_child_with_the_same_refusals_as_runc(
+    engine, project, isolation
+):
+    data = project.zone("data", "rw", files={"a.txt": "x"}, extra="untrusted_output: true")
+    for name, script, front in (
+        ("main", PARENT, "children: [kid, greedy]\nsandbox: {zones: [{name: data}]}"),
+        ("kid", KID, "sandbox: {zones: [{name: data}]}"),
+        ("greedy", "pass", "sandbox: {zones: [{name: data, mode: rw}]}"),
+        ("stranger", "pass", ""),
+    ):
+        project.worker(name, f"command: {json.dumps(['python3', '-c', script])}\n{front}")
+    # A host socket in the parent's zone that no worker may use (mode 000; a worker is never
+    # root): runsc's --host-uds=open lets the sandbox reach it, its kernel checks the mode.
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(data / "host.sock"))
+        os.chmod(data / "host.sock", 0)
+        server.listen(1)
+        server.settimeout(0.1)
+        done = cli("run", "main", "--project", str(project.root), "--json")
+        with pytest.raises(TimeoutError):
+            server.accept()  # nobody connected
+    assert done.returncode == 0, done.stderr
+    result = done.json()
+    lines = result["stdout"].splitlines()
+    assert lines[5] == "host socket EACCES", result["stdout"]
+    host = os.uname().release
+    kid = [line for line in lines if line.startswith("kid ")]
+    assert kid == [f"kid 0 x from kid under {host if isolation == 'runc' else kid[0].split()[-1]}"]
+    assert (kid[0].split()[-1] != host) is (isolation == "gvisor"), kid
+    assert (
+        "greedy 125 orchestrator-call: refused: child 'greedy' asks rw on 'data' but parent "
+        "'main' has ro" in result["stdout"]
+    ), lines
+    assert (
+        "stranger 125 orchestrator-call: refused: parent 'main' may not call 'stranger'" in lines[2]
+    )
+    assert lines[3] == (
+        "attach orchestrator-call: refused: Cannot read '/etc/passwd': outside the sandbox: it "
+        "is in no granted zone. Readable: /data, /session, /workers"
+    )
+    raw = json.loads(lines[4].removeprefix("raw "))
+    assert raw == {
+        "ok": False,
+        "error": "bad request: request is not JSON (Expecting value at byte 0)",
+    }
+
+    log = AuditLog(load_project(project.root).sandbox_root / "audit.jsonl")
+    parent = started(project, result["run_id"])
+    (call,) = log.query(AuditFilter(operation="broker.call", run=result["run_id"]))
+    child = started(project, call.metadata["child_run"])
+    expected = {
+        "runc": ("runc", "runc"),
+        "gvisor": (runtimes.GVISOR_BROKER_NONE, runtimes.GVISOR_NONE),  # only the parent's
+    }[isolation]
+    assert (parent["runtime"], child["runtime"]) == expected
+    refused = log.query(AuditFilter(operation="broker.refused", run=result["run_id"]))
+    assert sorted(str(e.metadata["child"]) for e in refused) == [
+        "None",
+        "greedy",
+        "kid",
+        "stranger",
+    ]
+    assert all(e.reason and not e.allowed for e in refused)
 
 
 class FakeDocker(BaseHTTPRequestHandler):
@@ -213,6 +305,6 @@ def test_engine_setup_is_idempotent_and_needs_root(engine):
         "runsc": None,
         "runsc_installed": False,
         "runsc_version": None,
-        "runtimes": [runtimes.GVISOR_NONE, runtimes.GVISOR_NETWORK],
+        "runtimes": list(runtimes.GVISOR_ARGS),
     }
     assert runtimes.DAEMON_JSON.read_bytes() == before  # not rewritten, not even touched

@@ -11,10 +11,15 @@ import json
 import os
 import platform
 import textwrap
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from orchestrator.config import load_project, load_worker
 from orchestrator.docker.podman import engine_kind
+from orchestrator.prepare import prepare
+from orchestrator.runtime.preparation import prepare_filesystem
 from tests.integration.conftest import cli
 from tests.integration.test_zones import git_init
 
@@ -69,6 +74,33 @@ def test_io_uring_is_refused_and_ulimits_apply_at_every_trust_level(engine, proj
     raised = engine_kind(engine).podman
     assert "nofile 1024 4096" in lines or (raised and "nofile 4096 4096" in lines), lines
     assert "seccomp 2" in lines  # a filter is in place
+
+
+def test_every_exec_gets_the_plans_open_file_limit_under_load(engine, project):
+    """runc sets an exec's rlimits after starting it, racing Go's start-up in ``runc init``
+    that raises the soft nofile limit to the hard one (orchestrator/docker/execlimits.py):
+    under load an exec'd worker saw ``nofile 4096 4096``. Execs four at a time, each one
+    must see the plan's limits."""
+    project.worker("w", 'command: ["true"]\ntrust: session\nsandbox: {}')
+    loaded = load_project(project.root)
+    prepared = prepare(loaded, load_worker(loaded, "w"))
+    spec = prepared.spec
+    assert (spec.isolation, spec.supervisor_user is not None) == ("runc", True)  # runs by exec
+    prepare_filesystem(prepared)
+    container_id = engine.create(spec)
+    try:
+        engine.start(container_id)
+        probe = ["python3", "-c", "import resource as r; print(*r.getrlimit(r.RLIMIT_NOFILE))"]
+
+        def limits(_: int) -> str:
+            handle = engine.exec(container_id, probe, user=spec.user, env=spec.env)
+            return b"".join(chunk for _, chunk in handle.frames).decode().strip()
+
+        with ThreadPoolExecutor(4) as pool:
+            seen = Counter(pool.map(limits, range(60)))
+    finally:
+        engine.remove(container_id)
+    assert seen == {"1024 4096": 60}
 
 
 def test_plan_states_the_seccomp_profile_and_ulimits(project):

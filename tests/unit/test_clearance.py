@@ -570,3 +570,83 @@ def test_a_change_set_rejected_while_clearing_does_not_move_the_branch(env):
     with pytest.raises(ClearanceError, match="became rejected while clearing"):
         env.clear(change_id, confirm=reject_meanwhile)
     assert env.head() == before
+
+
+class Runs:
+    """Scanners like the staging package's: results with a name, ``ok`` and findings."""
+
+    def __init__(self, sensitive: tuple[str, ...], other: tuple[str, ...] = ()) -> None:
+        self.sensitive, self.other = sensitive, other
+
+    def run(self, changeset, store):  # type: ignore[no-untyped-def]
+        from orchestrator.staging import Finding, ScanResult
+
+        def result(name: str, paths: tuple[str, ...]) -> ScanResult:
+            found = tuple(Finding(f.path, "seen") for f in changeset.files if f.path in paths)
+            return ScanResult(name, not found, found)
+
+        return [result("sensitive-paths", self.sensitive), result("binary", self.other)]
+
+    def blocking(self, results):  # type: ignore[no-untyped-def]
+        return [r for r in results if not r.ok]
+
+
+def test_files_that_run_code_need_each_path_acknowledged(env):
+    env.scanners = Runs(("tests/conftest.py", "Makefile"))
+    change_id = env.store.stage(
+        {"tests/conftest.py": b"import os\n", "Makefile": b"all:\n", "a.md": b"a\n"}
+    )
+    before = env.head()
+    both = "then pass --ack-sensitive tests/conftest.py --ack-sensitive Makefile"
+    for kwargs, flags in (
+        ({}, both),
+        ({"override_scanners": True}, both),
+        ({"acknowledged": ["Makefile"]}, "then pass --ack-sensitive tests/conftest.py"),
+    ):
+        with pytest.raises(ClearanceError) as refused:
+            env.clear(change_id, **kwargs)
+        assert "run code by themselves at the next build, test or CI run" in str(refused.value)
+        assert str(refused.value).endswith(flags)
+    with pytest.raises(ClearanceError, match="--ack-sensitive a.md names no file of it"):
+        env.clear(change_id, acknowledged=["tests/conftest.py", "Makefile", "a.md"])
+    assert env.head() == before and env.status() == ""
+    assert env.store.manifest(change_id)["status"] == "pending"
+    seen: list[Summary] = []
+    result = env.clear(
+        change_id,
+        acknowledged=["Makefile", "tests/conftest.py"],
+        confirm=lambda s: seen.append(s) or True,
+    )
+    assert result.commit == env.head() != before
+    assert "ACKNOWLEDGED (runs code by itself): tests/conftest.py" in seen[0].render()
+    entries = list(env.audit.query(AuditFilter()))
+    refusals = [e for e in entries if e.operation == "clearance.refused"]
+    assert len(refusals) == 4 and all(e.allowed is False for e in refusals)
+    [ack] = [e for e in entries if e.operation == "clearance.acknowledged"]
+    assert sorted(ack.metadata["paths"]) == ["Makefile", "tests/conftest.py"]
+    assert "clearance.override" not in [e.operation for e in entries]
+
+
+def test_an_acknowledgement_does_not_override_other_scanners(env):
+    env.scanners = Runs(("conftest.py",), other=("conftest.py",))
+    change_id = env.store.stage({"conftest.py": b"x\n"})
+    with pytest.raises(ClearanceError, match="scanners block it: binary: conftest.py: seen"):
+        env.clear(change_id, acknowledged=["conftest.py"])
+    result = env.clear(change_id, acknowledged=["conftest.py"], override_scanners=True)
+    assert result.commit == env.head()
+    operations = [op for op, _ in env.operations()]
+    assert "clearance.acknowledged" in operations and "clearance.override" in operations
+
+
+def test_a_crashed_sensitive_paths_scanner_blocks_like_any_other(env):
+    from orchestrator.staging import Finding, ScanResult
+
+    class Crashed(Runs):
+        def run(self, changeset, store):  # type: ignore[no-untyped-def]
+            return [ScanResult("sensitive-paths", False, (Finding("", "scanner failed: boom"),))]
+
+    env.scanners = Crashed(())
+    change_id = env.store.stage({"Makefile": b"all:\n"})
+    with pytest.raises(ClearanceError, match="scanners block it: sensitive-paths: scanner failed"):
+        env.clear(change_id)
+    assert env.clear(change_id, override_scanners=True).commit == env.head()

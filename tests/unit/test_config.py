@@ -369,3 +369,18 @@ def test_an_invalid_grant_field_leaves_no_partial_worker(project):
     with pytest.raises(ConfigError) as caught:
         load_worker(load_project(project.root), "w")
     assert caught.value.partial is None
+
+
+def test_clearance_sensitive_paths_take_relative_patterns(project):
+    project.extra = "clearance:\n  sensitive_paths: ['tools/*.sh', 'ci/**', 'bad/../x', '/abs']\n"
+    project.write_project()
+    with pytest.raises(ConfigError) as excinfo:
+        load_project(project.root)
+    assert len(problems(excinfo)) == 2  # the good patterns pass
+    joined = "\n".join(problems(excinfo))
+    assert "clearance.sensitive_paths.2: 'bad/../x' has an empty" in joined
+    assert "clearance.sensitive_paths.3: '/abs' is not a relative path" in joined
+    project.extra = "clearance: {sensitive_paths: ['tools/*.sh', 'ci/**']}\n"
+    project.write_project()
+    settings = load_project(project.root).config.clearance
+    assert settings.sensitive_paths == ["tools/*.sh", "ci/**"]

@@ -195,6 +195,97 @@ def test_the_run_ca_is_short_lived_and_limited_to_the_bound_names():
         pickle.dumps(ca)
 
 
+def _leaf_served(ca, san: x509.GeneralName, server_hostname: str | None) -> str:
+    """A certificate the run CA issued for ``san``, served on loopback; what a client that
+    trusts the run CA (only) makes of it: "ok" or the verification error."""
+    import socket
+    import ssl
+    import tempfile
+    import threading
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ca_key = serialization.load_pem_private_key(ca.key, None)
+    ca_cert = x509.load_pem_x509_certificate(ca.certificate)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([san]), critical=True)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        chain, secret = Path(folder, "chain.pem"), Path(folder, "key.pem")
+        chain.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+        secret.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_context.load_cert_chain(chain, secret)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        try:
+            with server_context.wrap_socket(connection, server_side=True):
+                pass
+        except (ssl.SSLError, OSError):
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = ssl.create_default_context(cadata=ca.certificate.decode())
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            client.wrap_socket(raw, server_hostname=server_hostname),
+        ):
+            return "ok"
+    except ssl.SSLCertVerificationError as exc:
+        return str(exc.verify_message)
+    finally:
+        listener.close()
+        thread.join(10)
+
+
+def test_the_run_ca_cannot_vouch_for_an_ip_address():
+    """Its name constraints exclude every IPv4 and IPv6 address: a certificate it issued
+    for one is refused by a client that trusts the CA (OpenSSL, through Python's ssl),
+    while one for the bound name is accepted."""
+    import ipaddress
+
+    ca = make_run_ca("run1", ["api.example.org"], lifetime_s=600)
+    names = x509.load_pem_x509_certificate(ca.certificate).extensions
+    constraints = names.get_extension_for_class(x509.NameConstraints).value
+    assert [n.value for n in constraints.excluded_subtrees or []] == [
+        ipaddress.ip_network("0.0.0.0/0"),
+        ipaddress.ip_network("::/0"),
+    ]
+    assert _leaf_served(ca, x509.DNSName("api.example.org"), "api.example.org") == "ok"
+    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    refused = _leaf_served(ca, loopback, "127.0.0.1")
+    assert refused != "ok" and "excluded" in refused.lower(), refused
+    # a CA for a bound address (never made from a declaration, which refuses IP literals)
+    # permits that address only
+    by_address = make_run_ca("run2", ["127.0.0.1"], lifetime_s=600)
+    assert _leaf_served(by_address, loopback, "127.0.0.1") == "ok"
+    other = x509.IPAddress(ipaddress.ip_address("127.0.0.2"))
+    assert _leaf_served(by_address, other, "127.0.0.1") != "ok"
+
+
 # -- the contract and the image ---------------------------------------------------------
 
 
@@ -297,6 +388,53 @@ def test_the_scrubber_removes_a_value_split_across_chunks_and_keeps_lengths():
     out = b"".join(scrub(data[i : i + 3]) for i in range(0, len(data), 3)) + scrub(b"")
     assert value.encode() not in out and len(out) == len(data)
     assert out.count(b"[credential llm]") == 6
+
+
+SECRET = "sk-REAL/Value+1234567890"
+
+
+@pytest.mark.parametrize(
+    "spelled",
+    [
+        SECRET,
+        SECRET.lower(),
+        SECRET.upper(),
+        json.dumps(SECRET).replace("/", "\\/"),  # the JSON escape of '/'
+        urllib.parse.quote(SECRET, safe=""),
+        urllib.parse.quote(SECRET, safe="").lower(),  # lower-case percent-encodings
+        urllib.parse.quote(SECRET),  # only some characters encoded
+        "".join(f"\\u{ord(c):04x}" for c in SECRET),
+        "".join(f"\\u{ord(c):04X}" for c in SECRET),
+        base64.b64encode(b"user:" + SECRET.encode()).decode(),
+        base64.urlsafe_b64encode(b"ab" + SECRET.encode()).decode(),
+        urllib.parse.quote(urllib.parse.quote(SECRET, safe=""), safe=""),  # two levels
+    ],
+)
+def test_the_scrubber_leaves_no_spelling_the_request_side_finds(spelled):
+    """Whatever the request side would find the secret in (``contains``), the scrubber
+    leaves nothing of: a spelling replaced where it stands, a nested one masked whole."""
+    forms = _forms()
+    data = f"before {spelled} after".encode()
+    assert forms.contains(data, SECRET)  # what the request side would block
+    scrub = forms.Scrubber({SECRET: "credential llm"})
+    out = scrub.scrub(data)
+    assert not forms.contains(out, SECRET), out
+    assert len(out) == len(data)
+    chunked = forms.Scrubber({SECRET: "credential llm"})
+    streamed = b"".join(chunked(data[i : i + 5]) for i in range(0, len(data), 5)) + chunked(b"")
+    assert not forms.contains(streamed, SECRET), streamed
+
+
+def test_a_trust_ca_file_is_never_read_through_a_link(tmp_path):
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime.credproxy import _trusted
+
+    real = tmp_path / "ca.pem"
+    real.write_bytes(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    assert _trusted([str(real)]).startswith(b"-----BEGIN CERTIFICATE-----")
+    (tmp_path / "certs").symlink_to(tmp_path)
+    with pytest.raises(OrchestratorError, match=r"network.trust_ca: cannot read .*certs"):
+        _trusted([str(tmp_path / "certs" / "ca.pem")])
 
 
 # -- the run's hook, with the fake engine -----------------------------------------------

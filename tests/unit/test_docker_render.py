@@ -195,6 +195,9 @@ def test_other_start_errors_stay_engine_errors():
         (b"OCI runtime exec failed: something else", 126, 126),
         (b"OCI runtime exec failed: printed by the worker itself", 0, None),
         (b"hello\n", 126, None),  # the worker's own exit code 126
+        # Reported by the wrapper that sets an exec's nofile limit (docker/execlimits.py).
+        (b'orchestrator exec failed: "nope": executable file not found in $PATH', 127, 127),
+        (b'orchestrator exec failed: "/etc": permission denied', 126, 126),
     ],
 )
 def test_an_exec_that_could_not_start_raises_a_start_failure(first, exit_code, failure):

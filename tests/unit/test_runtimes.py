@@ -60,6 +60,7 @@ def spec(isolation="runc", network="none") -> ContainerSpec:
 def fresh_cache(monkeypatch):
     monkeypatch.setattr(DockerEngine, "_seen_runtimes", set())
     monkeypatch.setattr(DockerEngine, "_gvisor_containers", {})
+    monkeypatch.setattr(DockerEngine, "_exec_nofile", {})
 
 
 def test_runtime_names_follow_isolation_and_network():
@@ -71,6 +72,35 @@ def test_runtime_names_follow_isolation_and_network():
     assert runtimes.GVISOR_ARGS[runtimes.GVISOR_NONE][0] == "--network=none"
     assert runtimes.GVISOR_ARGS[runtimes.GVISOR_NETWORK][0] == "--network=host"
     assert all("--oci-seccomp" in args for args in runtimes.GVISOR_ARGS.values())
+
+
+def test_only_a_parent_may_connect_to_a_host_socket_under_gvisor():
+    assert runtimes.runtime_name("runc", "none", broker=True) == "runc"
+    assert runtimes.runtime_name("gvisor", "none", broker=True) == runtimes.GVISOR_BROKER_NONE
+    assert runtimes.runtime_name("gvisor", "full", broker=True) == runtimes.GVISOR_BROKER_NETWORK
+    with_uds = {name for name, args in runtimes.GVISOR_ARGS.items() if "--host-uds=open" in args}
+    assert with_uds == {runtimes.GVISOR_BROKER_NONE, runtimes.GVISOR_BROKER_NETWORK}
+    for plain, broker in (
+        (runtimes.GVISOR_NONE, runtimes.GVISOR_BROKER_NONE),
+        (runtimes.GVISOR_NETWORK, runtimes.GVISOR_BROKER_NETWORK),
+    ):  # the same sandbox otherwise
+        assert runtimes.GVISOR_ARGS[broker] == [*runtimes.GVISOR_ARGS[plain], "--host-uds=open"]
+
+
+def test_a_parent_gets_the_broker_runtime_and_an_engine_set_up_before_it_says_so():
+    from dataclasses import replace
+
+    from orchestrator.plan import BROKER_DIR, Mount
+
+    parent = replace(spec("gvisor"), mounts=[Mount("/host/run/broker", BROKER_DIR, True)])
+    assert parent.calls_children and not spec("gvisor").calls_children
+    api = FakeAPI({"runc", *runtimes.GVISOR_ARGS})
+    assert DockerEngine(client=api).runtime_for(parent) == runtimes.GVISOR_BROKER_NONE
+    older = FakeAPI({"runc", runtimes.GVISOR_NONE, runtimes.GVISOR_NETWORK})
+    older.base_url = "http+docker://set-up-before"  # another engine
+    assert DockerEngine(client=older).runtime_for(spec("gvisor")) == runtimes.GVISOR_NONE
+    with pytest.raises(EngineError, match="no 'orchestrator-runsc-broker' runtime: register it"):
+        DockerEngine(client=older).runtime_for(parent)
 
 
 def test_a_missing_gvisor_runtime_is_one_line_naming_the_setup_and_the_opt_out():
