@@ -20,8 +20,13 @@ network argument that matches the container's network, so two runtimes are decla
     mounts, nothing more (it cannot create or bind one on the host); the Sentry still
     checks the socket file's owner and mode against the worker's uid, as Linux would under
     runc. Workers without children never get it (docs/security.md, "Isolation runtimes").
+``orchestrator-runsc-build`` and ``orchestrator-runsc-build-net``
+    The same two for the steps of ``orchestrator build`` (:mod:`orchestrator.build`), plus
+    ``--overlay2=none``: runsc otherwise keeps the root filesystem's writes in the
+    sandbox's own memory (``root:memory``), where ``docker commit`` never sees them; with
+    it, a step's writes reach the container's layer and are committed.
 
-:func:`setup_gvisor` merges all four into ``daemon.json`` (every other key kept, written
+:func:`setup_gvisor` merges all six into ``daemon.json`` (every other key kept, written
 atomically, the old file backed up) and makes dockerd reload it with SIGHUP, which
 reloads ``runtimes`` without stopping a single container. It is what ``orchestrator
 engine setup --gvisor`` runs; ``scripts/ensure-engine.sh`` runs it for ``make``.
@@ -57,11 +62,16 @@ GVISOR_BROKER_NONE = "orchestrator-runsc-broker"
 GVISOR_BROKER_NETWORK = "orchestrator-runsc-net-broker"
 #: Lets a sandbox connect to a host Unix socket in its mounts (runsc's default: none).
 HOST_UDS_OPEN = "--host-uds=open"
+#: Build steps (``orchestrator build``): their writes must reach the container's layer.
+GVISOR_BUILD = "orchestrator-runsc-build"
+GVISOR_BUILD_NETWORK = "orchestrator-runsc-build-net"
 GVISOR_ARGS = {
     GVISOR_NONE: ["--network=none", "--oci-seccomp"],
     GVISOR_NETWORK: ["--network=host", "--oci-seccomp"],
     GVISOR_BROKER_NONE: ["--network=none", "--oci-seccomp", HOST_UDS_OPEN],
     GVISOR_BROKER_NETWORK: ["--network=host", "--oci-seccomp", HOST_UDS_OPEN],
+    GVISOR_BUILD: ["--network=none", "--oci-seccomp", "--overlay2=none"],
+    GVISOR_BUILD_NETWORK: ["--network=host", "--oci-seccomp", "--overlay2=none"],
 }
 #: Docker's own runtime: always there, never declared.
 RUNC = "runc"
@@ -88,6 +98,11 @@ def runtime_name(isolation: Isolation, network: NetworkMode, *, broker: bool = F
     if broker:
         return GVISOR_BROKER_NONE if network == "none" else GVISOR_BROKER_NETWORK
     return GVISOR_NONE if network == "none" else GVISOR_NETWORK
+
+
+def build_runtime_name(network: NetworkMode) -> str:
+    """The engine runtime for a build step (``orchestrator build``) on ``network``."""
+    return GVISOR_BUILD if network == "none" else GVISOR_BUILD_NETWORK
 
 
 def is_gvisor(runtime: str) -> bool:

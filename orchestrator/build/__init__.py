@@ -1,0 +1,128 @@
+"""Untrusted Dockerfiles built step by step, each ``RUN`` a hardened run under gVisor.
+
+::
+
+    from orchestrator.build import build_image
+
+    result = build_image("task/environment", tag="task:latest", project=".")
+    result.image_id, result.cached_steps
+
+See docs/build.md. The modules: :mod:`.dockerfile` (parse, check, stages; pure),
+:mod:`.words` (quotes and ``$VAR``; pure), :mod:`.context` (the context as hostile input),
+:mod:`.engine` (the engine seam), :mod:`.builder` (the steps, the cache, the audit).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.build.builder import BuildResult, StepFailed, StepRecord
+from orchestrator.build.dockerfile import BuildRefused
+
+if TYPE_CHECKING:
+    from orchestrator.build.context import Context
+    from orchestrator.build.engine import StepEngine
+
+__all__ = [
+    "DEFAULT_DISK",
+    "BuildRefused",
+    "BuildResult",
+    "StepFailed",
+    "StepRecord",
+    "build_image",
+]
+
+#: Bytes a step may add to its layer, unless the build says otherwise.
+DEFAULT_DISK = 4 << 30
+
+
+def build_image(
+    context: str | os.PathLike[str],
+    *,
+    dockerfile: str | os.PathLike[str] | None = None,
+    tag: str | None = None,
+    project: str | os.PathLike[str] = ".",
+    target: str | None = None,
+    no_cache: bool = False,
+    build_args: dict[str, str] | None = None,
+    memory: int | None = None,
+    cpus: float | None = None,
+    pids: int | None = None,
+    timeout: float | None = None,
+    disk: int | None = None,
+    say: Callable[[str], None] | None = None,
+    engine: StepEngine | None = None,
+) -> BuildResult:
+    """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
+    ``context`` with the project's limits (``memory``... override them for this build),
+    audited in the project's log; tag the image ``tag``. Raises :class:`BuildRefused`
+    (one line: ``FILE:LINE: INSTRUCTION: why``) or :class:`StepFailed` (a ``RUN`` failed:
+    its exit code is ``exit_code``)."""
+    from orchestrator.build.builder import Builder
+    from orchestrator.build.context import Context
+    from orchestrator.build.dockerfile import parse
+    from orchestrator.build.engine import StepLimits
+    from orchestrator.config import Resources, load_project
+    from orchestrator.policy.grant import resolve_limits
+    from orchestrator.runtime import open_audit
+
+    loaded = load_project(Path(project))
+    settings = loaded.config.build
+    overrides = Resources(memory=memory, cpus=cpus, pids=pids, timeout=timeout)
+    limits = resolve_limits(overrides, settings.resources, loaded.config.defaults.resources)
+    step_limits = StepLimits.of(limits, disk=disk or settings.disk or DEFAULT_DISK)
+    audit = open_audit(loaded)
+    try:
+        try:
+            folder = Context.open(Path(context))
+        except BuildRefused as exc:
+            audit.record("build.refused", allowed=False, reason=str(exc), path=str(context))
+            raise
+        try:
+            try:
+                path, text = _dockerfile(folder, dockerfile)
+                parsed = parse(path, text)
+            except BuildRefused as exc:
+                audit.record("build.refused", allowed=False, reason=str(exc), path=str(context))
+                raise
+            if engine is None:
+                from orchestrator.docker.build import DockerStepEngine
+
+                engine = DockerStepEngine()
+            builder = Builder(engine, audit, folder, parsed, step_limits,
+                              build_args=build_args, no_cache=no_cache, allow=settings.allow,
+                              services=[s.network for s in loaded.config.network.services],
+                              say=say)  # fmt: skip
+            return builder.build(target, tag)
+        finally:
+            folder.close()
+    finally:
+        audit.close()
+
+
+def _dockerfile(context: Context, named: str | os.PathLike[str] | None) -> tuple[Path, str]:
+    from orchestrator.build.context import TEXT_LIMIT
+    from orchestrator.hostfs.files import read_limited
+    from orchestrator.hostfs.paths import PathRefused, open_path
+
+    if named is None:
+        text = context.read_text("Dockerfile")
+        if text is None:
+            raise BuildRefused(f"{context.root}: no Dockerfile (name one with -f)")
+        return context.root / "Dockerfile", text
+    path = Path(named).absolute()
+    try:
+        folder = open_path(path.parent.resolve(strict=True))
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except (OSError, PathRefused) as exc:
+        raise BuildRefused(f"{path}: cannot read the Dockerfile ({exc})") from None
+    try:
+        return path, read_limited(fd, TEXT_LIMIT).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)

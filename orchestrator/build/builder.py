@@ -1,0 +1,804 @@
+"""``orchestrator build``: a Dockerfile built step by step, each step a hardened run.
+
+The Dockerfile is parsed and checked first (:mod:`.dockerfile`), its context walked
+(:mod:`.context`), and every base image it names looked up: nothing is pulled, and a
+missing image is refused before any step runs. Then each stage the target needs is built
+in order. Instructions that only change the image's configuration (``ENV``, ``WORKDIR``,
+``USER``...) are applied to it as data; each ``RUN``, ``COPY`` and ``ADD`` is a container
+made from the parent image (see :mod:`orchestrator.docker.build`): ``RUN`` runs in it under
+gVisor, ``COPY``/``ADD`` put a tar into it; then its layer is committed with the image's
+whole configuration, and the container removed on every path.
+
+The cache: a step's key is the sha256 of (the builder's version, the parent image's id, the
+configuration instructions since the last layer, the instruction as expanded, the digests
+of the context files it reads). Each committed image carries its key as a label, so a step
+whose key is found is not run again. ``--no-cache`` runs every step.
+
+The audit log gets ``build.started``, one ``build.step`` per instruction (its key, its
+outcome, whether it came from the cache) and ``build.ended`` (the image's id, or why not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import posixpath
+import shlex
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.audit import AuditLog
+from orchestrator.build.context import Context, Item, Placed, is_archive, unpack_members, write_tar
+from orchestrator.build.dockerfile import (
+    LAYERS,
+    BuildRefused,
+    Dockerfile,
+    Instruction,
+    Stage,
+)
+from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
+from orchestrator.build.words import WordError, expand
+from orchestrator.egress import network_env
+from orchestrator.errors import OrchestratorError
+from orchestrator.labels import PREFIX
+
+log = logging.getLogger(__name__)
+
+#: Part of every cache key: a builder that builds differently never reuses older layers.
+BUILDER_VERSION = "1"
+CACHE_LABEL = f"{PREFIX}.build.key"
+PROVENANCE = {
+    "dockerfile": f"{PREFIX}.build.dockerfile-digest",
+    "context": f"{PREFIX}.build.context-digest",
+    "builder": f"{PREFIX}.build.builder-version",
+    "runtime": f"{PREFIX}.build.runtime",
+}
+DEFAULT_SHELL = ["/bin/sh", "-c"]
+#: The image configuration fields a build sets (Docker's names).
+CONFIG_FIELDS = ("Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts",
+                 "Volumes", "Shell", "StopSignal", "Healthcheck")  # fmt: skip
+_SPOOL = 32 << 20
+
+Say = Callable[[str], None]
+
+
+class StepFailed(BuildRefused):
+    """A ``RUN`` step failed: its exit code is the command's (125 when it had none)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.exit_code = code if 0 < code < 256 else 125
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    line: int
+    instruction: str
+    key: str
+    outcome: str
+    """``built``, ``cached``, ``config`` (no layer) or ``failed``."""
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    tag: str | None
+    build_id: str
+    steps: tuple[StepRecord, ...]
+    duration_s: float
+    labels: dict[str, str]
+
+    @property
+    def cached_steps(self) -> int:
+        return sum(1 for s in self.steps if s.outcome == "cached")
+
+    @property
+    def built_steps(self) -> int:
+        return sum(1 for s in self.steps if s.outcome == "built")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "image": self.image_id,
+            "tag": self.tag,
+            "build_id": self.build_id,
+            "duration_s": round(self.duration_s, 3),
+            "cached_steps": self.cached_steps,
+            "built_steps": self.built_steps,
+            "labels": self.labels,
+            "steps": [s.__dict__ for s in self.steps],
+        }
+
+
+@dataclass
+class _State:
+    """A stage being built: its image so far and the configuration on top of it."""
+
+    image: str
+    config: dict[str, Any]
+    args: dict[str, str] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    """Configuration instructions (expanded) since the last commit."""
+    cmd_set: bool = False
+
+    def variables(self) -> dict[str, str]:
+        env = dict(e.partition("=")[::2] for e in self.config.get("Env") or [])
+        return {**self.args, **env}
+
+
+class Builder:
+    """One build: the Dockerfile, its context, the engine and the audit log."""
+
+    def __init__(
+        self,
+        engine: StepEngine,
+        audit: AuditLog,
+        context: Context,
+        dockerfile: Dockerfile,
+        limits: StepLimits,
+        *,
+        build_args: Mapping[str, str] | None = None,
+        no_cache: bool = False,
+        allow: list[str] | None = None,
+        services: list[str] | None = None,
+        say: Say | None = None,
+    ) -> None:
+        self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
+        self.limits, self.no_cache = limits, no_cache
+        self.build_args = dict(build_args or {})
+        self.say: Say = say or (lambda line: None)
+        self.build_id = uuid.uuid4().hex[:12]
+        self.steps: list[StepRecord] = []
+        self.committed: list[str] = []
+        self.deadline = 0.0
+        self.global_args: dict[str, str] = {}
+        self.results: dict[int, _State] = {}
+        self.allow = list(allow or [])
+        """The project's build allowlist: ``RUN`` steps reach these through the egress
+        proxy (empty: no network)."""
+        self.services = list(services or [])
+        """The project's local service networks the egress proxy joins."""
+        self.network: str | None = None
+
+    # -- the whole build -----------------------------------------------------------------
+
+    def build(self, target: str | None, tag: str | None) -> BuildResult:
+        started = time.monotonic()
+        self.deadline = started + self.limits.timeout_s
+        dockerfile_digest = hashlib.sha256(self.file.text.encode()).hexdigest()
+        self.audit.record(
+            "build.started",
+            run_id=self.build_id,
+            worker="build",
+            path=str(self.file.path),
+            metadata={"context": str(self.context.root), "dockerfile_digest": dockerfile_digest,
+                      "target": target, "tag": tag, "no_cache": self.no_cache,
+                      "allow": self.allow},
+        )  # fmt: skip
+        try:
+            self.global_args = self._args(self.file.global_args, {})
+            stages = self.file.needed(self.file.target(target), self.global_args)
+            self._check_images(stages)
+            state = _State("", {})
+            for stage in stages:
+                state = self._stage(stage)
+                self.results[stage.index] = state
+            provenance = {
+                PROVENANCE["dockerfile"]: f"sha256:{dockerfile_digest}",
+                PROVENANCE["context"]: f"sha256:{self._context_digest()}",
+                PROVENANCE["builder"]: BUILDER_VERSION,
+                PROVENANCE["runtime"]: self.engine.runtime(),
+            }
+            image = self._finish(state, provenance)
+            if tag:
+                self.engine.tag(image, tag)
+        except BaseException as exc:
+            self._close_network()
+            self._ended(None, started, exc)
+            if self.no_cache:
+                for made in reversed(self.committed):
+                    with contextlib.suppress(OrchestratorError):
+                        self.engine.remove_image(made)
+            raise
+        self._close_network()
+        self._ended(image, started, None)
+        labels = {k: v for k, v in (state.config.get("Labels") or {}).items()}
+        labels.update(provenance)
+        return BuildResult(image, tag, self.build_id, tuple(self.steps),
+                           time.monotonic() - started, labels)  # fmt: skip
+
+    def _close_network(self) -> None:
+        if self.network is not None:
+            network, self.network = self.network, None
+            self.engine.close_network(network)
+
+    def _ended(self, image: str | None, started: float, exc: BaseException | None) -> None:
+        with contextlib.suppress(OrchestratorError):
+            self.audit.record(
+                "build.ended",
+                run_id=self.build_id,
+                worker="build",
+                allowed=exc is None,
+                reason=None if exc is None else (str(exc) or type(exc).__name__)[:500],
+                metadata={"image": image, "duration_s": round(time.monotonic() - started, 3),
+                          "cached_steps": sum(s.outcome == "cached" for s in self.steps),
+                          "steps": len(self.steps)},
+            )  # fmt: skip
+
+    def _check_images(self, stages: list[Stage]) -> None:
+        """Every image the stages name is on this machine, before any step runs."""
+        names = {s.name for s in self.file.stages if s.name}
+        for stage in stages:
+            base = self.file.base_of(stage, self.global_args)
+            earlier = self.file.stage_named(base)
+            if base.lower() != "scratch" and not (earlier and earlier.index < stage.index):
+                self._local_image(base, stage.line, "FROM")
+            for instruction in stage.instructions:
+                source = instruction.flag("from")
+                if instruction.keyword == "COPY" and source is not None:
+                    source = self._expand(source, self.global_args, instruction)
+                    found = self.file.stage_named(source)
+                    if found is None or found.index >= stage.index:
+                        if source.lower() in names:
+                            raise self.file.refuse(instruction, f"--from={source}: a later stage")
+                        self._local_image(source, instruction.line, "COPY")
+
+    def _local_image(self, ref: str, line: int, keyword: str) -> tuple[str, dict[str, Any]]:
+        found = self.engine.image(ref)
+        if found is None:
+            raise BuildRefused(
+                f"{self.file.where(line)}: {keyword}: image '{ref}' is not on this machine and "
+                "nothing is pulled: load it (`docker load -i FILE`), build it (`orchestrator "
+                f"build`), or pull it where a registry answers (`docker pull {ref}`)"
+            )
+        return found
+
+    # -- one stage -----------------------------------------------------------------------
+
+    def _stage(self, stage: Stage) -> _State:
+        base = self.file.base_of(stage, self.global_args)
+        earlier = self.file.stage_named(base)
+        if earlier is not None and earlier.index in self.results:
+            parent = self.results[earlier.index]
+            image = self._finish(parent, {})
+            state = _State(image, dict(parent.config))
+        elif base.lower() == "scratch":
+            state = _State(self.engine.empty_image(), {})
+        else:
+            image, config = self._local_image(base, stage.line, "FROM")
+            state = _State(image, {k: config.get(k) for k in CONFIG_FIELDS})
+        self.say(f"[{stage.line}] FROM {base}" + (f" AS {stage.name}" if stage.name else ""))
+        for instruction in stage.instructions:
+            begun = time.monotonic()
+            if instruction.keyword in LAYERS:
+                key, outcome = self._layer(state, instruction)
+            else:
+                key, outcome = "", "config"
+                self._configure(state, instruction)
+            self._step(instruction, key, outcome, begun)
+        return state
+
+    def _step(self, instruction: Instruction, key: str, outcome: str, begun: float) -> None:
+        record = StepRecord(instruction.line, instruction.keyword, key, outcome,
+                            time.monotonic() - begun)  # fmt: skip
+        self.steps.append(record)
+        self.audit.record(
+            "build.step",
+            run_id=self.build_id,
+            worker="build",
+            metadata={"line": instruction.line, "instruction": instruction.keyword,
+                      "text": instruction.original[:200], "digest": key, "outcome": outcome,
+                      "cached": outcome == "cached"},
+        )  # fmt: skip
+
+    # -- configuration instructions ----------------------------------------------------------
+
+    def _args(self, instructions: list[Instruction], into: dict[str, str]) -> dict[str, str]:
+        values = dict(into)
+        for instruction in instructions:
+            for word in instruction.words:
+                name, eq, default = word.partition("=")
+                if name in self.build_args:
+                    values[name] = self.build_args[name]
+                elif eq:
+                    values[name] = self._expand(default, values, instruction)
+                elif name in self.global_args:
+                    values[name] = self.global_args[name]
+        return values
+
+    def _expand(self, word: str, variables: Mapping[str, str], instruction: Instruction) -> str:
+        try:
+            return expand(word, variables, escape=self.file.escape)
+        except WordError as exc:
+            raise self.file.refuse(instruction, str(exc)) from None
+
+    def _configure(self, state: _State, instruction: Instruction) -> None:
+        keyword, words, config = instruction.keyword, instruction.words, state.config
+        if keyword == "ARG":
+            state.args = self._args([instruction], state.args)
+            state.pending.append(f"ARG {json.dumps(state.args, sort_keys=True)}")
+            return
+        variables = state.variables()
+
+        def word(text: str) -> str:
+            return self._expand(text, variables, instruction)
+
+        if keyword in ("ENV", "LABEL"):
+            pairs = [word(w) for w in words]
+            if keyword == "ENV" and len(pairs) % 2:
+                raise self.file.refuse(instruction, "expected NAME=VALUE pairs")
+            values = dict(zip(pairs[::2], pairs[1::2], strict=True))
+            if keyword == "ENV":
+                env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+                env.update(values)
+                config["Env"] = [f"{k}={v}" for k, v in env.items()]
+            else:
+                config["Labels"] = {**(config.get("Labels") or {}), **values}
+        elif keyword == "WORKDIR":
+            path = word(words[0])
+            config["WorkingDir"] = posixpath.normpath(
+                posixpath.join(config.get("WorkingDir") or "/", path)
+            )
+        elif keyword == "USER":
+            config["User"] = word(words[0])
+        elif keyword in ("CMD", "ENTRYPOINT"):
+            argv = self._argv(state, instruction)
+            if keyword == "CMD":
+                config["Cmd"], state.cmd_set = argv, True
+            else:
+                config["Entrypoint"] = argv
+                if not state.cmd_set:
+                    config["Cmd"] = None
+        elif keyword == "SHELL":
+            if not instruction.json:
+                raise self.file.refuse(instruction, 'takes the JSON form: SHELL ["sh", "-c"]')
+            config["Shell"] = list(words)
+        elif keyword == "EXPOSE":
+            ports = [word(w) for w in words]
+            exposed = dict(config.get("ExposedPorts") or {})
+            exposed.update({p if "/" in p else f"{p}/tcp": {} for p in ports})
+            config["ExposedPorts"] = exposed
+        elif keyword == "VOLUME":
+            volumes = dict(config.get("Volumes") or {})
+            volumes.update({word(w): {} for w in words})
+            config["Volumes"] = volumes
+        elif keyword == "STOPSIGNAL":
+            config["StopSignal"] = word(words[0])
+        elif keyword == "HEALTHCHECK":
+            config["Healthcheck"] = self._healthcheck(state, instruction)
+        state.pending.append(instruction.original)
+
+    def _argv(self, state: _State, instruction: Instruction) -> list[str]:
+        if instruction.json:
+            return list(instruction.words)
+        shell = state.config.get("Shell") or DEFAULT_SHELL
+        return [*shell, " ".join(instruction.words)]
+
+    def _healthcheck(self, state: _State, instruction: Instruction) -> dict[str, Any]:
+        words = list(instruction.words)
+        if words and words[0].upper() == "NONE":
+            return {"Test": ["NONE"]}
+        if not words or words[0].upper() != "CMD":
+            raise self.file.refuse(instruction, "expected HEALTHCHECK [OPTIONS] CMD ... or NONE")
+        test = ["CMD", *words[1:]] if instruction.json else ["CMD-SHELL", " ".join(words[1:])]
+        check: dict[str, Any] = {"Test": test}
+        names = {"interval": "Interval", "timeout": "Timeout", "start-period": "StartPeriod",
+                 "start-interval": "StartInterval"}  # fmt: skip
+        for flag in instruction.flags:
+            name, _, value = flag.removeprefix("--").partition("=")
+            if name == "retries":
+                check["Retries"] = int(value)
+            elif name in names:
+                check[names[name]] = _nanoseconds(value, self.file, instruction)
+        return check
+
+    # -- layer instructions ----------------------------------------------------------------
+
+    def _key(self, state: _State, instruction: Instruction, parts: list[str]) -> str:
+        body = [BUILDER_VERSION, state.image, *state.pending, instruction.keyword, *parts]
+        return hashlib.sha256(json.dumps(body).encode()).hexdigest()
+
+    def _layer(self, state: _State, instruction: Instruction) -> tuple[str, str]:
+        if instruction.keyword == "RUN":
+            spec = self._run_spec(state, instruction)
+            key = self._key(state, instruction, [json.dumps([spec.command, spec.scratch])])
+            apply: Callable[[str], None] = lambda c: self._run(c, instruction)  # noqa: E731
+        else:
+            key, apply, spec = self._copy_plan(state, instruction)
+        self.say(f"[{instruction.line}] {instruction.original.splitlines()[0][:120]}")
+        if not self.no_cache:
+            cached = self.engine.cached(key, state.image)
+            if cached is not None:
+                self.say("  (cached)")
+                state.image, state.pending = cached, []
+                return key, "cached"
+        if spec.network is not None:
+            if self.network is None:
+                self.network = self.engine.open_network(self.build_id, self.allow, self.services)
+            spec = replace(spec, network=self.network)
+        container = self.engine.create(spec, self.limits)
+        try:
+            apply(container)
+            image = self.engine.commit(container, self.commit_config(state.config, key))
+        finally:
+            self.engine.remove(container)
+        self.committed.append(image)
+        state.image, state.pending = image, []
+        return key, "built"
+
+    def commit_config(self, config: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """The whole image configuration for a commit. Docker fills fields a commit leaves
+        empty from the container's own; a step's container has an empty ``Cmd`` and its
+        command as the entrypoint, so an empty (not absent) ``Entrypoint`` keeps both."""
+        labels = {**(config.get("Labels") or {}), CACHE_LABEL: key}
+        out = {k: config.get(k) for k in CONFIG_FIELDS}
+        out.update(Labels=labels, Cmd=config.get("Cmd") or [], Env=config.get("Env") or [],
+                   Entrypoint=config.get("Entrypoint") or [])  # fmt: skip
+        return out
+
+    def _spec(self, state: _State, command: list[str], scratch: tuple[str, ...] = ()) -> StepSpec:
+        config = state.config
+        return StepSpec(image=state.image, command=command, user=config.get("User") or "",
+                        env=list(config.get("Env") or []), workdir=config.get("WorkingDir") or "",
+                        scratch=scratch, build_id=self.build_id)  # fmt: skip
+
+    def _run_spec(self, state: _State, instruction: Instruction) -> StepSpec:
+        env_names = {e.partition("=")[0] for e in state.config.get("Env") or []}
+        args = {k: v for k, v in state.args.items() if k not in env_names}
+        if self.allow:  # the proxy, like a build argument: never in the image's environment
+            args.update(network_env())
+        if instruction.json:
+            argv = list(instruction.words)
+            if args:
+                argv = ["env", *(f"{k}={v}" for k, v in sorted(args.items())), *argv]
+        else:
+            text = _shell_text(instruction)
+            shell = list(state.config.get("Shell") or DEFAULT_SHELL)
+            if text.startswith("#!"):
+                first, _, rest = text.partition("\n")
+                shell, text = [*shlex.split(first[2:]), "-c"], rest
+            if args:
+                assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(args.items()))
+                text = f"export {assign}\n{text}"
+            argv = [*shell, text]
+        scratch = []
+        for mount in instruction.flag_values("mount"):
+            options = dict(part.partition("=")[::2] for part in mount.split(","))
+            target = options.get("target") or options.get("dst") or options.get("destination")
+            scratch.append(posixpath.join(state.config.get("WorkingDir") or "/", target or ""))
+        spec = self._spec(state, argv, tuple(scratch))
+        return replace(spec, network="allowlist") if self.allow else spec
+
+    def _run(self, container: str, instruction: Instruction) -> None:
+        def show(chunk: bytes) -> None:
+            for line in chunk.decode("utf-8", errors="replace").splitlines():
+                self.say(f"  | {line}")
+
+        since = datetime.now(UTC)
+        try:
+            outcome = self.engine.run(container, self.limits, self.deadline, show)
+        finally:
+            if self.network is not None:
+                self._record_egress(instruction, since)
+        if outcome.clipped:
+            self.say(f"  (output clipped at {self.limits.output >> 10} KiB)")
+        where = f"{self.file.where(instruction.line)}: RUN"
+        if outcome.timed_out:
+            raise StepFailed(
+                f"{where}: still running at the build's time limit "
+                f"({self.limits.timeout_s:g} s): stopped",
+                125,
+            )
+        if outcome.disk_exceeded:
+            raise StepFailed(
+                f"{where}: wrote more than the build's disk limit "
+                f"({self.limits.disk >> 20} MiB) to its layer: stopped",
+                125,
+            )
+        if outcome.exit_code != 0:
+            memory = " (killed at the memory limit)" if outcome.oom else ""
+            last = [ln for ln in outcome.tail.splitlines() if ln.strip()][-1:]
+            said = f": {last[0][:200]}" if last else ""
+            raise StepFailed(
+                f"{where}: exited {outcome.exit_code}{memory}{said}", outcome.exit_code
+            )
+
+    def _record_egress(self, instruction: Instruction, since: datetime) -> None:
+        for decision in self.engine.egress_decisions(
+            self.build_id, self.allow, self.services, since
+        ):
+            self.audit.record(
+                "build.egress",
+                run_id=self.build_id,
+                worker="build",
+                allowed=decision.allowed,
+                reason=None if decision.allowed else "not on the project's build allowlist",
+                metadata={"line": instruction.line, "host": decision.host,
+                          "port": decision.port, "method": decision.method},
+            )  # fmt: skip
+
+    # -- COPY and ADD --------------------------------------------------------------------
+
+    def _copy_plan(
+        self, state: _State, instruction: Instruction
+    ) -> tuple[str, Callable[[str], None], StepSpec]:
+        variables = state.variables()
+        words = [self._expand(w, variables, instruction) for w in instruction.words]
+        *sources, dest = words
+        workdir = state.config.get("WorkingDir") or "/"
+        into_folder = dest.endswith(("/", "/.")) or dest in (".", "..") or len(sources) > 1
+        dest_path = posixpath.normpath(posixpath.join(workdir, dest))
+        chown = instruction.flag("chown")
+        chmod_text = instruction.flag("chmod")
+        chmod = _mode(chmod_text, self.file, instruction) if chmod_text else None
+        where = f"{self.file.where(instruction.line)}: {instruction.keyword}"
+        source_stage = instruction.flag("from")
+        heredocs = dict(instruction.heredocs)
+        if source_stage is not None:
+            source_image = self._source_image(self._expand(source_stage, self.global_args,
+                                                           instruction))  # fmt: skip
+            parts = [source_image, *sources, dest, chown or "", chmod_text or ""]
+
+            def apply_from(container: str) -> None:
+                owner = self._owner(container, chown, where)
+                into = into_folder or self.engine.is_folder(container, dest_path)
+                self._copy_from(container, source_image, sources, dest_path, into, owner,
+                                chmod, where)  # fmt: skip
+
+            spec = self._spec(state, [])
+            return self._key(state, instruction, parts), apply_from, spec
+        placed: list[Placed] = []
+        retarget: list[tuple[int, str]] = []
+        """A file copied to ``dest``, and where it goes when ``dest`` is a folder."""
+        archives: list[tuple[Item, str]] = []
+        digests: list[str] = []
+        for source in sources:
+            if source.startswith("<<") and source.lstrip("<-").strip("\"'") in heredocs:
+                content = heredocs[source.lstrip("<-").strip("\"'")]
+                target = posixpath.join(dest_path, source) if into_folder else dest_path
+                retarget.append((len(placed), posixpath.join(dest_path, source.lstrip("<-"))))
+                placed.append(Placed(target, None, content.encode()))
+                digests.append(hashlib.sha256(content.encode()).hexdigest())
+                continue
+            for item in self.context.select(source, where):
+                self.context.check(item, where)
+                name = posixpath.basename(item.path) if item.path else ""
+                if item.is_dir:
+                    for inner in self.context.under(item):
+                        self.context.check(inner, where)
+                        relative = inner.path[len(item.path) :].lstrip("/")
+                        placed.append(Placed(posixpath.join(dest_path, relative), inner))
+                        digests.append(f"{relative}:{inner.mode:o}:{self.context.digest(inner)}")
+                    continue
+                target = posixpath.join(dest_path, name) if into_folder else dest_path
+                if instruction.keyword == "ADD" and item.link is None:
+                    with self.context.reader(item) as handle:
+                        if is_archive(handle):
+                            archives.append((item, dest_path))
+                            digests.append(f"archive:{self.context.digest(item)}")
+                            continue
+                if not into_folder:
+                    retarget.append((len(placed), posixpath.join(dest_path, name)))
+                placed.append(Placed(target, item))
+                digests.append(f"{target}:{item.mode:o}:{self.context.digest(item)}")
+        parts = [dest_path, chown or "", chmod_text or "", *digests]
+
+        def apply(container: str) -> None:
+            owner = self._owner(container, chown, where)
+            chosen = list(placed)
+            if retarget and self.engine.is_folder(container, dest_path):  # as Docker does
+                for index, target in retarget:
+                    chosen[index] = replace(chosen[index], target=target)
+            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
+                write_tar(out, self.context, chosen, owner=owner, chmod=chmod)
+                out.seek(0)
+                self.engine.put_archive(container, out)
+            for item, target in archives:
+                self._unpack(container, item, target, owner if chown else None, where)
+
+        return self._key(state, instruction, parts), apply, self._spec(state, [])
+
+    def _source_image(self, source: str) -> str:
+        stage = self.file.stage_named(source)
+        if stage is not None and stage.index in self.results:
+            return self.results[stage.index].image
+        found = self.engine.image(source)
+        if found is None:
+            raise BuildRefused(f"{self.file.path}: image '{source}' is not on this machine")
+        return found[0]
+
+    def _copy_from(
+        self, container: str, image: str, sources: list[str], dest: str, into_folder: bool,
+        owner: tuple[int, int], chmod: int | None, where: str,
+    ) -> None:  # fmt: skip
+        source_container = self.engine.create(StepSpec(image=image, command=[]), self.limits)
+        try:
+            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
+                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    for source in sources:
+                        if any(c in source for c in "*?["):
+                            raise BuildRefused(f"{where}: --from: wildcards are not supported")
+                        try:
+                            stream = self.engine.get_archive(source_container, source)
+                        except FileNotFoundError:
+                            raise BuildRefused(f"{where}: {source}: not found in {image}") from None
+                        _rebase(tar, _ChunkReader(stream), dest, into_folder, owner, chmod, where)
+                out.seek(0)
+                self.engine.put_archive(container, out)
+        finally:
+            self.engine.remove(source_container)
+
+    def _unpack(
+        self, container: str, item: Item, target: str, owner: tuple[int, int] | None, where: str
+    ) -> None:
+        with self.context.reader(item) as handle, tempfile.SpooledTemporaryFile(_SPOOL) as out:
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for member, data in unpack_members(handle, target, where):
+                    if owner is not None:
+                        member.uid, member.gid = owner
+                    member.uname = member.gname = ""
+                    tar.addfile(member, data)
+            out.seek(0)
+            self.engine.put_archive(container, out)
+
+    def _owner(self, container: str, chown: str | None, where: str) -> tuple[int, int]:
+        """``--chown=user[:group]`` as numbers, names read from the image's own files."""
+        if not chown:
+            return 0, 0
+        user, _, group = chown.partition(":")
+        uid = self._id(container, "/etc/passwd", user, where) if user else 0
+        if group:
+            gid = self._id(container, "/etc/group", group, where)
+        elif user.isdigit():
+            gid = uid
+        else:
+            gid = int(self._entry(container, "/etc/passwd", user, where)[3])
+        return uid, gid
+
+    def _id(self, container: str, table: str, name: str, where: str) -> int:
+        return int(name) if name.isdigit() else int(self._entry(container, table, name, where)[2])
+
+    def _entry(self, container: str, table: str, name: str, where: str) -> list[str]:
+        try:
+            stream = self.engine.get_archive(container, table)
+        except FileNotFoundError:
+            raise BuildRefused(f"{where}: --chown={name}: the image has no {table}") from None
+        with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                data = tar.extractfile(member)
+                text = data.read(1 << 20).decode("utf-8", "replace") if data else ""
+                for line in text.splitlines():
+                    fields = line.split(":")
+                    if fields[0] == name and len(fields) > 3 and fields[2].isdigit():
+                        return fields
+        raise BuildRefused(f"{where}: --chown: no '{name}' in the image's {table}")
+
+    # -- the end of a stage ----------------------------------------------------------------
+
+    def _finish(self, state: _State, extra_labels: Mapping[str, str]) -> str:
+        """The stage's image with its configuration committed (and ``extra_labels``)."""
+        if not state.pending and not extra_labels:
+            return state.image
+        config = dict(state.config)
+        config["Labels"] = {**(config.get("Labels") or {}), **extra_labels}
+        key = hashlib.sha256(
+            json.dumps(
+                [BUILDER_VERSION, state.image, *state.pending, config], sort_keys=True, default=str
+            ).encode()
+        ).hexdigest()
+        image = None if self.no_cache else self.engine.cached(key, state.image)
+        if image is None:
+            container = self.engine.create(self._spec(state, []), self.limits)
+            try:
+                image = self.engine.commit(container, self.commit_config(config, key))
+            finally:
+                self.engine.remove(container)
+            self.committed.append(image)
+        state.image, state.pending, state.config = image, [], config
+        return image
+
+    def _context_digest(self) -> str:
+        hasher = hashlib.sha256()
+        for path, item in sorted(self.context.items.items()):
+            if not path:
+                continue
+            kind = item.mode & 0o170000
+            content = (
+                self.context.digest(item)
+                if item.is_dir or item.link is not None or kind == 0o100000
+                else "special"
+            )
+            hasher.update(f"{path}\0{item.mode:o}\0{content}\n".encode())
+        return hasher.hexdigest()
+
+
+def _shell_text(instruction: Instruction) -> str:
+    text = " ".join(instruction.words)
+    if not instruction.heredocs:
+        return text
+    markers = text.split()
+    if all(m.startswith("<<") for m in markers) and len(instruction.heredocs) == 1:
+        return instruction.heredocs[0][1]
+    bodies = "".join(f"{content}{name}\n" for name, content in instruction.heredocs)
+    return f"{text}\n{bodies}"
+
+
+def _mode(text: str, file: Dockerfile, instruction: Instruction) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise file.refuse(instruction, f"--chmod={text}: expected an octal mode") from None
+    if not 0 <= mode <= 0o7777:
+        raise file.refuse(instruction, f"--chmod={text}: out of range")
+    return mode
+
+
+def _nanoseconds(text: str, file: Dockerfile, instruction: Instruction) -> int:
+    units = {"ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
+    for unit in ("ms", "s", "m", "h"):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
+            return int(float(text[: -len(unit)]) * units[unit])
+    raise file.refuse(instruction, f"{text}: expected a duration such as 30s")
+
+
+class _ChunkReader:
+    """A file-like view of a stream of chunks (for ``tarfile`` in stream mode)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.buffer = chunks, b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.buffer) < size:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.buffer += chunk
+        if size < 0:
+            data, self.buffer = self.buffer, b""
+        else:
+            data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+
+def _rebase(
+    tar: tarfile.TarFile, source: _ChunkReader, dest: str, into_folder: bool,
+    owner: tuple[int, int], chmod: int | None, where: str,
+) -> None:  # fmt: skip
+    """Members of an image's archive (``COPY --from``) renamed under ``dest``: a folder's
+    content into it, a file to it (or into it, for ``dest/``); hard links between them
+    kept, renamed the same way."""
+    with tarfile.open(fileobj=source, mode="r|") as archive:  # type: ignore[call-overload]
+        top: str | None = None
+        folder = False
+
+        def renamed(name: str) -> str | None:
+            parts = name.strip("/").split("/")
+            if ".." in parts or parts[0] != top:
+                raise BuildRefused(f"{where}: --from: unexpected member {name}")
+            rest = "/".join(parts[1:])
+            if folder:
+                return posixpath.join(dest, rest).lstrip("/") if rest else None
+            return (posixpath.join(dest, parts[0]) if into_folder else dest).lstrip("/")
+
+        for member in archive:
+            if top is None:
+                top, folder = member.name.strip("/").split("/")[0], member.isdir()
+            if member.isdev() or member.isfifo():
+                raise BuildRefused(f"{where}: --from: {member.name} is a device or FIFO")
+            name = renamed(member.name)
+            if name is None:
+                continue
+            copy = member.replace(name=name, uid=owner[0], gid=owner[1], uname="", gname="")
+            if chmod is not None and not copy.issym():
+                copy.mode = chmod
+            if copy.islnk():
+                copy.linkname = renamed(member.linkname) or ""
+            tar.addfile(copy, archive.extractfile(member) if member.isreg() else None)

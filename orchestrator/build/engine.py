@@ -1,0 +1,140 @@
+"""What the builder asks of a container engine, in no engine's terms.
+
+A build step is a container made from the step's parent image: a ``RUN`` starts it (a
+hardened run under gVisor's build runtime), a ``COPY`` only puts an archive into it; then
+its layer is committed with the image's configuration. :class:`StepEngine` is that seam;
+:class:`orchestrator.docker.build.DockerStepEngine` implements it with the Docker SDK.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import IO, Any, Protocol
+
+from orchestrator.policy.grant import Limits
+from orchestrator.runtime.engine import EgressDecision as Decision
+
+#: Docker's default capabilities less NET_RAW (raw sockets), MKNOD (device files in a
+#: layer) and AUDIT_WRITE: what a root step needs to install packages and add users.
+STEP_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+                     "SETPCAP", "SETFCAP", "NET_BIND_SERVICE", "SYS_CHROOT")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What one build may use: per step (memory, CPUs, processes, disk written, output
+    kept) and in all (seconds)."""
+
+    memory: int
+    cpus: float
+    pids: int
+    timeout_s: float
+    disk: int
+    """Bytes a step may add to its layer."""
+    output: int = 2 << 20
+    """Bytes of a step's output shown; the rest is read and dropped (as BuildKit clips)."""
+
+    @classmethod
+    def of(cls, limits: Limits, *, disk: int, output: int = 2 << 20) -> StepLimits:
+        return cls(limits.memory, limits.cpus, limits.pids, limits.timeout, disk, output)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step's container, as intent."""
+
+    image: str
+    command: list[str]
+    """Run as the container's own process (empty: the container is never started)."""
+    user: str = ""
+    env: list[str] = field(default_factory=list)
+    workdir: str = ""
+    scratch: tuple[str, ...] = ()
+    """Folders given a fresh tmpfs (``RUN --mount=type=cache|tmpfs``), never committed."""
+    build_id: str = ""
+    network: str | None = None
+    """The build's own network (from :meth:`StepEngine.open_network`); None: none."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """How a started step ended."""
+
+    exit_code: int
+    timed_out: bool = False
+    disk_exceeded: bool = False
+    oom: bool = False
+    tail: str = ""
+    """The end of its output, for a message."""
+    clipped: bool = False
+
+
+Output = Callable[[bytes], None]
+
+
+class StepEngine(Protocol):
+    """The engine calls a build makes."""
+
+    def image(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        """``(id, config)`` of a local image, or None when it is not on this machine."""
+        ...
+
+    def cached(self, key: str, parent: str) -> str | None:
+        """The id of an image committed on ``parent`` for the cache key ``key``, or None."""
+        ...
+
+    def empty_image(self) -> str:
+        """An image with no files (``FROM scratch``)."""
+        ...
+
+    def create(self, spec: StepSpec, limits: StepLimits) -> str:
+        """A step's container (not started); its id."""
+        ...
+
+    def put_archive(self, container: str, data: IO[bytes]) -> None:
+        """Unpack the tar ``data`` at ``/`` in the container."""
+        ...
+
+    def is_folder(self, container: str, path: str) -> bool:
+        """Whether ``path`` in the container is a folder (False: absent or not one)."""
+        ...
+
+    def get_archive(self, container: str, path: str) -> Iterator[bytes]:
+        """``path`` of the container as a tar stream."""
+        ...
+
+    def run(
+        self, container: str, limits: StepLimits, deadline: float, output: Output
+    ) -> StepOutcome:
+        """Start the container and wait for its end (or the deadline, or the disk limit)."""
+        ...
+
+    def commit(self, container: str, config: Mapping[str, Any]) -> str:
+        """Commit the container's layer with ``config`` (the whole image configuration);
+        the new image's id."""
+        ...
+
+    def remove(self, container: str) -> None: ...
+
+    def open_network(self, build_id: str, allow: list[str], services: list[str]) -> str:
+        """The build's own network, its egress proxy (letting ``allow`` through)
+        attached; its name."""
+        ...
+
+    def close_network(self, network: str) -> None: ...
+
+    def egress_decisions(
+        self, build_id: str, allow: list[str], services: list[str], since: datetime
+    ) -> list[Decision]:
+        """The egress proxy's decisions on the build's requests since ``since``."""
+        ...
+
+    def remove_image(self, image: str) -> None: ...
+
+    def tag(self, image: str, name: str) -> None: ...
+
+    def runtime(self) -> str:
+        """The runtime ``RUN`` steps run under (for the provenance label)."""
+        ...
