@@ -113,9 +113,8 @@ class DockerStepEngine:
     def egress_decisions(
         self, build_id: str, allow: list[str], services: list[str], since: datetime
     ) -> list[Decision]:
-        return networks.network_decisions(
-            self.client, self._network_spec(build_id, allow, services), since
-        )
+        spec = self._network_spec(build_id, allow, services)
+        return networks.network_decisions(self.client, spec, since).decisions
 
     def image(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         with engine_errors(f"looking up image '{ref}'"):
