@@ -38,7 +38,7 @@ from docker.types import LogConfig, Ulimit
 from orchestrator import labels
 from orchestrator.build.engine import STEP_CAPABILITIES, Output, StepLimits, StepOutcome, StepSpec
 from orchestrator.docker import networks, runtimes, seccomp
-from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
 from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
 from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
@@ -265,16 +265,8 @@ class DockerStepEngine:
         )
 
     def _exited(self, container: str, timeout: float) -> bool:
-        with engine_errors("waiting for a build step"):
-            try:
-                self.api.wait(container, timeout=max(timeout, 0.05))  # type: ignore[arg-type]
-            except requests.exceptions.ReadTimeout:
-                return False
-            except requests.exceptions.ConnectionError as exc:
-                if "timed out" in str(exc).lower():
-                    return False
-                raise
-        return True
+        action = "waiting for a build step"
+        return wait_exit(self.api, container, max(timeout, 0.05), action) is not None
 
     def _layer_size(self, container: str) -> int:
         with engine_errors("measuring a build step's layer"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import docker
 import docker.utils
@@ -140,3 +140,20 @@ class DockerClient:
     def labels_for(self, extra: dict[str, str]) -> dict[str, str]:
         """The labels every created object carries: the plan's plus the owner's."""
         return {**extra, **self._owner_labels}
+
+
+def wait_exit(
+    api: docker.APIClient, container: str, timeout: float | None, action: str
+) -> dict[str, Any] | None:
+    """The engine's answer to waiting for ``container`` to exit (its ``StatusCode`` and
+    ``Error``), or None when ``timeout`` seconds pass first (the engine's own read timeout
+    can surface as either exception, depending on where it hits)."""
+    with engine_errors(action):
+        try:
+            return dict(api.wait(container, timeout=timeout))  # type: ignore[arg-type]
+        except requests.exceptions.ReadTimeout:
+            return None
+        except requests.exceptions.ConnectionError as exc:
+            if "timed out" in str(exc).lower():
+                return None
+            raise

@@ -33,7 +33,7 @@ from orchestrator.docker import (
     podman,
     runtimes,
 )
-from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
 from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
     HostView,
@@ -279,15 +279,9 @@ class DockerEngine(DockerClient):
             raise StartFailure(str(exc), code=code) from exc
 
     def wait(self, container_id: str, timeout: float | None) -> int | None:
-        with engine_errors("waiting for the container"):
-            try:
-                result = self.api.wait(container_id, timeout=timeout)  # type: ignore[arg-type]
-            except requests.exceptions.ReadTimeout:
-                return None
-            except requests.exceptions.ConnectionError as exc:
-                if "timed out" in str(exc).lower():
-                    return None
-                raise
+        result = wait_exit(self.api, container_id, timeout, "waiting for the container")
+        if result is None:
+            return None
         return podman.exit_code_for(self, container_id, int(result.get("StatusCode", -1)))
 
     def exit_state(self, container_id: str) -> ExitState:
