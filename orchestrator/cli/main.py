@@ -345,7 +345,7 @@ def _describe(prepared: Prepared) -> str:
         f"image       {spec.image}",
         f"command     {' '.join(spec.command) if spec.command else '(image default)'}"
         + (f" + arguments {json.dumps(spec.args)}" if spec.args else ""),
-        f"user        {spec.user}",
+        f"user        {_user_line(spec)}",
         f"workdir     {spec.workdir}",
         f"isolation   {_ISOLATION[spec.isolation]}",
         f"network     {_network_line(spec)}",
@@ -398,6 +398,13 @@ def _network_line(spec: ContainerSpec) -> str:
     if network.mode == "full":
         return "full (the project's own network; runs on it cannot reach each other)"
     return "none (loopback only)"
+
+
+def _user_line(spec: ContainerSpec) -> str:
+    if not spec.image_user:
+        return spec.user
+    who = spec.user or "the image's own"
+    return f"{who} (image_user: what it leaves in zones goes to {spec.uid}:{spec.gid})"
 
 
 def _hardening_line(spec: ContainerSpec) -> str:

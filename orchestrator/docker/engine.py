@@ -362,6 +362,11 @@ class DockerEngine(DockerClient):
             config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
         return [*(config.get("Entrypoint") or []), *(command or config.get("Cmd") or [])]
 
+    def image_user(self, image: str) -> str:
+        with engine_errors(f"reading the user of image '{image}'"):
+            config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
+        return str(config.get("User") or "0")
+
     def exec(
         self,
         container_id: str,

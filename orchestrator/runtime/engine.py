@@ -107,6 +107,9 @@ class Containers(Protocol):
         """What ``docker run`` would execute: the image's entrypoint, then ``command`` or
         the image's own command. Needed to run a worker by ``exec``."""
 
+    def image_user(self, image: str) -> str:
+        """The user the image's processes run as (its ``USER``; ``0`` when it names none)."""
+
     def exec(
         self,
         container_id: str,

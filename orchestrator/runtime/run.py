@@ -261,6 +261,9 @@ class Run:
             raise
         for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
+        if spec.image_user and not spec.run_as:  # the image's user, for its execs too
+            spec = self.spec = replace(spec, run_as=self.engine.image_user(spec.image))
+            prepared = self.prepared = replace(prepared, spec=spec)
         prepare_filesystem(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
         if why := backend.setid_refusal(spec, pinned=self._pin):

@@ -204,6 +204,9 @@ class FakeEngine:
     def image_argv(self, image: str, command: list[str] | None) -> list[str]:
         return list(command or ["true"])
 
+    def image_user(self, image: str) -> str:
+        return "0"
+
     def exec(
         self,
         container_id: str,

@@ -12,9 +12,14 @@ the container as its commands do. What Harbor asks of a provider, as this one me
 - ``/logs``, ``/tests`` and ``/solution`` are writable tmpfs folders of the run, owned by
   the worker (the root filesystem is read-only), as is the task's working folder when it
   is not ``/tmp``;
-- there is no root in the container: ``user="root"`` (Harbor's own steps: making and
-  emptying its folders, ``chmod +x`` of scripts, packing logs) runs as the worker, who
-  owns those folders; any user other than root or the worker is refused.
+- under gVisor the task runs as it was written (``image_user``, the default there; the
+  option ``image_user=false`` turns it off): the image's user (root, usually) on a
+  writable root filesystem of the run's own, and Harbor's ``user`` (root, the task's
+  agent or verifier user) is whom each command runs as;
+- otherwise (runc, or ``image_user=false``) there is no root in the container:
+  ``user="root"`` (Harbor's own steps: making and emptying its folders, ``chmod +x`` of
+  scripts, packing logs) runs as the worker, who owns those folders; any user other than
+  root or the worker is refused.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         trust: Trust | None = None,
         allow_ports: object = None,
         max_lifetime: object = None,
+        image_user: object = None,
         **kwargs: Any,
     ) -> None:
         # Options (``--ek``), checked when the trial starts (see _validate_definition).
@@ -86,6 +92,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._allow_ports = allow_ports
         self._max_lifetime_option = max_lifetime
         self._max_lifetime: float | None = None
+        self._image_user_option = image_user
+        self._image_user = False
         self._prepared: Prepared | None = None
         self._session: Session | None = None
         self._workdir = "/tmp"
@@ -173,15 +181,23 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             env=dict(image.env) or None,
             trust=self._trust,
         )
-        worker = env.inline_worker(f"harbor-{_safe(self.environment_name)}", project.file)
+        name = f"harbor-{_safe(self.environment_name)}"
         self._project_dir = project.root  # the project's own folder, as loaded
-        prepared = orchestrator_for(project.root).prepare(worker)
+        orch = orchestrator_for(project.root)
+        wanted = _flag(self._image_user_option, "image_user")
+        if wanted is None:  # by default, as the task was written wherever gVisor runs it
+            plain = orch.prepare(env.inline_worker(name, project.file))
+            wanted = plain.spec.isolation == "gvisor"
+        env = env.model_copy(update={"image_user": wanted})
+        prepared = orch.prepare(env.inline_worker(name, project.file))
         folders = [(folder, FOLDER_TMP) for folder in mapping.HARBOR_FOLDERS]
         if not writable(prepared.spec, workdir):
             folders.append((workdir, FOLDER_TMP))
-        prepared = with_tmpfs(prepared, folders, owned=True)
+        # As the image's user, Harbor's folders are open to every user of the image.
+        prepared = with_tmpfs(prepared, folders, owned=not wanted)
         spec = prepared.spec
         self._workdir, self._uid, self._gid = spec.workdir, spec.uid, spec.gid
+        self._image_user = spec.image_user
         return prepared
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -237,7 +253,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        self._check_user(self._resolve_user(user))
+        who = self._resolve_user(user)
+        self._check_user(who)
         capture = Capture(MAX_OUTPUT, MAX_OUTPUT)
         code = await self._run(
             ["bash", "-c", command],
@@ -245,12 +262,15 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             cwd=cwd,
             env=self._merge_env(env),
             timeout=timeout_sec,
+            user=str(who) if self._image_user and who is not None else None,
         )
         return ExecResult(
             stdout=capture.text("stdout"), stderr=capture.text("stderr"), return_code=code
         )
 
     def _check_user(self, user: str | int | None) -> None:
+        if self._image_user:  # the image's users, root among them (under gVisor)
+            return
         if user is None or str(user) in ("root", "0", str(self._uid), f"{self._uid}:{self._gid}"):
             return
         raise RuntimeError(
@@ -267,6 +287,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> int:
         session = self._session
         if session is None:
@@ -280,6 +301,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             timeout=None if timeout is None else float(timeout),
             stdin=stdin,
             on_output=capture.add,
+            user=user,
         )
         try:
             result = await asyncio.to_thread(call)
@@ -341,6 +363,18 @@ def _seconds(value: object) -> float | None:
     if not 0 < seconds < float("inf"):
         raise mapping.refuse(f"max_lifetime={value!r}: give a number of seconds above 0")
     return seconds
+
+
+def _flag(value: object, name: str) -> bool | None:
+    """A yes/no option (``--ek image_user=false``), or None when not given."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise mapping.refuse(f"{name}={value!r}: give true or false")
 
 
 def _safe(name: str) -> str:

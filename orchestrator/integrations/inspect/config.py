@@ -45,7 +45,7 @@ TOOLS_TMP = 128 << 20
 MAX_LIFETIME = 8 * 3600.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: The fields that describe a worker inline (instead of naming a worker file).
-INLINE = ("image", "zones", "network", "resources", "isolation", "workdir", "env")
+INLINE = ("image", "zones", "network", "resources", "isolation", "workdir", "env", "image_user")
 
 
 class Environment(Strict):
@@ -70,6 +70,9 @@ class Environment(Strict):
     """Inline: the working folder, where relative paths and ``cwd`` resolve (``/tmp``)."""
     env: dict[str, EnvValue] | None = None
     """Inline: plain environment values."""
+    image_user: bool | None = None
+    """Inline: run as the image's own user (often root) on a writable root filesystem,
+    only under gVisor (see ``image_user`` in docs/configuration.md)."""
     trust: Trust | None = None
     """The trust level (inline: default ``untrusted``; with ``worker``: at most the
     worker's own)."""
@@ -107,6 +110,7 @@ class Environment(Strict):
             network=self.network,
             trust=self.trust or "untrusted",
             isolation=self.isolation,
+            image_user=bool(self.image_user),
         )
         return Worker(file=file, config=config, instructions="")
 

@@ -49,6 +49,8 @@ class Opened:
     uid: int
     gid: int
     key: str
+    image_user: bool = False
+    """The run is the image's user's (``image_user``): commands may name any user of it."""
 
 
 class _Owner:
@@ -155,7 +157,7 @@ def _open(settings: Settings, name: str, env: Environment) -> Opened:
         run.close(failed=True)
         raise
     spec = run.spec
-    item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key)
+    item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key, spec.image_user)
     with _lock:
         _live[session.id] = item
     return item
