@@ -19,6 +19,7 @@ import click
 from orchestrator.cli.apply import apply as apply_command
 from orchestrator.cli.audit import audit as audit_group
 from orchestrator.cli.batch import batch as batch_command
+from orchestrator.cli.build import build as build_command
 from orchestrator.cli.clear import clear as clear_command
 from orchestrator.cli.doctor import doctor as doctor_command
 from orchestrator.cli.engine import engine as engine_group
@@ -328,6 +329,7 @@ cli.add_command(session_group)
 cli.add_command(batch_command)
 cli.add_command(doctor_command)
 cli.add_command(engine_group)
+cli.add_command(build_command)
 cli.add_command(serve_command(lambda argv: main(argv)))
 
 

@@ -406,6 +406,24 @@ class IsolationSettings(Strict):
     full: Isolation = "runc"
 
 
+class BuildSettings(Strict):
+    """``build:``: what ``orchestrator build`` gives a Dockerfile's steps (docs/build.md)."""
+
+    allow: list[str] = []
+    """Destinations a ``RUN`` step may reach through the egress proxy (as a worker's
+    ``network: {allow: [...]}``); empty: no network at all."""
+    resources: Resources = Resources()
+    """Per step (memory, cpus, pids) and the whole build (timeout); unset: the defaults'."""
+    disk: Size | None = None
+    """Bytes a step may add to its layer (default 4 GiB)."""
+
+    @field_validator("allow")
+    @classmethod
+    def _valid(cls, allow: list[str]) -> list[str]:
+        validate_allowlist(allow)
+        return allow
+
+
 class ProjectConfig(Strict):
     """``orchestrator.yaml``: what exists and the widest access it may be given."""
 
@@ -424,6 +442,8 @@ class ProjectConfig(Strict):
     """Local services an allowlisted worker may reach through the egress proxy."""
     isolation: IsolationSettings = IsolationSettings()
     """The runtime per trust level: gVisor for ``untrusted``, runc for the others."""
+    build: BuildSettings = BuildSettings()
+    """``orchestrator build``: the steps' network allowlist, limits and disk limit."""
 
 
 def check_zone_name(name: str) -> str:

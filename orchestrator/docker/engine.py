@@ -24,7 +24,7 @@ from docker import errors as docker_errors
 from docker.utils import socket as docker_socket
 
 from orchestrator import labels
-from orchestrator.docker import credproxy, hostconfig, kernel_log, podman, runtimes
+from orchestrator.docker import build, credproxy, hostconfig, kernel_log, podman, runtimes
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
 from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
@@ -509,6 +509,13 @@ class DockerEngine(DockerClient):
                 name = (c.get("Names") or [""])[0].lstrip("/")
                 tags = credproxy.owner_labels(name, c.get("Labels") or {})
                 found.append(ManagedObject("container", c["Id"], name, tags))
+            # Build steps' containers carry no labels (they would pass into the image):
+            # their names say who owns them (docker/build.py).
+            for c in self.api.containers(all=True, filters={"name": build.NAME_PREFIX}):
+                name = (c.get("Names") or [""])[0].lstrip("/")
+                owner = build.owner_labels(name)
+                if owner is not None:
+                    found.append(ManagedObject("container", c["Id"], name, owner))
             for n in self.api.networks(filters=label):
                 found.append(ManagedObject("network", n["Id"], n["Name"], n.get("Labels") or {}))
             for v in self.api.volumes(filters=label).get("Volumes") or []:

@@ -13,6 +13,11 @@ network argument that matches the container's network, so two runtimes are decla
     enabled in root network namespace"); with ``host`` the Sentry passes network calls to
     the container's own network namespace (never the host's), so the network the plan
     names is exactly the one the worker gets.
+``orchestrator-runsc-build`` and ``orchestrator-runsc-build-net``
+    The same two for the steps of ``orchestrator build`` (:mod:`orchestrator.build`), plus
+    ``--overlay2=none``: runsc otherwise keeps the root filesystem's writes in the
+    sandbox's own memory (``root:memory``), where ``docker commit`` never sees them; with
+    it, a step's writes reach the container's layer and are committed.
 
 :func:`setup_gvisor` merges both into ``daemon.json`` (every other key kept, written
 atomically, the old file backed up) and makes dockerd reload it with SIGHUP, which
@@ -45,9 +50,14 @@ DOCKER_PID = Path("/var/run/docker.pid")
 GVISOR_NONE = "orchestrator-runsc"
 #: For every other network mode (the run's own internal network, a ``full`` bridge).
 GVISOR_NETWORK = "orchestrator-runsc-net"
+#: Build steps (``orchestrator build``): their writes must reach the container's layer.
+GVISOR_BUILD = "orchestrator-runsc-build"
+GVISOR_BUILD_NETWORK = "orchestrator-runsc-build-net"
 GVISOR_ARGS = {
     GVISOR_NONE: ["--network=none", "--oci-seccomp"],
     GVISOR_NETWORK: ["--network=host", "--oci-seccomp"],
+    GVISOR_BUILD: ["--network=none", "--oci-seccomp", "--overlay2=none"],
+    GVISOR_BUILD_NETWORK: ["--network=host", "--oci-seccomp", "--overlay2=none"],
 }
 #: Docker's own runtime: always there, never declared.
 RUNC = "runc"
@@ -71,6 +81,11 @@ def runtime_name(isolation: Isolation, network: NetworkMode) -> str:
     if isolation == "runc":
         return RUNC
     return GVISOR_NONE if network == "none" else GVISOR_NETWORK
+
+
+def build_runtime_name(network: NetworkMode) -> str:
+    """The engine runtime for a build step (``orchestrator build``) on ``network``."""
+    return GVISOR_BUILD if network == "none" else GVISOR_BUILD_NETWORK
 
 
 def is_gvisor(runtime: str) -> bool:

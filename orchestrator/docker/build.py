@@ -1,0 +1,335 @@
+"""Build steps on Docker: a step's container, hardened as a run, its layer committed.
+
+:class:`DockerStepEngine` implements :class:`orchestrator.build.engine.StepEngine`. A ``RUN``
+step's container runs under gVisor's build runtime (``orchestrator-runsc-build``: its writes
+reach the container's layer, see :mod:`.runtimes`), as root inside the sandbox with
+Docker's default capabilities less ``NET_RAW``, ``MKNOD`` and ``AUDIT_WRITE``,
+``no-new-privileges``, the project's seccomp profile, no network, the build's memory,
+CPU and process limits, a file-size limit and a watch on its layer's size (the disk
+limit), its output read through an attach and clipped (the logging driver is ``none``: the
+engine keeps nothing of it on the host).
+
+A step's container carries no labels: labels would pass into the committed image and from
+there into every container made from it. It is owned by its name instead,
+``orchestrator-build-<pid>-<start>-<pid namespace>-<token>``, which :func:`owner_labels`
+reads back for ``gc``: a build SIGKILLed mid-step leaves a container that ``orchestrator
+gc`` removes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import secrets
+import tarfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import suppress
+from datetime import datetime
+from typing import IO, Any
+
+import requests
+from docker import errors as docker_errors
+from docker.types import LogConfig, Ulimit
+
+from orchestrator import labels
+from orchestrator.build.engine import STEP_CAPABILITIES, Output, StepLimits, StepOutcome, StepSpec
+from orchestrator.docker import networks, runtimes, seccomp
+from orchestrator.docker.client import DockerClient, engine_errors, retrying
+from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
+from orchestrator.docker.netnames import network_name
+from orchestrator.errors import EngineError
+from orchestrator.plan import SECCOMP_PROFILE, ContainerSpec, Network
+from orchestrator.plan import Limits as PlanLimits
+from orchestrator.runtime.engine import EgressDecision as Decision
+
+#: Every build step container's name starts so.
+NAME_PREFIX = "orchestrator-build-"
+_NAME = re.compile(rf"^{NAME_PREFIX}(\d+)-(\d+)-(\d+)-([0-9a-f]+)$")
+#: How often a running step's layer size is measured (seconds).
+DISK_POLL_S = 1.0
+#: Bytes of a step's output kept for the message when it fails.
+TAIL = 2048
+#: The label a committed image's cache key is under.
+CACHE_LABEL = f"{labels.PREFIX}.build.key"
+#: Go's ``os.ModeDir``, in the mode the engine's path stat reports.
+GO_MODE_DIR = 1 << 31
+#: A tmpfs for ``RUN --mount=type=cache|tmpfs``.
+SCRATCH_SIZE = 256 << 20
+
+
+def container_name(token: str | None = None) -> str:
+    owner = labels.current_owner()
+    ns = re.sub(r"\D", "", owner.pid_ns) or "0"
+    return f"{NAME_PREFIX}{owner.pid}-{owner.start or 0}-{ns}-{token or secrets.token_hex(6)}"
+
+
+def owner_labels(name: str) -> dict[str, str] | None:
+    """The owner labels ``gc`` judges a step's container by, read from its name; None for
+    a name that is not a build step's."""
+    match = _NAME.match(name)
+    if match is None:
+        return None
+    pid, start, ns, _ = match.groups()
+    return {labels.MANAGED: "true", labels.OWNER_PID: pid, labels.OWNER_START: start,
+            labels.OWNER_NS: f"pid:[{ns}]", labels.WORKER: "build"}  # fmt: skip
+
+
+class DockerStepEngine:
+    """Build steps on the Docker engine ``client``."""
+
+    def __init__(self, client: DockerClient | None = None) -> None:
+        self.client = client or DockerClient()
+        self.api = self.client.api
+        self._empty: str | None = None
+
+    def runtime(self) -> str:
+        return runtimes.build_runtime_name("none")
+
+    # -- the build's network, when the project declares a build allowlist ------------------
+
+    @staticmethod
+    def _network_spec(build_id: str, allow: list[str], services: list[str]) -> ContainerSpec:
+        limits = PlanLimits(memory=0, cpus=0.0, pids=0, timeout_s=0.0)
+        return ContainerSpec(image="", command=None, uid=0, gid=0, limits=limits,
+                             network=Network(mode="allowlist", allow=list(allow),
+                                             services=sorted(set(services))),
+                             run_id=f"build-{build_id}", worker="build")  # fmt: skip
+
+    def open_network(self, build_id: str, allow: list[str], services: list[str]) -> str:
+        """An internal network of the build's own (owner-labelled: ``gc`` removes it after
+        a crash) with the shared egress proxy attached, as an allowlisted run gets."""
+        spec = self._network_spec(build_id, allow, services)
+        networks.prepare_network(self.client, spec)
+        return network_name(spec)
+
+    def close_network(self, network: str) -> None:
+        networks.release_network(self.client, network)
+
+    def egress_decisions(
+        self, build_id: str, allow: list[str], services: list[str], since: datetime
+    ) -> list[Decision]:
+        return networks.network_decisions(
+            self.client, self._network_spec(build_id, allow, services), since
+        )
+
+    def image(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        with engine_errors(f"looking up image '{ref}'"):
+            try:
+                found = self.api.inspect_image(ref)  # type: ignore[no-untyped-call]
+            except docker_errors.NotFound:
+                return None
+        return str(found["Id"]), dict(found.get("Config") or {})
+
+    def cached(self, key: str) -> str | None:
+        with engine_errors("looking up the build cache"):
+            found = self.api.images(all=True, quiet=True, filters={"label": f"{CACHE_LABEL}={key}"})
+        return str(found[0]) if found else None
+
+    def empty_image(self) -> str:
+        if self._empty is None:
+            buffer = io.BytesIO()
+            tarfile.open(fileobj=buffer, mode="w").close()
+            with engine_errors("making an empty image (FROM scratch)"):
+                answer = self.api.import_image_from_data(
+                    buffer.getvalue(), repository="orchestrator/scratch", tag="latest"
+                )
+            self._empty = self.api.inspect_image("orchestrator/scratch:latest")["Id"]  # type: ignore[no-untyped-call]
+            del answer
+        return self._empty
+
+    def create(self, spec: StepSpec, limits: StepLimits) -> str:
+        runtime = runtimes.build_runtime_name("allowlist" if spec.network else "none")
+        host = self.api.create_host_config(
+            runtime=runtime,
+            network_mode=spec.network or "none",
+            cap_drop=["ALL"],
+            cap_add=list(STEP_CAPABILITIES),
+            security_opt=seccomp.security_opt(
+                [NO_NEW_PRIVILEGES, f"seccomp={SECCOMP_PROFILE}"], gvisor=True
+            ),
+            mem_limit=limits.memory,
+            memswap_limit=limits.memory,
+            nano_cpus=round(limits.cpus * 1e9),
+            pids_limit=runtimes.host_pids_limit(runtime, limits.pids),
+            ulimits=[
+                Ulimit(name="nproc", soft=limits.pids, hard=limits.pids),
+                Ulimit(name="fsize", soft=limits.disk, hard=limits.disk),
+            ],
+            tmpfs={t: f"rw,nosuid,nodev,exec,size={SCRATCH_SIZE}" for t in spec.scratch},
+            log_config=LogConfig(type=LogConfig.types.NONE),
+            privileged=False,
+            ipc_mode="private",
+        )
+        # The command as the entrypoint and an empty Cmd: a commit then takes nothing of
+        # either from the container (see orchestrator.build.builder.commit_config).
+        name = container_name()
+
+        def create() -> str:
+            made = self.api.create_container(
+                spec.image,
+                name=name,
+                entrypoint=spec.command or ["/nonexistent-build-step"],
+                command=[],
+                user=spec.user,
+                environment=spec.env,
+                working_dir=spec.workdir or None,
+                network_disabled=spec.network is None,
+                host_config=host,
+                labels={},
+            )
+            return str(made["Id"])
+
+        with engine_errors("creating a build step's container"):
+            return retrying(create)
+
+    def put_archive(self, container: str, data: IO[bytes]) -> None:
+        with engine_errors("copying files into a build step"):
+            if not self.api.put_archive(container, "/", data):
+                raise EngineError("Docker refused the files of a build step")
+
+    def is_folder(self, container: str, path: str) -> bool:
+        api: Any = self.api
+        with engine_errors(f"looking at {path} in a build step"):
+            answer = api.head(api._url("/containers/{0}/archive", container), params={"path": path})
+        if answer.status_code == 404:
+            return False
+        if answer.status_code != 200:
+            raise EngineError(
+                f"Docker refused looking at {path} in a build step ({answer.status_code})"
+            )
+        found = json.loads(base64.b64decode(answer.headers.get("X-Docker-Container-Path-Stat", "")))
+        return bool(int(found.get("mode", 0)) & GO_MODE_DIR)
+
+    def get_archive(self, container: str, path: str) -> Iterator[bytes]:
+        with engine_errors(f"reading {path} of an image"):
+            try:
+                stream, _ = self.api.get_archive(container, path)
+            except docker_errors.NotFound:
+                raise FileNotFoundError(path) from None
+        return iter(stream)
+
+    def run(
+        self, container: str, limits: StepLimits, deadline: float, output: Output
+    ) -> StepOutcome:
+        with engine_errors("attaching to a build step"):
+            frames = self.api.attach(container, stdout=True, stderr=True, stream=True, logs=False)
+        reader = _Output(frames, limits.output, output)
+        reader.start()
+        with engine_errors("starting a build step"):
+            self.api.start(container)
+        timed_out = disk = False
+        last_poll = 0.0
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                if self._exited(container, min(left, DISK_POLL_S)):
+                    break
+                if time.monotonic() - last_poll >= DISK_POLL_S:
+                    last_poll = time.monotonic()
+                    if self._layer_size(container) > limits.disk:
+                        disk = True
+                        break
+            if timed_out or disk:
+                with engine_errors("stopping a build step"), suppress(docker_errors.APIError):
+                    self.api.kill(container)  # (an error: it ended meanwhile)
+            with engine_errors("reading a build step's exit state"):
+                state = self.api.inspect_container(container)["State"]
+            if not disk and state.get("ExitCode") == 0 and not timed_out:
+                disk = self._layer_size(container) > limits.disk
+        finally:
+            reader.join(5)
+            reader.close()
+        return StepOutcome(
+            exit_code=int(state.get("ExitCode", -1)),
+            timed_out=timed_out,
+            disk_exceeded=disk,
+            oom=bool(state.get("OOMKilled")),
+            tail=reader.tail.decode("utf-8", errors="replace"),
+            clipped=reader.clipped,
+        )
+
+    def _exited(self, container: str, timeout: float) -> bool:
+        with engine_errors("waiting for a build step"):
+            try:
+                self.api.wait(container, timeout=max(timeout, 0.05))  # type: ignore[arg-type]
+            except requests.exceptions.ReadTimeout:
+                return False
+            except requests.exceptions.ConnectionError as exc:
+                if "timed out" in str(exc).lower():
+                    return False
+                raise
+        return True
+
+    def _layer_size(self, container: str) -> int:
+        with engine_errors("measuring a build step's layer"):
+            # The SDK's inspect has no ``size``; the API does (SizeRw: the layer's bytes).
+            api: Any = self.api
+            url = api._url("/containers/{0}/json", container)
+            found = api._result(api._get(url, params={"size": 1}), json=True)
+        return int(found.get("SizeRw") or 0)
+
+    def commit(self, container: str, config: Mapping[str, Any]) -> str:
+        with engine_errors("committing a build step"):
+            made = self.api.commit(container, conf=dict(config))
+        return str(made["Id"])
+
+    def remove(self, container: str) -> None:
+        def remove() -> None:
+            try:
+                self.api.remove_container(container, force=True, v=True)
+            except docker_errors.NotFound:
+                return
+
+        with engine_errors("removing a build step's container"):
+            retrying(remove)
+
+    def remove_image(self, image: str) -> None:
+        with engine_errors("removing a build's image"):
+            try:
+                self.api.remove_image(image)
+            except docker_errors.NotFound:
+                pass
+            except docker_errors.APIError as exc:
+                if exc.status_code != 409:  # in use or a parent: it stays
+                    raise
+
+    def tag(self, image: str, name: str) -> None:
+        repository, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "")
+        with engine_errors(f"tagging the image as '{name}'"):
+            self.api.tag(image, repository, tag or "latest", force=True)
+
+
+class _Output(threading.Thread):
+    """Reads a step's output to its end: the first ``limit`` bytes go to ``output``, the
+    rest is dropped (the step is never blocked on a full pipe); the last bytes are kept."""
+
+    def __init__(self, frames: Any, limit: int, output: Output) -> None:
+        super().__init__(name="build-step-output", daemon=True)
+        self.frames, self.limit, self.output = frames, limit, output
+        self.seen = 0
+        self.tail = b""
+        self.clipped = False
+
+    def run(self) -> None:
+        try:
+            for chunk in self.frames:
+                if self.seen < self.limit:
+                    self.output(chunk[: self.limit - self.seen])
+                elif not self.clipped:
+                    self.clipped = True
+                self.seen += len(chunk)
+                self.tail = (self.tail + chunk)[-TAIL:]
+        except (requests.exceptions.RequestException, OSError, ValueError):
+            return
+
+    def close(self) -> None:
+        close = getattr(self.frames, "close", None)
+        if close is not None:
+            close()

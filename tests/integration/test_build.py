@@ -1,0 +1,387 @@
+"""``orchestrator build`` on the real engine, every RUN under gVisor's build runtime.
+
+A multi-stage Dockerfile builds and runs; a second build is all cache; a changed context
+file runs again only the steps from its COPY on. Attacks from a Dockerfile and its context
+are refused or contained, and leave no step container behind. See docs/build.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator import labels
+from orchestrator.docker import build as docker_build
+from orchestrator.docker.images import WORKER_IMAGE
+from tests.integration.conftest import cli, require_gvisor, wait_until
+
+pytestmark = pytest.mark.docker
+
+
+def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=False, timeout=timeout
+    )
+
+
+def step_containers() -> list[str]:
+    """Build step containers whose owner is gone (a leak), or alive in this test."""
+    found = docker("ps", "-a", "--filter", f"name={docker_build.NAME_PREFIX}", "--format",
+                   "{{.Names}}").stdout.split()  # fmt: skip
+    return [
+        name
+        for name in found
+        if (owner := docker_build.owner_labels(name)) is not None
+        and labels.owner_state(owner) != "foreign"
+    ]
+
+
+@pytest.fixture
+def builds(engine, project, tmp_path):
+    """A context folder, a unique label for this test's images, and clean-up of every image
+    this test made (the tagged ones and the cache entries under them)."""
+    require_gvisor(engine)
+    marker = uuid.uuid4().hex[:12]
+    context = tmp_path / "ctx"
+    context.mkdir()
+    tags: list[str] = []
+
+    def build(dockerfile: str, *args: str, tag: str | None = None, timeout: float = 600):
+        (context / "Dockerfile").write_text(
+            dockerfile.replace("@BASE@", WORKER_IMAGE).replace("@MARK@", marker)
+        )
+        if tag:
+            tags.append(tag)
+        extra = ["-t", tag] if tag else []
+        return cli("build", str(context), "--project", str(project.root), *extra, *args,
+                   timeout=timeout)  # fmt: skip
+
+    build.context = context  # type: ignore[attr-defined]
+    build.marker = marker  # type: ignore[attr-defined]
+    yield build
+    for tag in tags:
+        docker("rmi", "-f", tag)
+    made = docker("images", "-aq", "--filter", f"label=test.mark={marker}").stdout.split()
+    for image in reversed(made):
+        docker("rmi", "-f", image)
+    assert not step_containers(), "a build left a step container behind"
+
+
+MULTI_STAGE = """\
+FROM @BASE@ AS base
+USER root
+LABEL test.mark=@MARK@
+RUN useradd -m alice && mkdir -p /app && echo made > /app/made.txt
+COPY data.txt /app/
+COPY folder /app/folder
+WORKDIR /app
+ENV GREETING="hello there"
+RUN python3 -c "import os; open('py.txt', 'w').write(os.environ['GREETING'])"
+FROM base AS final
+COPY --from=base /app/py.txt /final/
+USER alice
+CMD ["cat", "/final/py.txt"]
+"""
+
+
+def outcomes(done) -> dict[int, str]:
+    assert done.returncode == 0, done.stderr
+    return {step["line"]: step["outcome"] for step in json.loads(done.stdout)["steps"]}
+
+
+def test_a_multi_stage_build_runs_caches_and_rebuilds_only_after_a_changed_copy(builds, project):
+    context: Path = builds.context
+    (context / "data.txt").write_text("data\n")
+    (context / "folder").mkdir()
+    (context / "folder" / "inner.txt").write_text("inner v1\n")
+    tag = f"orchestrator-test/build-{builds.marker}:1"
+
+    first = builds(MULTI_STAGE, "--json", tag=tag)
+    assert outcomes(first) == {2: "config", 3: "config", 4: "built", 5: "built", 6: "built",
+                               7: "config", 8: "config", 9: "built", 11: "built", 12: "config",
+                               13: "config"}  # fmt: skip
+    ran = docker("run", "--rm", tag)
+    assert (ran.returncode, ran.stdout) == (0, "hello there")
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                   "id -un; pwd; cat made.txt data.txt folder/inner.txt")  # fmt: skip
+    assert shown.stdout.split("\n")[:5] == ["alice", "/app", "made", "data", "inner v1"]
+    image = json.loads(first.stdout)["image"]
+    inspected = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Labels"]
+    assert inspected["io.orchestrator.build.runtime"] == "orchestrator-runsc-build"
+    assert inspected["io.orchestrator.build.dockerfile-digest"].startswith("sha256:")
+
+    began = time.monotonic()
+    second = builds(MULTI_STAGE, "--json", tag=tag)
+    assert set(outcomes(second).values()) <= {"cached", "config"}
+    assert json.loads(second.stdout)["image"] == image
+    assert json.loads(second.stdout)["duration_s"] < 1.5, second.stdout
+    assert time.monotonic() - began < 60
+
+    (context / "folder" / "inner.txt").write_text("inner v2\n")
+    third = outcomes(builds(MULTI_STAGE, "--json", tag=tag))
+    assert (third[4], third[5]) == ("cached", "cached")
+    assert (third[6], third[9], third[11]) == ("built", "built", "built")
+    shown = docker("run", "--rm", "--entrypoint", "cat", tag, "/app/folder/inner.txt")
+    assert shown.stdout == "inner v2\n"
+
+    log = (project.root / ".sandbox" / "audit.jsonl").read_text().splitlines()
+    audit = [json.loads(line) for line in log]
+    builds_seen = [e for e in audit if e["operation"].startswith("build.")]
+    ended = [e for e in builds_seen if e["operation"] == "build.ended"]
+    assert [e["metadata"]["image"] for e in ended][:2] == [image, image]
+    steps = [e for e in builds_seen if e["operation"] == "build.step"]
+    assert {s["metadata"]["outcome"] for s in steps} == {"built", "cached", "config"}
+
+
+ATTACKS = r"""
+import ctypes, errno, json, os, socket, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+found = {}
+def refused(name, attempt):
+    try:
+        found[name] = "refused" if attempt() else "ALLOWED"
+    except OSError as exc:
+        found[name] = f"refused: {exc}"
+def network():
+    socket.create_connection(("1.1.1.1", 80), timeout=3)
+    return False
+def command(*argv):
+    return lambda: subprocess.run(argv, capture_output=True).returncode != 0
+def syscall(number, *args):
+    return lambda: libc.syscall(number, *args) == -1
+def sysrq():
+    with open("/proc/sysrq-trigger", "w") as handle:
+        handle.write("h")
+    return False
+refused("network", network)
+refused("mount", command("mount", "-t", "tmpfs", "none", "/mnt"))
+refused("unshare", command("unshare", "--mount", "--net", "true"))
+refused("io_uring", syscall(425, 8, ctypes.create_string_buffer(120)))
+refused("sysrq", sysrq)
+refused("module", syscall(313, -1, b"", 0))
+with open("/attacks.json", "w") as out:
+    json.dump(found, out)
+"""
+
+
+def test_attacks_from_a_run_step_are_refused_inside_the_sandbox(builds):
+    (builds.context / "attacks.py").write_text(ATTACKS)
+    tag = f"orchestrator-test/build-{builds.marker}:attacks"
+    done = builds("FROM @BASE@\nUSER root\nLABEL test.mark=@MARK@\nCOPY attacks.py /\n"
+                  "RUN python3 /attacks.py\n", tag=tag)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(docker("run", "--rm", "--entrypoint", "cat", tag, "/attacks.json").stdout)
+    assert set(report) == {"network", "mount", "unshare", "io_uring", "sysrq", "module"}
+    assert all(value.startswith("refused") for value in report.values()), report
+
+
+def test_links_and_special_files_in_the_context_never_bring_in_a_host_file(builds, tmp_path):
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text(f"host secret {builds.marker}\n")
+    context: Path = builds.context
+    (context / "link").symlink_to(secret)
+    tag = f"orchestrator-test/build-{builds.marker}:links"
+    copied = builds("FROM @BASE@\nLABEL test.mark=@MARK@\nCOPY link /copied\n", tag=tag)
+    assert copied.returncode == 0, copied.stderr
+    inside = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                    "readlink /copied; cat /copied 2>/dev/null || echo unreadable")  # fmt: skip
+    assert inside.stdout.split() == [str(secret), "unreadable"]
+    assert builds.marker not in inside.stdout.replace(f"build-{builds.marker}", "")
+
+    os.link(secret, context / "hard")
+    refused = builds("FROM @BASE@\nLABEL test.mark=@MARK@\nCOPY . /ctx/\n")
+    assert refused.returncode == 125
+    assert (
+        f"{context / 'hard'} is a hard link to a file outside the build context" in refused.stderr
+    )
+    assert "Dockerfile:3: COPY" in refused.stderr
+    (context / "hard").unlink()
+
+    os.mkfifo(context / "fifo")
+    refused = builds("FROM @BASE@\nLABEL test.mark=@MARK@\nCOPY fifo /x\n")
+    assert refused.returncode == 125
+    assert f"{context / 'fifo'} is a FIFO (named pipe): never copied" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "said"),
+    [
+        ("RUN --security=insecure true", "Dockerfile:2: RUN: --security=insecure would run"),
+        ("RUN --mount=type=secret,id=x cat /run/secrets/x", "RUN: --mount=type=secret: a build"),
+        ("RUN --mount=type=ssh true", "Dockerfile:2: RUN: --mount=type=ssh: a build never"),
+        ("RUN --privileged true", "Dockerfile:2: RUN: --privileged runs with every privilege"),
+    ],
+)
+def test_what_cannot_be_made_safe_is_refused_in_one_line(builds, dockerfile, said):
+    done = builds(f"FROM @BASE@\n{dockerfile}\n")
+    assert done.returncode == 125
+    assert said in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_an_image_not_on_this_machine_is_never_pulled(builds):
+    done = builds("FROM orchestrator-test/absent-image:never\nRUN true\n")
+    assert done.returncode == 125
+    assert "Dockerfile:1: FROM: image 'orchestrator-test/absent-image:never' is not on this " \
+        "machine and nothing is pulled" in done.stderr  # fmt: skip
+
+
+def test_a_failing_run_gives_its_exit_code_in_one_line(builds):
+    done = builds("FROM @BASE@\nLABEL test.mark=@MARK@\nRUN echo about to fail; exit 3\n")
+    assert done.returncode == 3
+    assert "Dockerfile:3: RUN: exited 3: about to fail" in done.stderr
+
+
+def test_a_never_ending_run_stops_at_the_build_time_limit(builds):
+    began = time.monotonic()
+    done = builds("FROM @BASE@\nLABEL test.mark=@MARK@\nRUN sleep 100000\n", "--timeout", "20")
+    assert done.returncode == 125
+    assert "still running at the build's time limit (20 s): stopped" in done.stderr
+    assert time.monotonic() - began < 90
+
+
+def test_a_fork_bomb_is_contained_by_the_process_limit(builds):
+    bomb = "import os\\nwhile True:\\n    os.fork()"
+    began = time.monotonic()
+    done = builds(f'FROM @BASE@\nLABEL test.mark=@MARK@\nRUN python3 -c "$(printf \'{bomb}\')"\n',
+                  "--timeout", "120")  # fmt: skip
+    assert done.returncode != 0
+    assert time.monotonic() - began < 180
+
+
+def test_a_step_writing_past_the_disk_limit_is_stopped(builds):
+    done = builds(
+        "FROM @BASE@\nUSER root\nLABEL test.mark=@MARK@\n"
+        "RUN dd if=/dev/zero of=/big bs=1M count=200\n",
+        "--disk", "32m", "--no-cache",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "Dockerfile:4: RUN" in done.stderr
+    assert not docker("images", "-aq", "--filter", f"label=test.mark={builds.marker}").stdout
+
+
+def test_fifty_mebibytes_of_output_are_clipped(builds):
+    done = builds(
+        "FROM @BASE@\nLABEL test.mark=@MARK@\n"
+        "RUN head -c 52428800 /dev/zero | tr '\\0' x; echo; echo finished\n"
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "(output clipped at 2048 KiB)" in done.stderr
+    assert len(done.stderr) < 3 << 20
+
+
+def test_a_sigkilled_build_leaves_only_what_gc_removes(builds, project):
+    (builds.context / "Dockerfile").write_text(
+        f"FROM {WORKER_IMAGE}\nLABEL test.mark={builds.marker}\nRUN sleep 100000\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "build", str(builds.context),
+         "--project", str(project.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
+    try:
+        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers()), 180)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    done = cli("gc", "--project", str(project.root))
+    assert done.returncode == 0, done.stderr
+    assert not [n for n in step_containers() if n.startswith(mine)]
+
+
+def test_a_build_allowlist_lets_run_steps_reach_only_its_hosts_through_the_audited_proxy(
+    builds, project, engine
+):
+    service_net = f"buildtest-{builds.marker}"
+    server = f"pkgsrv-{builds.marker}"
+    docker("network", "create", service_net)
+    try:
+        started = docker("run", "-d", "--name", server, "--network", service_net, "--user",
+                         "65534", "--workdir", "/tmp", "--entrypoint", "sh", WORKER_IMAGE, "-c",
+                         "echo package > /tmp/pkg.txt && exec python3 -m http.server 8000")  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        project.extra = (
+            f"network:\n  services:\n    - network: {service_net}\n"
+            f"build:\n  allow: ['{server}.{service_net}:8000']\n"
+        )
+        project.write_project()
+        fetch = (
+            "import urllib.request as u\\n"
+            "def get(url):\\n"
+            "    try: return u.urlopen(url, timeout=20).read().decode().strip()\\n"
+            "    except Exception as exc: return 'refused: ' + str(exc)\\n"
+            f"open('/fetched.txt','w').write(get('http://{server}.{service_net}:8000/pkg.txt'))\\n"
+            "open('/denied.txt','w').write(get('http://denied.example/'))\\n"
+        )
+        tag = f"orchestrator-test/build-{builds.marker}:net"
+        done = builds(
+            f"FROM @BASE@\nUSER root\nLABEL test.mark=@MARK@\n"
+            f'RUN printf "{fetch}" > /f.py && python3 /f.py\n',
+            tag=tag,
+        )
+        assert done.returncode == 0, done.stderr
+        shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                       "cat /fetched.txt; echo; cat /denied.txt; echo; env")  # fmt: skip
+        lines = shown.stdout.splitlines()
+        assert lines[0] == "package"
+        assert lines[1].startswith("refused") and "403" in lines[1]
+        assert not [line for line in lines if "proxy" in line.lower()]  # not in the image
+        log = (project.root / ".sandbox" / "audit.jsonl").read_text().splitlines()
+        egress = [json.loads(x) for x in log if '"build.egress"' in x]
+        seen = {(e["metadata"]["host"], e["allowed"]) for e in egress}
+        assert (f"{server}.{service_net}", True) in seen
+        assert ("denied.example", False) in seen
+        assert not [n for n in docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+                    if n.startswith("orchestrator-run-build-")]  # fmt: skip
+    finally:
+        docker("rm", "-f", server)
+        docker("network", "rm", service_net)
+
+
+def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
+    (builds.context / "Dockerfile").write_text(
+        f"FROM {WORKER_IMAGE}\nLABEL test.mark={builds.marker}\nRUN sleep 100000\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "build", str(builds.context),
+         "--project", str(project.root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
+    try:
+        assert wait_until(lambda: any(n.startswith(mine) for n in step_containers()), 180)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "build interrupted (signal 15)" in err
+    assert not [n for n in step_containers() if n.startswith(mine)]
+
+
+def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
+    (builds.context / "data.txt").write_text("data\n")
+    tag = f"orchestrator-test/build-{builds.marker}:copies"
+    done = builds(
+        "FROM @BASE@ AS first\nUSER root\nLABEL test.mark=@MARK@\n"
+        "RUN mkdir -p /app /src && echo keep > /app/keep && echo x > /src/a && ln /src/a /src/b\n"
+        "WORKDIR /app\nCOPY data.txt .\nCOPY data.txt /app\nCOPY data.txt /named.txt\n"
+        "FROM first\nCOPY --from=first /src /copied\n",
+        tag=tag,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                   "cat /app/keep /app/data.txt /named.txt /copied/a /copied/b; "
+                   "stat -c %h /copied/a")  # fmt: skip
+    assert shown.stdout.split() == ["keep", "data", "data", "x", "x", "2"], shown.stderr

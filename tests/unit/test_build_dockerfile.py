@@ -1,0 +1,111 @@
+"""The builder's pure parts: Dockerfile stages and refusals, words, ``.dockerignore``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.build.context import Context
+from orchestrator.build.dockerfile import BuildRefused, parse
+from orchestrator.build.words import WordError, expand
+
+FILE = Path("/ctx/Dockerfile")
+
+
+def test_stages_heredocs_continuations_and_args_before_from():
+    parsed = parse(
+        FILE,
+        "# syntax=docker/dockerfile:1\nARG BASE=debian\nFROM --platform=linux/amd64 ${BASE} AS"
+        " build\nRUN echo a && \\\n    echo b\nRUN <<EOT\nset -e\necho c\nEOT\n"
+        'FROM build\nCOPY --from=build ["/a", "/b"]\n',
+    )
+    assert [a.words for a in parsed.global_args] == [("BASE=debian",)]
+    first, second = parsed.stages
+    assert (first.name, first.base, second.base) == ("build", "${BASE}", "build")
+    assert first.instructions[0].words == ("echo a &&     echo b",)
+    assert first.instructions[1].heredocs == (("EOT", "set -e\necho c\n"),)
+    assert second.instructions[0].json and second.instructions[0].flag("from") == "build"
+    assert parsed.base_of(first, {"BASE": "debian"}) == "debian"
+    assert [s.index for s in parsed.needed(parsed.target(None), {})] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("RUN --security=insecure true", "Dockerfile:2: RUN: --security=insecure would run"),
+        ("RUN --mount=type=secret,id=t cat x", "Dockerfile:2: RUN: --mount=type=secret: a build"),
+        ("RUN --mount=type=ssh true", "Dockerfile:2: RUN: --mount=type=ssh: a build never"),
+        ("RUN --mount=type=bind,target=/x true", "--mount=type=bind is not supported"),
+        ("RUN --privileged true", "Dockerfile:2: RUN: --privileged runs with every privilege"),
+        ("RUN --network=host true", "Dockerfile:2: RUN: --network=host: a step gets no network"),
+        ("ADD https://example.org/x /x", "Dockerfile:2: ADD: https://example.org/x: ADD of a URL"),
+        ("ONBUILD RUN true", "Dockerfile:2: ONBUILD: ONBUILD is not supported"),
+        ("FROM --platform=linux/arm64 x", "Dockerfile:2: FROM: --platform=linux/arm64: only"),
+    ],
+)
+def test_what_cannot_be_made_safe_is_refused_naming_file_line_and_instruction(line, said):
+    with pytest.raises(BuildRefused) as refused:
+        parse(FILE, f"FROM x\n{line}\n")
+    assert said in str(refused.value)
+    assert str(refused.value).startswith("/ctx/Dockerfile:2: ")
+
+
+def test_a_target_builds_only_the_stages_it_needs():
+    parsed = parse(FILE, "FROM a AS one\nFROM b AS two\nCOPY --from=one /x /x\nFROM c AS three\n")
+    assert [s.name for s in parsed.needed(parsed.target("two"), {})] == ["one", "two"]
+    with pytest.raises(BuildRefused, match="no stage named 'four'"):
+        parsed.target("four")
+
+
+def test_words_lose_their_quotes_and_expand_as_docker_does():
+    env = {"A": "1", "EMPTY": ""}
+    assert expand('"two words"', env) == "two words"
+    assert expand("'$A'", env) == "$A"
+    assert expand('"$A"-${A}-\\$A', env) == "1-1-$A"
+    assert expand("${EMPTY:-d} ${EMPTY-d} ${A:+set} ${B:+set}", env) == "d  set "
+    with pytest.raises(WordError):
+        expand('"open', env)
+    with pytest.raises(WordError, match="B: needed"):
+        expand("${B:?needed}", env)
+
+
+def test_the_context_honours_dockerignore_and_never_follows_a_link(tmp_path):
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "a.txt").write_text("a")
+    (tmp_path / "keep" / "b.log").write_text("b")
+    (tmp_path / "keep" / "important.log").write_text("c")
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "key").write_text("k")
+    (tmp_path / "outside").symlink_to("/etc")
+    (tmp_path / ".dockerignore").write_text("secret\n**/*.log\n!keep/important.log\n")
+    context = Context.open(tmp_path)
+    try:
+        assert sorted(context.items) == [
+            "",
+            ".dockerignore",
+            "keep",
+            "keep/a.txt",
+            "keep/important.log",
+            "outside",
+        ]
+        assert context.items["outside"].link == "/etc"
+        assert [i.path for i in context.select("keep/*.txt", "here")] == ["keep/a.txt"]
+        with pytest.raises(BuildRefused, match="secret/key: not found in the build context"):
+            context.select("secret/key", "here")
+    finally:
+        context.close()
+
+
+def test_a_hard_link_to_a_file_outside_the_context_is_refused(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("host")
+    (tmp_path / "ctx").mkdir()
+    os.link(outside, tmp_path / "ctx" / "hard")
+    context = Context.open(tmp_path / "ctx")
+    try:
+        with pytest.raises(BuildRefused, match="is a hard link to a file outside the build"):
+            context.check(context.items["hard"], "Dockerfile:2: COPY")
+    finally:
+        context.close()
