@@ -43,6 +43,9 @@ MAX_INSTRUCTIONS = 64 << 10
 #: The seccomp profile every container gets, by name; the engine adapter supplies its text
 #: (upstream's current default, with io_uring blocked: see docs/security.md).
 SECCOMP_PROFILE = "orchestrator-default"
+#: The same for a run as the image's user (``image_user``): no set-id bit can be set on a
+#: file (its writes reach zones on the host, where root's setuid file would be honoured).
+IMAGE_USER_SECCOMP = "orchestrator-image-user"
 #: The capabilities a run as the image's user keeps (``image_user``, only under gVisor):
 #: Docker's defaults less NET_RAW (raw sockets), MKNOD (device files in a zone), FSETID
 #: and SETFCAP (set-id bits and file capabilities kept on files it changes), KILL (the
@@ -323,13 +326,16 @@ def compile_plan(
         outbox=outbox.target if outbox else None,
         # With arguments too: the image's own command is only known to the engine, so the
         # worker runs by exec (argv: the image's command, then the arguments).
-        supervisor_user=supervisor_for(uid) if outbox or args else None,
+        supervisor_user=(
+            supervisor_for(uid, image_user=config.image_user) if outbox or args else None
+        ),
         args=list(args),
         inputs=INPUTS_DIR if inputs and grant.paths is not None else None,
         isolation=grant.isolation,
         image_user=config.image_user,
         read_only_rootfs=not config.image_user,
         capabilities=list(IMAGE_USER_CAPABILITIES) if config.image_user else [],
+        seccomp=IMAGE_USER_SECCOMP if config.image_user else SECCOMP_PROFILE,
     )
 
 
@@ -386,9 +392,13 @@ def _network(project: Project, grant: Grant, bindings: list[Binding]) -> Network
     return Network("none")
 
 
-def supervisor_for(uid: int) -> str:
+def supervisor_for(uid: int, *, image_user: bool = False) -> str:
     """A uid for the keep-alive process: unprivileged and never the worker's own, so that
-    killing all of the worker's processes (``kill -9 -1`` as the worker) spares it."""
+    killing all of the worker's processes (``kill -9 -1`` as the worker) spares it. With
+    ``image_user``, root: an exec gets only the capabilities of the container's own user
+    (see :data:`~orchestrator.runtime.supervised.KILL_ALL_BUT_KEEPALIVE`)."""
+    if image_user:
+        return "0:0"
     other = 65533 if uid != 65533 else 65532
     return f"{other}:{other}"
 

@@ -46,7 +46,13 @@ from orchestrator.errors import (
 )
 from orchestrator.exits import Exit, signalled
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.engine import EgressDecision, ExitState, ManagedObject, Stream
+from orchestrator.runtime.engine import (
+    EgressDecision,
+    ExitState,
+    ImageDefaults,
+    ManagedObject,
+    Stream,
+)
 
 #: A container killed by SIGKILL, as the engine reports it (an OOM kill among others).
 EXIT_SIGKILL = signalled(signal.SIGKILL)
@@ -362,10 +368,10 @@ class DockerEngine(DockerClient):
             config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
         return [*(config.get("Entrypoint") or []), *(command or config.get("Cmd") or [])]
 
-    def image_user(self, image: str) -> str:
-        with engine_errors(f"reading the user of image '{image}'"):
+    def image_defaults(self, image: str) -> ImageDefaults:
+        with engine_errors(f"reading the configuration of image '{image}'"):
             config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
-        return str(config.get("User") or "0")
+        return ImageDefaults(str(config.get("User") or "0"), str(config.get("WorkingDir") or "/"))
 
     def exec(
         self,

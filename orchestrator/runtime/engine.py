@@ -24,6 +24,16 @@ ObjectKind = Literal["container", "network", "volume"]
 
 
 @dataclass(frozen=True)
+class ImageDefaults:
+    """What an image's configuration gives a process it starts."""
+
+    user: str
+    """Its ``USER`` (``0`` when it names none)."""
+    workdir: str
+    """Its ``WORKDIR`` (``/`` when it names none)."""
+
+
+@dataclass(frozen=True)
 class ExitState:
     """How a container ended."""
 
@@ -107,8 +117,8 @@ class Containers(Protocol):
         """What ``docker run`` would execute: the image's entrypoint, then ``command`` or
         the image's own command. Needed to run a worker by ``exec``."""
 
-    def image_user(self, image: str) -> str:
-        """The user the image's processes run as (its ``USER``; ``0`` when it names none)."""
+    def image_defaults(self, image: str) -> ImageDefaults:
+        """The user and working folder the image's processes start with."""
 
     def exec(
         self,

@@ -98,7 +98,12 @@ def _worker(project, image: str, script: str, name: str = "task") -> None:
     )
 
 
+#: The project folder's owner (a user of the host's, not root): the worker's uid:gid.
+OWNER = (4321, 4321)
+
+
 def _zones(project):
+    os.chown(project.root, *OWNER)  # a root orchestrator runs the worker as this owner
     out = project.zone("out", "rw", files={"old.txt": "old\n"}, extra="untrusted_output: true")
     src = project.zone("src", "ro", files={"a.txt": "original\n"})
     return out, src
@@ -108,6 +113,7 @@ def test_root_changes_the_image_in_place_and_leaves_only_owner_files(engine, pro
     require_gvisor(engine)
     out, src = _zones(project)
     owner = project.identity
+    assert owner == OWNER
     old_info = (out / "old.txt").stat()
     _worker(project, task_image, SCRIPT)
     plan = cli("plan", "task", "--project", str(project.root), "--json").json()
@@ -125,7 +131,7 @@ def test_root_changes_the_image_in_place_and_leaves_only_owner_files(engine, pro
     assert "print('fixed')" in printed
     assert "etc configured" in printed
     assert "bob " in printed
-    assert "refused ro zone" in printed and "DID" not in printed
+    assert "refused ro zone" in printed and "DID" not in printed, printed
     assert (src / "a.txt").read_text() == "original\n"
     cap_eff = int(printed.split("CapEff:")[1].split()[0], 16)
     assert cap_eff & ~0 != 0

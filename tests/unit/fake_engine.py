@@ -26,6 +26,7 @@ from orchestrator.runtime.engine import (
     Engine,
     ExecHandle,
     ExitState,
+    ImageDefaults,
     ManagedObject,
     Stream,
 )
@@ -204,8 +205,8 @@ class FakeEngine:
     def image_argv(self, image: str, command: list[str] | None) -> list[str]:
         return list(command or ["true"])
 
-    def image_user(self, image: str) -> str:
-        return "0"
+    def image_defaults(self, image: str) -> ImageDefaults:
+        return ImageDefaults("0", "/")
 
     def exec(
         self,
