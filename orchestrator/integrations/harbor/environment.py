@@ -94,6 +94,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._max_lifetime: float | None = None
         self._image_user_option = image_user
         self._image_user = False
+        self._force_build = False
         self._prepared: Prepared | None = None
         self._session: Session | None = None
         self._workdir = "/tmp"
@@ -158,6 +159,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         project = load_project(self._project_dir)
         config = self.task_env_config
         image = mapping.image_of(self.environment_dir, config.docker_image)
+        if image.dockerfile is not None:
+            image = self._build(project.root, image.dockerfile)
         policy = self.network_policy
         network = mapping.network_of(
             policy.network_mode.value,
@@ -200,9 +203,25 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._image_user = spec.image_user
         return prepared
 
+    def _build(self, project: Path, dockerfile: Path) -> mapping.Image:
+        """The task's Dockerfile built by the project's builder (each ``RUN`` a hardened
+        run under gVisor, its layers cached by content; audited in the project's log)."""
+        from orchestrator.build import build_image
+
+        built = build_image(
+            dockerfile.parent,
+            dockerfile=dockerfile,
+            project=project,
+            no_cache=self._force_build,
+            say=lambda line: log.info("trial %s: build: %s", self.session_id, line),
+        )
+        defaults = orchestrator_for(project).engine.image_defaults(built.image_id)
+        return mapping.Image(built.image_id, workdir=defaults.workdir)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
+        self._force_build = force_build
         await asyncio.to_thread(self._open)
         # The folders Harbor's own Docker environment mounts from the host exist here too.
         made = await self.exec(f"mkdir -p {' '.join(LOG_FOLDERS)}")

@@ -45,7 +45,8 @@ TOOLS_TMP = 128 << 20
 MAX_LIFETIME = 8 * 3600.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: The fields that describe a worker inline (instead of naming a worker file).
-INLINE = ("image", "zones", "network", "resources", "isolation", "workdir", "env", "image_user")
+INLINE = ("image", "dockerfile", "zones", "network", "resources", "isolation", "workdir", "env",
+          "image_user")  # fmt: skip
 
 
 class Environment(Strict):
@@ -56,6 +57,10 @@ class Environment(Strict):
     Leave it out to describe the worker with the fields below instead."""
     image: str | None = None
     """Inline: the image (default: the project's)."""
+    dockerfile: str | None = None
+    """Inline, instead of ``image``: a Dockerfile (relative to the settings file's folder)
+    built by the project's builder, its folder the build context (see docs/build.md).
+    Compose files are refused."""
     zones: list[ZoneRequest] | None = None
     """Inline: the project's zones it gets, with modes (none: no mounts at all)."""
     network: Network | None = None
@@ -88,8 +93,20 @@ class Environment(Strict):
     max_lifetime: float | None = Field(default=MAX_LIFETIME, gt=0, le=MAX_SESSION_S)
     """Close the sandbox after this many seconds in any case (null: no limit)."""
 
+    @field_validator("dockerfile")
+    @classmethod
+    def _not_compose(cls, dockerfile: str | None) -> str | None:
+        if dockerfile is not None and _is_compose(dockerfile):
+            raise ValueError(
+                f"'{dockerfile}' is a compose file, which is not supported (one container "
+                "per environment); name a Dockerfile"
+            )
+        return dockerfile
+
     @model_validator(mode="after")
     def _one_source(self) -> Self:
+        if self.image is not None and self.dockerfile is not None:
+            raise ValueError("give image or dockerfile, not both")
         given = [name for name in INLINE if getattr(self, name) is not None]
         if self.worker is not None and given:
             raise ValueError(
@@ -166,10 +183,18 @@ class Settings:
         envs = {name: env.model_dump(mode="json") for name, env in self.environments}
         return f"{self.project.root}|{self.source}|{envs}"
 
-    def worker(self, name: str) -> str | Worker:
-        """What :meth:`orchestrator.Orchestrator.prepare` takes for environment ``name``."""
+    def dockerfile(self, name: str) -> Path | None:
+        """The Dockerfile environment ``name`` is built from, if any (absolute)."""
+        env = dict(self.environments)[name]
+        return None if env.dockerfile is None else (self.base / env.dockerfile).resolve()
+
+    def worker(self, name: str, image: str | None = None) -> str | Worker:
+        """What :meth:`orchestrator.Orchestrator.prepare` takes for environment ``name``
+        (``image``: the one built from its Dockerfile)."""
         env = dict(self.environments)[name]
         if env.worker is None:
+            if image is not None:
+                env = env.model_copy(update={"image": image, "dockerfile": None})
             return env.inline_worker(name, self.source)
         spec = env.worker
         if "/" in spec or spec.endswith(".worker"):
@@ -195,11 +220,26 @@ def resolve(config: OrchestratorSandboxConfig | str | None, cwd: Path) -> Settin
         raise ConfigError(
             [f"{file}: no such file; the '{PROVIDER}' sandbox's config names a missing file"]
         )
+    if _is_compose(file.name):
+        raise ConfigError(
+            [f"{file}: compose files are not supported by the '{PROVIDER}' sandbox (one "
+             "container per environment); name a Dockerfile or a settings file"]
+        )  # fmt: skip
+    if file.name == "Dockerfile" or file.name.endswith(".Dockerfile"):
+        root = _project_above(file)
+        single = {"project": str(root), "dockerfile": str(file)}
+        return _settings(OrchestratorSandboxConfig.model_validate(single), root, source=None)
     if file.suffix == ".worker":
         root = _project_above(file)
         single = {"project": str(root), "worker": str(file)}
         return _settings(OrchestratorSandboxConfig.model_validate(single), root, source=None)
     return _settings(load_model(file, OrchestratorSandboxConfig), file.parent, source=file)
+
+
+def _is_compose(name: str) -> bool:
+    """Whether a file name is a compose file's (``compose.yaml``, ``docker-compose.yml``...)."""
+    base = Path(name).name.lower()
+    return base.removeprefix("docker-").removesuffix(".yaml").removesuffix(".yml") == "compose"
 
 
 def _settings(config: OrchestratorSandboxConfig, base: Path, source: Path | None) -> Settings:
