@@ -13,10 +13,10 @@ from upstream when its default changes, and keep the io_uring calls out.
 from __future__ import annotations
 
 import json
-from typing import Any
 from errno import ENOSYS
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.plan import IMAGE_USER_SECCOMP, SECCOMP_PROFILE

@@ -28,9 +28,9 @@ from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
 from orchestrator.runtime.setid import walk_needed
 from orchestrator.runtime.supervised import (
-    kill_all,
     TOOL_ENV,
     drain,
+    kill_all,
     oom_killed,
     read_outbox,
     run_worker_exec,

@@ -256,7 +256,8 @@ class SetidSweep:
         mode = stat.S_IMODE(info.st_mode)
         problem = _chown(entry, *self._owner)
         if problem is None:
-            return Finding("zone.owner_restored", label, path, mode, owner=(info.st_uid, info.st_gid))
+            left = (info.st_uid, info.st_gid)
+            return Finding("zone.owner_restored", label, path, mode, owner=left)
         return Finding(
             "zone.owner_left",
             label,

@@ -53,6 +53,8 @@ true""",
 def kill_all(spec: ContainerSpec) -> list[str]:
     """The command that kills every process of the worker (see :data:`KILL_ALL`)."""
     return KILL_ALL_BUT_KEEPALIVE if spec.image_user else KILL_ALL
+
+
 #: Our own execs never use the worker's PATH or tar options: a worker file may point PATH
 #: at a writable zone, where a planted `sh` or `tar` would then run in their place.
 TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TAR_OPTIONS": "", "ENV": "", "BASH_ENV": ""}

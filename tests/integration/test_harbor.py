@@ -224,7 +224,7 @@ def test_the_oracle_solves_a_task_built_from_its_dockerfile_as_root(engine, harb
     task = tmp_path / "root-build"
     shutil.copytree(TASKS / "root-build", task)
 
-    pid, job, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+    pid, _, trial, output = _run(harbor, task, project, tmp_path / "jobs")
 
     assert trial["exception_info"] is None, (trial["exception_info"], output)
     assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, output
@@ -240,7 +240,7 @@ def test_the_oracle_solves_a_task_built_from_its_dockerfile_as_root(engine, harb
     _assert_nothing_left(engine, pid, project)
 
     # Again: the same task's image comes from the cache, step by step.
-    pid, job, trial, output = _run(harbor, task, project, tmp_path / "again")
+    pid, _, trial, output = _run(harbor, task, project, tmp_path / "again")
     assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, output
     steps = [e.metadata for e in audit.query(AuditFilter(operation="build.step"))][len(built) :]
     layers = [step for step in steps if step.get("outcome") in ("built", "cached")]

@@ -216,8 +216,9 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         capture = Capture(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
                            SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)  # fmt: skip
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR
+        who = user if self.opened.image_user else None  # as the image's user: whom it names
         code = await self._run(cmd, capture, input=input, cwd=cwd, env=env, timeout=timeout,
-                               limit=limit, user=user if self.opened.image_user else None)  # fmt: skip
+                               limit=limit, user=who)  # fmt: skip
         stderr = capture.text("stderr")
         if code == CANNOT_EXECUTE and stderr.startswith(f"sh: 1: exec: {cmd[0]}: Permission"):
             raise PermissionError(errno.EACCES, "Permission denied (not executable)", cmd[0])

@@ -1,6 +1,6 @@
 import sys
 
 sys.path.insert(0, "/app")
-from generated import VALUE  # noqa: E402 - made by the image's python step
+from generated import VALUE
 
 print("answer", VALUE + 1)
