@@ -300,12 +300,22 @@ def images() -> None:
     help="Also build orchestrator/orchestrator, the orchestrator's own image for CI runners "
     "(from wheels made here by pip wheel; see docs/ci.md).",
 )
+@click.option(
+    "--with-agent",
+    is_flag=True,
+    help="Also build orchestrator/agent, the image for agent workers: the worker image with "
+    "git, curl, jq, ripgrep, procps, less, patch, unzip, pip and venv (docs/agents-sandbox.md).",
+)
 def images_build(
-    base: str | None, suite: str | None, rebuild_base: bool, with_orchestrator: bool
+    base: str | None,
+    suite: str | None,
+    rebuild_base: bool,
+    with_orchestrator: bool,
+    with_agent: bool,
 ) -> None:
     """Build orchestrator/worker, orchestrator/proxy and orchestrator/credproxy (bootstrapping
-    bases from the host's apt sources if needed), and on request the orchestrator's own
-    image."""
+    bases from the host's apt sources if needed), and on request the agent image and the
+    orchestrator's own image."""
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import build_all
 
@@ -315,6 +325,7 @@ def images_build(
         suite=suite,
         rebuild_base=rebuild_base,
         with_orchestrator=with_orchestrator,
+        with_agent=with_agent,
         progress=lambda line: click.echo(f"  {line}", err=True),
     )
     say(f"built {', '.join(result.images)} on {result.base}")
