@@ -43,6 +43,22 @@ MAX_INSTRUCTIONS = 64 << 10
 #: The seccomp profile every container gets, by name; the engine adapter supplies its text
 #: (upstream's current default, with io_uring blocked: see docs/security.md).
 SECCOMP_PROFILE = "orchestrator-default"
+#: The same for a run as the image's user (``image_user``): no set-id bit can be set on a
+#: file (its writes reach zones on the host, where root's setuid file would be honoured).
+IMAGE_USER_SECCOMP = "orchestrator-image-user"
+#: The capabilities a run as the image's user keeps (``image_user``, only under gVisor):
+#: Docker's defaults less NET_RAW (raw sockets), MKNOD (device files in a zone), FSETID
+#: and SETFCAP (set-id bits and file capabilities kept on files it changes), KILL (the
+#: keep-alive process of another uid stays out of its reach), SETPCAP and AUDIT_WRITE.
+IMAGE_USER_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "SETGID",
+    "SETUID",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+)
 #: Environment names a worker file may not set: the orchestrator owns them.
 RESERVED_ENV = frozenset(
     {
@@ -191,6 +207,13 @@ class ContainerSpec:
     worker declares none); such a run runs its worker by exec, see ``supervisor_user``."""
     inputs: str | None = None
     """Container path of the run's inputs folder (read-only), or None: no inputs."""
+    image_user: bool = False
+    """The worker runs as the image's own user (``run_as``) on a writable root, with
+    :data:`IMAGE_USER_CAPABILITIES`; ``uid``/``gid`` still own its tmpfs folders and
+    whatever it leaves in a writable zone (only under gVisor)."""
+    run_as: str = ""
+    """With ``image_user``: the image's user as the engine reports it (filled in when the
+    run opens; empty: not known yet, the image's own)."""
 
     @property
     def calls_children(self) -> bool:
@@ -199,7 +222,10 @@ class ContainerSpec:
 
     @property
     def user(self) -> str:
-        """The worker's ``uid:gid``, as commands are exec'd with it."""
+        """The user commands are exec'd as: the worker's ``uid:gid``, or with
+        ``image_user`` the image's user (``run_as``)."""
+        if self.image_user:
+            return self.run_as
         return f"{self.uid}:{self.gid}"
 
     def tmpfs_at(self, target: str) -> Tmpfs | None:
@@ -237,7 +263,17 @@ def compile_plan(
     if uid == 0:
         raise ValueError("a worker never runs as uid 0")
     config = worker.config
+    if config.image_user and grant.isolation != "gvisor":
+        raise ConfigError(
+            [
+                f"{worker.where('image_user')}: a run as the image's user (root, writable root "
+                f"filesystem) needs gVisor, and this run's isolation is {grant.isolation}: set "
+                "'isolation: gvisor' in the worker file or remove image_user"
+            ]
+        )
     env = _environment(worker, run_id, env or {})
+    if config.image_user:  # the image's user has a home of its own
+        del env["HOME"]
     if isinstance(grant.network, tuple):
         env.update(network_env())
     bindings = _bindings(project, worker, grant)
@@ -295,10 +331,16 @@ def compile_plan(
         outbox=outbox.target if outbox else None,
         # With arguments too: the image's own command is only known to the engine, so the
         # worker runs by exec (argv: the image's command, then the arguments).
-        supervisor_user=supervisor_for(uid) if outbox or args else None,
+        supervisor_user=(
+            supervisor_for(uid, image_user=config.image_user) if outbox or args else None
+        ),
         args=list(args),
         inputs=INPUTS_DIR if inputs and grant.paths is not None else None,
         isolation=grant.isolation,
+        image_user=config.image_user,
+        read_only_rootfs=not config.image_user,
+        capabilities=list(IMAGE_USER_CAPABILITIES) if config.image_user else [],
+        seccomp=IMAGE_USER_SECCOMP if config.image_user else SECCOMP_PROFILE,
     )
 
 
@@ -355,9 +397,13 @@ def _network(project: Project, grant: Grant, bindings: list[Binding]) -> Network
     return Network("none")
 
 
-def supervisor_for(uid: int) -> str:
+def supervisor_for(uid: int, *, image_user: bool = False) -> str:
     """A uid for the keep-alive process: unprivileged and never the worker's own, so that
-    killing all of the worker's processes (``kill -9 -1`` as the worker) spares it."""
+    killing all of the worker's processes (``kill -9 -1`` as the worker) spares it. With
+    ``image_user``, root: an exec gets only the capabilities of the container's own user
+    (see :data:`~orchestrator.runtime.supervised.KILL_ALL_BUT_KEEPALIVE`)."""
+    if image_user:
+        return "0:0"
     other = 65533 if uid != 65533 else 65532
     return f"{other}:{other}"
 

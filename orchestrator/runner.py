@@ -287,7 +287,11 @@ class Orchestrator:
         before raising."""
         self.engine  # noqa: B018 - refused here when the backend cannot hold a run idling
         if keep_alive and prepared.spec.supervisor_user is None:  # no outbox: still idling
-            spec = replace(prepared.spec, supervisor_user=supervisor_for(prepared.uid))
+            image_user = prepared.spec.image_user
+            spec = replace(
+                prepared.spec,
+                supervisor_user=supervisor_for(prepared.uid, image_user=image_user),
+            )
             prepared = replace(prepared, spec=spec)
         run = Run(
             self.backend,

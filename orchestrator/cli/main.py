@@ -301,12 +301,22 @@ def images() -> None:
     help="Also build orchestrator/orchestrator, the orchestrator's own image for CI runners "
     "(from wheels made here by pip wheel; see docs/ci.md).",
 )
+@click.option(
+    "--with-agent",
+    is_flag=True,
+    help="Also build orchestrator/agent, the image for agent workers: the worker image with "
+    "git, curl, jq, ripgrep, procps, less, patch, unzip, pip and venv (docs/agents-sandbox.md).",
+)
 def images_build(
-    base: str | None, suite: str | None, rebuild_base: bool, with_orchestrator: bool
+    base: str | None,
+    suite: str | None,
+    rebuild_base: bool,
+    with_orchestrator: bool,
+    with_agent: bool,
 ) -> None:
     """Build orchestrator/worker, orchestrator/proxy and orchestrator/credproxy (bootstrapping
-    bases from the host's apt sources if needed), and on request the orchestrator's own
-    image."""
+    bases from the host's apt sources if needed), and on request the agent image and the
+    orchestrator's own image."""
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import build_all
 
@@ -316,6 +326,7 @@ def images_build(
         suite=suite,
         rebuild_base=rebuild_base,
         with_orchestrator=with_orchestrator,
+        with_agent=with_agent,
         progress=lambda line: click.echo(f"  {line}", err=True),
     )
     say(f"built {', '.join(result.images)} on {result.base}")
@@ -348,7 +359,7 @@ def _describe(prepared: Prepared) -> str:
         f"image       {spec.image}",
         f"command     {' '.join(spec.command) if spec.command else '(image default)'}"
         + (f" + arguments {json.dumps(spec.args)}" if spec.args else ""),
-        f"user        {spec.user}",
+        f"user        {_user_line(spec)}",
         f"workdir     {spec.workdir}",
         f"isolation   {_ISOLATION[spec.isolation]}",
         f"network     {_network_line(spec)}",
@@ -401,6 +412,13 @@ def _network_line(spec: ContainerSpec) -> str:
     if network.mode == "full":
         return "full (the project's own network; runs on it cannot reach each other)"
     return "none (loopback only)"
+
+
+def _user_line(spec: ContainerSpec) -> str:
+    if not spec.image_user:
+        return spec.user
+    who = spec.user or "the image's own"
+    return f"{who} (image_user: what it leaves in zones goes to {spec.uid}:{spec.gid})"
 
 
 def _hardening_line(spec: ContainerSpec) -> str:

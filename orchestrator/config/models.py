@@ -576,6 +576,10 @@ class WorkerConfig(Strict):
     """Names from the project's ``credentials`` delivered as files under /run/secrets."""
     inputs: InputsConfig | None = None
     """What per-run inputs it accepts (any, when unset); see docs/configuration.md."""
+    image_user: bool = False
+    """Run as the image's own user (often root) with a writable root filesystem (a layer
+    of the run, discarded with it): for task images that expect to be changed in place.
+    Only under gVisor; see docs/configuration.md."""
 
     @field_validator("children")
     @classmethod

@@ -54,7 +54,13 @@ from orchestrator.errors import (
 )
 from orchestrator.exits import Exit, signalled
 from orchestrator.plan import ContainerSpec
-from orchestrator.runtime.engine import EgressLog, ExitState, ManagedObject, Stream
+from orchestrator.runtime.engine import (
+    EgressLog,
+    ExitState,
+    ImageDefaults,
+    ManagedObject,
+    Stream,
+)
 
 #: A container killed by SIGKILL, as the engine reports it (an OOM kill among others).
 EXIT_SIGKILL = signalled(signal.SIGKILL)
@@ -366,6 +372,11 @@ class DockerEngine(DockerClient):
         with engine_errors(f"reading the command of image '{image}'"):
             config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
         return [*(config.get("Entrypoint") or []), *(command or config.get("Cmd") or [])]
+
+    def image_defaults(self, image: str) -> ImageDefaults:
+        with engine_errors(f"reading the configuration of image '{image}'"):
+            config = self.api.inspect_image(image).get("Config") or {}  # type: ignore[no-untyped-call]
+        return ImageDefaults(str(config.get("User") or "0"), str(config.get("WorkingDir") or "/"))
 
     def exec(
         self,

@@ -16,12 +16,22 @@ import json
 from errno import ENOSYS
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.plan import SECCOMP_PROFILE
+from orchestrator.plan import IMAGE_USER_SECCOMP, SECCOMP_PROFILE
 
 #: Profile names the plan may use, and the package file holding each.
-PROFILES = {SECCOMP_PROFILE: "seccomp.json"}
+PROFILES = {SECCOMP_PROFILE: "seccomp.json", IMAGE_USER_SECCOMP: "seccomp.json"}
+
+#: For :data:`IMAGE_USER_SECCOMP`: each call that sets a file's mode, and the index of its
+#: mode argument. Each is allowed only when that mode has neither set-id bit (a masked
+#: compare); ``openat2`` and ``fchmodat2``, whose mode the filter cannot see or which
+#: gVisor lacks, are refused.
+MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "creat": 1, "open": 2, "openat": 3,
+                 "mknod": 1, "mknodat": 2}  # fmt: skip
+_UNSEEN_MODE = frozenset({"openat2", "fchmodat2"})
+_SETID = 0o6000
 
 
 #: Calls the profile answers with ``ENOSYS`` that gVisor's own kernel does not implement.
@@ -40,12 +50,30 @@ def profile_text(name: str, *, gvisor: bool = False) -> str:
         known = ", ".join(sorted(PROFILES))
         raise OrchestratorError(f"unknown seccomp profile '{name}' (known: {known})")
     data = json.loads(resources.files("orchestrator.docker").joinpath(file).read_text("utf-8"))
+    if name == IMAGE_USER_SECCOMP:
+        _no_setid(data)
     if gvisor:
         for rule in data["syscalls"]:
             if set(rule["names"]) <= GVISOR_UNIMPLEMENTED and rule.get("errnoRet") == ENOSYS:
                 rule["action"] = "SCMP_ACT_ALLOW"
                 del rule["errnoRet"]
     return json.dumps(data, separators=(",", ":"))
+
+
+def _no_setid(data: dict[str, Any]) -> None:
+    """No call of the profile ``data`` may set a set-id bit (see :data:`MODE_ARGUMENT`)."""
+    taken = set(MODE_ARGUMENT) | _UNSEEN_MODE
+    for rule in data["syscalls"]:
+        if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args"):
+            rule["names"] = [n for n in rule["names"] if n not in taken]
+    data["syscalls"] += [
+        {
+            "names": [name],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": index, "value": _SETID, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
+        }
+        for name, index in MODE_ARGUMENT.items()
+    ]
 
 
 def security_opt(options: list[str], *, gvisor: bool = False) -> list[str]:

@@ -42,7 +42,9 @@ def _within(folder: str, place: str) -> bool:
 
 def writable(spec: ContainerSpec, folder: str) -> bool:
     """Whether the worker can write ``folder`` already: in one of its tmpfs folders or a
-    zone it has read-write."""
+    zone it has read-write, or anywhere but a read-only mount on a writable root."""
+    if not spec.read_only_rootfs and read_only_at(spec, folder) is None:
+        return True
     places = [t.target for t in spec.tmpfs if not t.mask]
     places += [m.target for m in spec.mounts if not m.read_only]
     return any(_within(folder, place) for place in places)

@@ -34,9 +34,9 @@ from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
 from orchestrator.runtime.setid import walk_needed
 from orchestrator.runtime.supervised import (
-    KILL_ALL,
     TOOL_ENV,
     drain,
+    kill_all,
     oom_killed,
     read_outbox,
     run_worker_exec,
@@ -220,7 +220,8 @@ class ContainerLaunch:
         try:
             if not self.worker_gone:
                 user = self.spec.user
-                drain(self.engine.exec(self.container_id, KILL_ALL, user=user, env=TOOL_ENV))
+                killing = kill_all(self.spec)
+                drain(self.engine.exec(self.container_id, killing, user=user, env=TOOL_ENV))
                 self.worker_gone = True
             outcome.collected = read_outbox(
                 self.engine, self.container_id, self.spec, staging.outbox

@@ -24,6 +24,16 @@ ObjectKind = Literal["container", "network", "volume"]
 
 
 @dataclass(frozen=True)
+class ImageDefaults:
+    """What an image's configuration gives a process it starts."""
+
+    user: str
+    """Its ``USER`` (``0`` when it names none)."""
+    workdir: str
+    """Its ``WORKDIR`` (``/`` when it names none)."""
+
+
+@dataclass(frozen=True)
 class ExitState:
     """How a container ended."""
 
@@ -123,6 +133,9 @@ class Containers(Protocol):
     def image_argv(self, image: str, command: list[str] | None) -> list[str]:
         """What ``docker run`` would execute: the image's entrypoint, then ``command`` or
         the image's own command. Needed to run a worker by ``exec``."""
+
+    def image_defaults(self, image: str) -> ImageDefaults:
+        """The user and working folder the image's processes start with."""
 
     def exec(
         self,

@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 from orchestrator.audit import AuditLog
 from orchestrator.egress import RUN_ALLOWED, RUN_DENIED
-from orchestrator.errors import EngineError, OrchestratorError
+from orchestrator.errors import ConfigError, EngineError, OrchestratorError
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.plan import RESERVED_ENV, SECRETS_DIR, ContainerSpec, Mount
 from orchestrator.prepare import Prepared
@@ -262,11 +262,15 @@ class Run:
         backend, spec, prepared = self.backend, self.spec, self.prepared
         try:  # before anything exists: what this backend cannot run, runs nothing
             facts = backend.check(prepared)
+            refuse_image_user(spec)
         except OrchestratorError as exc:
             self.outcome.error = str(exc)
             raise
         for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
+        if spec.image_user and not spec.run_as:  # the image's user, for its execs too
+            spec = self.spec = replace(spec, run_as=self.engine.image_defaults(spec.image).user)
+            prepared = self.prepared = replace(prepared, spec=spec)
         prepare_filesystem(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
         if why := backend.setid_refusal(spec, pinned=self._pin):
@@ -672,6 +676,21 @@ def _granted_secrets(prepared: Prepared, secrets: Mapping[str, str]) -> dict[str
             "check the project's credentials"
         )
     return {name: secrets[name] for name in prepared.grant.secrets}
+
+
+def refuse_image_user(spec: ContainerSpec) -> None:
+    """A run as the image's user (root) with a writable host folder needs a root
+    orchestrator: only root can give root's files there (a setuid one among them) to the
+    project's owner after the run (:class:`~orchestrator.runtime.setid.SetidSweep`)."""
+    writable = [m.target for m in spec.mounts if not m.read_only]
+    if spec.image_user and writable and os.geteuid() != 0:
+        raise ConfigError(
+            [
+                f"worker {spec.worker}: image_user with writable {', '.join(writable)} needs "
+                "the orchestrator to run as root (only root can give what root leaves there "
+                "to the project's owner); run it as root, or remove image_user"
+            ]
+        )
 
 
 def run_context(spec: ContainerSpec) -> dict[str, Any]:

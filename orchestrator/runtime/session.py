@@ -160,13 +160,21 @@ class Session:
         timeout: float | None = None,
         stdin: bytes | str | None = None,
         on_output: Callable[[Stream, bytes], None] | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run ``command`` in the sandbox as the worker's uid; a string runs under
         ``/bin/sh -c``. ``timeout`` (default: the worker's own timeout) kills the command's
-        whole process tree; output is captured (capped) and may also be streamed."""
+        whole process tree; output is captured (capped) and may also be streamed. ``user``
+        (a name or ``uid[:gid]`` of the image's) only for a run as the image's user
+        (``image_user``): any other run's commands are the worker's."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         run = self._run
         spec = run.spec
+        if user is not None and not spec.image_user and user != spec.user:
+            raise PolicyError(
+                [f"Cannot run as user {user!r}: commands run as the worker ({spec.user}); "
+                 "another user needs image_user (gVisor)"]
+            )  # fmt: skip
         values = {**run.values, **run.egress_values}
         sink = RedactingSink(on_output, values) if on_output and run.redactor else on_output
         with self._active():
@@ -176,7 +184,7 @@ class Session:
                     run.engine,
                     run.container_id,
                     argv,
-                    user=spec.user,
+                    user=user or spec.user,
                     base_env=spec.env,
                     env=env,
                     cwd=cwd or spec.workdir,

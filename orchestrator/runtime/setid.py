@@ -18,6 +18,11 @@ worker could drive. Three things keep such bits from mattering:
   and, once it is gone (:meth:`~SetidSweep.after`), strips every other set-id bit from
   regular files and folders there, each stripped entry audited as ``zone.setid_stripped``.
   Device files and FIFOs the run left are reported (``zone.special_file``), not removed.
+- **Owned by root**: a run as the image's user (``image_user``, root under gVisor) makes
+  root's files in its writable zones. After it, every entry there whose owner is not the
+  project's owner and was not so before the run is given to the owner (``chown`` of the
+  inode, links themselves; ``zone.owner_restored``), which also clears a regular file's
+  set-id bits. What cannot be is reported (``zone.owner_left``).
 
 The rule for "the run added it": a set-id bit is kept only on the very inode (device and
 inode number) that had it before the run, and, for a regular file, only when its ``ctime``
@@ -156,17 +161,22 @@ class Finding:
     """One thing the sweep did or saw, for the audit log."""
 
     operation: str
-    """``zone.setid_stripped``, ``zone.setid_left`` or ``zone.special_file``."""
+    """``zone.setid_stripped``, ``zone.setid_left``, ``zone.special_file``,
+    ``zone.owner_restored`` or ``zone.owner_left``."""
     label: str
     path: str
     old_mode: int
     new_mode: int | None = None
     problem: str | None = None
+    owner: tuple[int, int] | None = None
+    """``zone.owner_*``: the uid and gid the run left it with."""
 
     def metadata(self) -> dict[str, Any]:
         data: dict[str, Any] = {"zone": self.label, "old_mode": f"{self.old_mode:o}"}
         if self.new_mode is not None:
             data["new_mode"] = f"{self.new_mode:o}"
+        if self.owner is not None:
+            data["old_owner"] = f"{self.owner[0]}:{self.owner[1]}"
         return data
 
 
@@ -183,6 +193,10 @@ class SetidSweep:
         ]
         self._seen: dict[Ident, _Seen] = {}
         self._done = False
+        # A run as the image's user (root under gVisor) leaves root's files on the host:
+        # whatever it made or re-owned goes to the project's owner after it.
+        self._owner = (prepared.uid, prepared.gid) if prepared.spec.image_user else None
+        self._owned: dict[Ident, tuple[int, int]] = {}
 
     def before(self) -> None:
         """Note what already has set-id bits, and the device files and FIFOs already there."""
@@ -192,6 +206,8 @@ class SetidSweep:
                 info = entry.info
                 if info.st_mode & SETID or any(kind(info.st_mode) for kind in _SPECIAL):
                     self._seen[entry.ident] = _Seen(info.st_mode, info.st_ctime_ns)
+                if self._owner is not None and (info.st_uid, info.st_gid) != self._owner:
+                    self._owned[entry.ident] = (info.st_uid, info.st_gid)
                 return True
 
             _quietly(root, visit)
@@ -205,14 +221,14 @@ class SetidSweep:
         for label, root in self.trees:
 
             def visit(entry: Entry, label: str = label, root: Path = root) -> bool:
-                finding = self._check(entry, label, root)
-                if finding is not None:
-                    findings.append(finding)
+                for finding in (self._reown(entry, label, root), self._check(entry, label, root)):
+                    if finding is not None:
+                        findings.append(finding)
                 return True
 
             _quietly(root, visit)
         for finding in findings:
-            if finding.operation != "zone.setid_stripped":
+            if finding.operation not in ("zone.setid_stripped", "zone.owner_restored"):
                 log.warning("%s: %s", finding.path, finding.problem)
             if audit is not None:
                 try:
@@ -227,6 +243,31 @@ class SetidSweep:
                 except OrchestratorError as exc:
                     log.warning("could not audit %s: %s", finding.operation, exc)
         return findings
+
+    def _reown(self, entry: Entry, label: str, root: Path) -> Finding | None:
+        """With ``image_user``: give an entry the run made or re-owned to the project's
+        owner (a chown of a regular file also clears its set-id bits)."""
+        info = entry.info
+        if self._owner is None or (info.st_uid, info.st_gid) == self._owner:
+            return None
+        if self._owned.get(entry.ident) == (info.st_uid, info.st_gid):
+            return None  # as it was before the run
+        path = str(root / entry.path) if entry.path else str(root)
+        mode = stat.S_IMODE(info.st_mode)
+        problem = _chown(entry, *self._owner)
+        if problem is None:
+            left = (info.st_uid, info.st_gid)
+            return Finding("zone.owner_restored", label, path, mode, owner=left)
+        return Finding(
+            "zone.owner_left",
+            label,
+            path,
+            mode,
+            owner=(info.st_uid, info.st_gid),
+            problem=f"owned by {_user(info.st_uid)}, left by the run, could not be given to "
+            f"uid {self._owner[0]} ({problem}): `sudo chown {self._owner[0]}:{self._owner[1]} "
+            f"{path}`",
+        )
 
     def _check(self, entry: Entry, label: str, root: Path) -> Finding | None:
         info = entry.info
@@ -282,6 +323,28 @@ def _chmod(entry: Entry, mode: int) -> str | None:
             return "it was replaced while being looked at"
         # An O_PATH descriptor cannot be fchmod'ed; its /proc link names that inode.
         os.chmod(f"/proc/self/fd/{fd}", mode)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    return None
+
+
+def _chown(entry: Entry, uid: int, gid: int) -> str | None:
+    """``chown`` the very inode ``entry`` is (a link itself, never its target): None, or
+    why it failed."""
+    try:
+        fd = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=entry.folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != entry.ident:
+            return "it was replaced while being looked at"
+        if stat.S_ISLNK(now.st_mode):
+            os.chown(entry.name, uid, gid, dir_fd=entry.folder, follow_symlinks=False)
+        else:
+            os.chown(f"/proc/self/fd/{fd}", uid, gid)
     except OSError as exc:
         return exc.strerror or str(exc)
     finally:

@@ -22,6 +22,39 @@ from orchestrator.runtime.engine import Containers, ExecHandle, Stream
 #: Kill everything the worker's user runs. Twice: a process forking during the first
 #: sweep is caught by the second (the PID limit bounds how many there can be).
 KILL_ALL = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; true"]
+#: The same for a run as the image's user (``image_user``): there the keep-alive process is
+#: root's too (the engine gives an exec only the capabilities the container's own user
+#: has), so every process but PID 1, the keep-alive (PID 1's first child: the lowest pid
+#: whose parent is 1) and this shell is killed by pid. What it runs is the container's
+#: own ``sh``, which such a worker can replace: it only ever acts on the worker's own run.
+KILL_ALL_BUT_KEEPALIVE = [
+    "/bin/sh",
+    "-c",
+    r"""keep=
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  while read -r key value; do
+    if [ "$key" = PPid: ]; then
+      if [ "$value" = 1 ] && { [ -z "$keep" ] || [ "$p" -lt "$keep" ]; }; then keep=$p; fi
+      break
+    fi
+  done < "$d/status" 2>/dev/null
+done
+for round in 1 2; do
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = 1 ] || [ "$p" = "$keep" ] || [ "$p" = $$ ] || kill -9 "$p" 2>/dev/null
+  done
+done
+true""",
+]
+
+
+def kill_all(spec: ContainerSpec) -> list[str]:
+    """The command that kills every process of the worker (see :data:`KILL_ALL`)."""
+    return KILL_ALL_BUT_KEEPALIVE if spec.image_user else KILL_ALL
+
+
 #: Our own execs never use the worker's PATH or tar options: a worker file may point PATH
 #: at a writable zone, where a planted `sh` or `tar` would then run in their place.
 TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TAR_OPTIONS": "", "ENV": "", "BASH_ENV": ""}
@@ -110,7 +143,7 @@ def run_worker_exec(
     reader.start()
     finished = done.wait(timeout=spec.limits.timeout_s)
     try:
-        drain(engine.exec(container_id, KILL_ALL, user=spec.user, env=TOOL_ENV))
+        drain(engine.exec(container_id, kill_all(spec), user=spec.user, env=TOOL_ENV))
     except ContainerStopped:
         return None, False  # the whole container died (gVisor at its memory limit): see Run
     done.wait(timeout=10)

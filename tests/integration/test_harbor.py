@@ -135,7 +135,10 @@ def test_the_oracle_solves_a_task_in_the_environment(engine, harbor, isolation, 
     assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
     assert job["stats"]["n_errored_trials"] == 0
     oracle = next((tmp_path / "jobs").glob("*/*/agent/oracle.txt")).read_text()
-    assert f"solved as {project.identity[0]} in /tmp" in oracle
+    # Under gVisor the task runs as written (image_user): as the image's own user.
+    image_uid = engine.image_defaults("orchestrator/worker:latest").user.partition(":")[0]
+    uid = image_uid if isolation == "gvisor" else project.identity[0]
+    assert f"solved as {uid} in /tmp" in oracle
     assert "zone: from the zone" in oracle  # Harbor's mount is the zone, read-only
 
     audit = open_audit(load_project(project.root))
@@ -315,4 +318,39 @@ def test_a_misspelt_option_is_refused_with_the_option_it_resembles(engine, harbo
     assert message.startswith("orchestrator environment: --ek isolaton: not an option"), message
     assert "did you mean 'isolation'?" in message and "\n" not in message
     assert trial["agent_execution"] is None  # refused at start
+    _assert_nothing_left(engine, pid, project)
+
+
+def test_the_oracle_solves_a_task_built_from_its_dockerfile_as_root(engine, harbor, tmp_path):
+    """A task as tasks are written: its Dockerfile (root RUN steps, COPY of files and
+    folders, WORKDIR, ENV, USER, a stage copied from) is built by the project's builder,
+    and its solution changes the image's files in place as root, writes under /etc and
+    adds a user. The second trial's build comes from the cache."""
+    require_gvisor(engine)
+    project = ProjectDir(tmp_path / "project")
+    project.write_project()  # untrusted workers under gVisor: the task runs as written
+    task = tmp_path / "root-build"
+    shutil.copytree(TASKS / "root-build", task)
+
+    pid, _, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+
+    assert trial["exception_info"] is None, (trial["exception_info"], output)
+    assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, output
+    oracle = next((tmp_path / "jobs").glob("*/*/agent/oracle.txt")).read_text()
+    assert "solved as 0 in /app" in oracle
+    audit = open_audit(load_project(project.root))
+    (ended,) = audit.query(AuditFilter(operation="build.ended"))
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["isolation"] == "gvisor"
+    assert started.metadata["image"] == ended.metadata["image"]
+    built = [e.metadata for e in audit.query(AuditFilter(operation="build.step"))]
+    assert any(step.get("outcome") == "built" for step in built), built
+    _assert_nothing_left(engine, pid, project)
+
+    # Again: the same task's image comes from the cache, step by step.
+    pid, _, trial, output = _run(harbor, task, project, tmp_path / "again")
+    assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, output
+    steps = [e.metadata for e in audit.query(AuditFilter(operation="build.step"))][len(built) :]
+    layers = [step for step in steps if step.get("outcome") in ("built", "cached")]
+    assert layers and all(step["outcome"] == "cached" for step in layers), steps
     _assert_nothing_left(engine, pid, project)

@@ -9,6 +9,9 @@ A small task whose solver has Inspect's ``bash()`` tool is driven by Inspect's
   the audit log holds both decisions;
 - afterwards nothing the eval made is left: no container, network or run folder.
 
+A sample whose sandbox settings name a Dockerfile (``dockerfile:``, ``image_user: true``)
+runs in the image the project's builder made of it, as the image's root, on its files.
+
 Then a sample uses ``text_editor()`` and ``bash_session()`` (whose helper Inspect places in
 the sandbox's writable ``/var/tmp``), with ``--no-sandbox-cleanup``: its sandbox outlives
 the process until the provider's ``cli_cleanup`` (``inspect sandbox cleanup orchestrator
@@ -98,6 +101,12 @@ def probe():
                 target="noted in the sandbox",
                 sandbox=SandboxEnvironmentSpec("orchestrator", "tools.yaml"),
             ),
+            Sample(
+                id="built",
+                input=calls(["bash", {"command": BUILT}]),
+                target="made by the build",
+                sandbox=SandboxEnvironmentSpec("orchestrator", "built.yaml"),
+            ),
         ],
         solver=[use_tools(bash(timeout=60), text_editor(), bash_session()), generate()],
         scorer=includes(),
@@ -105,6 +114,9 @@ def probe():
         model=get_model("mockllm/model", custom_outputs=script),
     )
 '''
+
+#: What the sample built from a Dockerfile runs: the image's files, as its (root) user.
+BUILT = "cat /app/made.txt; echo uid $(id -u); echo fixed >> /app/made.txt && echo edited"
 
 FETCH = """python3 -c '
 import urllib.request, urllib.error
@@ -147,13 +159,19 @@ def _task_folder(root: Path, net: str) -> ProjectDir:
     project = ProjectDir(root)
     project.extra = f"network:\n  services:\n    - network: {net}\n"
     project.write_project()
-    task = TASK.replace("FETCH", repr(FETCH.replace("NET", net)))
+    task = TASK.replace("FETCH", repr(FETCH.replace("NET", net))).replace("BUILT", repr(BUILT))
     (root / "task.py").write_text(task)
     (root / "plain.yaml").write_text(
         "project: .\npool: 1\nresources: {memory: 256m, timeout: 60}\n"
     )
     (root / "tools.yaml").write_text("project: .\nresources: {memory: 512m, timeout: 60}\n")
     (root / "net.yaml").write_text(f"project: .\nnetwork: {{allow: [web.{net}]}}\n")
+    (root / "built.yaml").write_text("project: .\ndockerfile: env/Dockerfile\nimage_user: true\n")
+    (root / "env").mkdir()
+    (root / "env" / "Dockerfile").write_text(
+        "FROM orchestrator/worker:latest\nUSER root\n"
+        "RUN mkdir /app && echo 'made by the build' > /app/made.txt\nWORKDIR /app\n"
+    )
     return project
 
 
@@ -213,6 +231,30 @@ def test_an_eval_runs_its_tools_in_the_sandbox_and_leaves_nothing(
     assert _left_by(engine, process.pid) == []
     runs = project.root / ".sandbox" / "runs"
     assert not runs.exists() or list(runs.iterdir()) == []
+
+
+def test_a_sample_s_sandbox_is_built_from_its_dockerfile_and_runs_as_written(
+    engine, service, inspect_env, tmp_path
+):
+    """``dockerfile:`` in a sandbox's settings: the project's builder makes the image (each
+    ``RUN`` under gVisor, audited), and with ``image_user`` the sample's commands run as the
+    image's root on its files."""
+    project = _task_folder(tmp_path / "task", service)
+    process, output = _eval(
+        project.root, inspect_env, "--model", "mockllm/model", "--sample-id", "built"
+    )
+    (log,) = (project.root / "logs").glob("*.json")
+    data = json.loads(log.read_text())
+    assert data["status"] == "success", (output, data.get("error"))
+    (sample,) = data["samples"]
+    (said,) = [m["content"] for m in sample["messages"] if m["role"] == "tool"]
+    assert said == "made by the build\nuid 0\nedited\n", said
+    audit = open_audit(load_project(project.root))
+    (ended,) = audit.query(AuditFilter(operation="build.ended"))
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["image"] == ended.metadata["image"]
+    assert started.metadata["isolation"] == "gvisor"
+    assert _left_by(engine, process.pid) == []
 
 
 @pytest.mark.serial

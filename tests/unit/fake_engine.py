@@ -27,6 +27,7 @@ from orchestrator.runtime.engine import (
     Engine,
     ExecHandle,
     ExitState,
+    ImageDefaults,
     ManagedObject,
     Stream,
 )
@@ -206,6 +207,9 @@ class FakeEngine:
 
     def image_argv(self, image: str, command: list[str] | None) -> list[str]:
         return list(command or ["true"])
+
+    def image_defaults(self, image: str) -> ImageDefaults:
+        return ImageDefaults("0", "/")
 
     def exec(
         self,

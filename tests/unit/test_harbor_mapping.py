@@ -71,7 +71,7 @@ def test_mounts_are_zones_at_their_own_paths(tmp_path: Path):
     assert "only bind mounts" in _refused(mapping.zones_of, project, [volume])
 
 
-def test_the_image_comes_from_the_task_and_nothing_is_built(tmp_path: Path):
+def test_the_image_comes_from_the_task_built_only_when_it_must_be(tmp_path: Path):
     env = tmp_path / "environment"
     env.mkdir()
     assert mapping.image_of(env, "local/image:1") == mapping.Image("local/image:1")
@@ -84,7 +84,8 @@ def test_the_image_comes_from_the_task_and_nothing_is_built(tmp_path: Path):
         "orchestrator/worker:latest", "/app", {"A": "1", "B": "two words", "C": "three"}
     )
     (env / "Dockerfile").write_text("FROM orchestrator/worker:latest\nRUN apt-get install -y x\n")
-    line = _refused(mapping.image_of, env, None)
-    assert "Dockerfile:2: RUN needs an image build" in line and "docker_image" in line
+    assert mapping.image_of(env, None) == mapping.Image("", dockerfile=env / "Dockerfile")
+    (env / "Dockerfile").write_text("FROM a AS one\nFROM b\n")  # stages: built too
+    assert mapping.image_of(env, None) == mapping.Image("", dockerfile=env / "Dockerfile")
     (env / "docker-compose.yaml").write_text("services: {}\n")
     assert "compose environments are not supported" in _refused(mapping.image_of, env, None)

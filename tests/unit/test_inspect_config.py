@@ -180,3 +180,32 @@ def test_project_and_worker_files_another_user_can_write_are_refused(project, wh
     path.chmod(mode | 0o1000 if what == "folder" else mode)
     if what == "folder":  # sticky: others may add names, never replace the worker file
         assert resolve(config, project.root).project.root == project.root
+
+
+def test_an_environment_may_name_a_dockerfile_never_a_compose_file(tmp_path: Path, project):
+    task = project.root / "task"
+    task.mkdir()
+    (task / "Dockerfile").write_text("FROM orchestrator/worker:latest\nRUN true\n")
+    settings = task / "sandbox.yaml"
+    settings.write_text(f"project: {project.root}\ndockerfile: Dockerfile\nimage_user: true\n")
+    resolved = resolve(str(settings), tmp_path)
+    assert resolved.dockerfile("default") == task / "Dockerfile"
+    worker = resolved.worker("default", image="sha256:built")
+    assert (worker.config.image, worker.config.image_user) == ("sha256:built", True)
+
+    # A Dockerfile named as the whole config: its project is the folder above it.
+    direct = resolve(str(task / "Dockerfile"), tmp_path)
+    assert (direct.project.root, direct.dockerfile("default")) == (
+        project.root,
+        task / "Dockerfile",
+    )
+
+    with pytest.raises(ValueError, match="image or dockerfile, not both"):
+        Environment(image="x", dockerfile="Dockerfile")
+    with pytest.raises(ValueError, match="compose file, which is not supported"):
+        Environment(dockerfile="docker-compose.yml")
+    (task / "compose.yaml").write_text("services: {}\n")
+    with pytest.raises(ConfigError) as info:
+        resolve(str(task / "compose.yaml"), tmp_path)
+    (line,) = info.value.problems
+    assert "compose files are not supported" in line and "Dockerfile" in line

@@ -248,3 +248,34 @@ def test_local_service_networks_must_be_the_users_own(project, name, message):
     with pytest.raises(ConfigError, match=message) as info:
         load_project(project.root)
     assert "network.services" in str(info.value)
+
+
+def test_image_user_is_planned_only_under_gvisor_and_wants_root_for_writable_folders(
+    project, monkeypatch
+):
+    from orchestrator.plan import IMAGE_USER_CAPABILITIES, IMAGE_USER_SECCOMP
+    from orchestrator.runtime.run import refuse_image_user
+
+    project.zone("out", "rw", extra="untrusted_output: true")
+    project.worker("w", "image_user: true\nsandbox: {zones: [{name: out, mode: rw}]}")
+    spec = prepare(*load(project)).spec
+    assert (spec.isolation, spec.image_user, spec.read_only_rootfs) == ("gvisor", True, False)
+    assert spec.capabilities == list(IMAGE_USER_CAPABILITIES)
+    assert "NET_RAW" not in spec.capabilities and "MKNOD" not in spec.capabilities
+    assert (spec.seccomp, spec.no_new_privileges, spec.user) == (IMAGE_USER_SECCOMP, True, "")
+    assert "HOME" not in spec.env  # the image's user's own
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(ConfigError) as refused:
+        refuse_image_user(spec)
+    (line,) = refused.value.problems
+    assert "image_user with writable /session, /out needs" in line and "as root" in line
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    refuse_image_user(spec)
+
+    project.isolation = "runc"
+    project.write_project()
+    with pytest.raises(ConfigError) as under_runc:
+        prepare(*load(project))
+    (line,) = under_runc.value.problems
+    assert "w.worker" in line and "image_user" in line and "needs gVisor" in line

@@ -11,8 +11,13 @@ import pytest
 
 from orchestrator.runtime.setid import SetidRefused, SetidSweep, refuse_setid
 
+#: The project's owner in these tests (the worker's uid:gid).
+OWNER = (4321, 4321)
 
-def _prepared(tmp_path: Path, zones: dict[str, tuple[Path, str]], inputs=()):
+
+def _prepared(
+    tmp_path: Path, zones: dict[str, tuple[Path, str]], inputs=(), image_user: bool = False
+):
     grant = SimpleNamespace(
         zones=[
             SimpleNamespace(
@@ -24,7 +29,14 @@ def _prepared(tmp_path: Path, zones: dict[str, tuple[Path, str]], inputs=()):
         masks=(),
     )  # fmt: skip
     paths = SimpleNamespace(sandbox_root=tmp_path / ".sandbox")
-    return SimpleNamespace(grant=grant, paths=paths, inputs=tuple(inputs))
+    return SimpleNamespace(
+        grant=grant,
+        paths=paths,
+        inputs=tuple(inputs),
+        spec=SimpleNamespace(image_user=image_user),
+        uid=OWNER[0],
+        gid=OWNER[1],
+    )
 
 
 def test_a_setuid_file_in_a_read_only_zone_is_refused_by_name(tmp_path):
@@ -104,3 +116,52 @@ def test_a_chmod_again_of_a_set_id_file_that_was_there_is_stripped(tmp_path):
     [finding] = sweep.after()
     assert finding.operation == "zone.setid_stripped"
     assert stat.S_IMODE(old.stat().st_mode) == 0o775
+
+
+def test_image_user_leaves_every_changed_owner_to_the_project_owner(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root can make root's files and chown them (a root orchestrator)")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chown(out, *OWNER)
+    kept = out / "theirs.txt"  # another user's file, there before the run: left alone
+    kept.write_text("x")
+    os.chown(kept, 1234, 1234)
+    regranted = out / "given.txt"  # the owner's, chowned away by the run
+    regranted.write_text("x")
+    os.chown(regranted, *OWNER)
+    sweep = SetidSweep(_prepared(tmp_path, {"out": (out, "rw")}, image_user=True))
+    sweep.before()
+    # The run, as root: new files and folders (root's), a chown, a link, a setuid file.
+    (out / "made" / "deep").mkdir(parents=True)
+    (out / "made" / "deep" / "f.txt").write_text("made")
+    os.chown(regranted, 4242, 4242)
+    (out / "link").symlink_to("/etc/shadow")
+    program = out / "prog"
+    program.write_text("x")
+    os.chmod(program, 0o4755)
+
+    findings = sweep.after()
+
+    for path in ("made", "made/deep", "made/deep/f.txt", "given.txt", "link", "prog"):
+        info = (out / path).lstat()
+        assert (info.st_uid, info.st_gid) == OWNER, path
+    assert os.stat("/etc/shadow").st_uid == 0  # the link itself, never its target
+    assert (kept.stat().st_uid, kept.stat().st_gid) == (1234, 1234)
+    assert not program.stat().st_mode & stat.S_ISUID
+    restored = {f.path for f in findings if f.operation == "zone.owner_restored"}
+    assert str(out / "link") in restored and str(kept) not in restored
+    given = next(f for f in findings if f.path == str(regranted))
+    assert given.metadata()["old_owner"] == "4242:4242"
+
+
+def test_without_image_user_nothing_is_chowned(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root can make root's files")
+    out = tmp_path / "out"
+    out.mkdir()
+    sweep = SetidSweep(_prepared(tmp_path, {"out": (out, "rw")}))
+    sweep.before()
+    (out / "f").write_text("x")
+    assert sweep.after() == []
+    assert (out / "f").stat().st_uid == 0

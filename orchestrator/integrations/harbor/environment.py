@@ -15,9 +15,14 @@ the container as its commands do. What Harbor asks of a provider, as this one me
 - uploads never follow a link in the task's folder (:mod:`orchestrator.integrations.upload`):
   a link on the way, or as the file uploaded, is refused naming it; one inside an uploaded
   folder arrives as the link itself;
-- there is no root in the container: ``user="root"`` (Harbor's own steps: making and
-  emptying its folders, ``chmod +x`` of scripts, packing logs) runs as the worker, who
-  owns those folders; any user other than root or the worker is refused.
+- under gVisor the task runs as it was written (``image_user``, the default there; the
+  option ``image_user=false`` turns it off): the image's user (root, usually) on a
+  writable root filesystem of the run's own, and Harbor's ``user`` (root, the task's
+  agent or verifier user) is whom each command runs as;
+- otherwise (runc, or ``image_user=false``) there is no root in the container:
+  ``user="root"`` (Harbor's own steps: making and emptying its folders, ``chmod +x`` of
+  scripts, packing logs) runs as the worker, who owns those folders; any user other than
+  root or the worker is refused.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ TRANSFER_TIMEOUT = 600
 #: What a command given no timeout may take (seconds): Harbor's own phases time out.
 DEFAULT_TIMEOUT = 24 * 3600.0
 #: This environment's own options (``--ek NAME=VALUE``).
-OPTIONS = ("project", "isolation", "trust", "allow_ports", "max_lifetime")
+OPTIONS = ("project", "isolation", "trust", "allow_ports", "max_lifetime", "image_user")
 #: What Harbor's own base class takes by name (everything else it passes is an ``--ek``).
 _HARBOR_PARAMETERS = set(inspect.signature(BaseEnvironment.__init__).parameters)
 
@@ -88,6 +93,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         trust: Trust | None = None,
         allow_ports: object = None,
         max_lifetime: object = None,
+        image_user: object = None,
         **kwargs: Any,
     ) -> None:
         # Options (``--ek``), checked when the trial starts (see _validate_definition).
@@ -100,6 +106,9 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         # Harbor hands every ``--ek`` to the constructor and its base class swallows the
         # ones it does not know: a misspelt option would silently be its default.
         self._unknown = sorted(set(kwargs) - _HARBOR_PARAMETERS)
+        self._image_user_option = image_user
+        self._image_user = False
+        self._force_build = False
         self._prepared: Prepared | None = None
         self._session: Session | None = None
         self._not_started = ""  # why start failed: what any later call answers
@@ -173,6 +182,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise mapping.refuse(f"{project.file}: {why}; it says what a task's container gets")
         config = self.task_env_config
         image = mapping.image_of(self.environment_dir, config.docker_image)
+        if image.dockerfile is not None:
+            image = self._build(project.root, image.dockerfile)
         policy = self.network_policy
         network = mapping.network_of(
             policy.network_mode.value,
@@ -196,20 +207,44 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             env=dict(image.env) or None,
             trust=self._trust,
         )
-        worker = env.inline_worker(f"harbor-{_safe(self.environment_name)}", project.file)
+        name = f"harbor-{_safe(self.environment_name)}"
         self._project_dir = project.root  # the project's own folder, as loaded
-        prepared = orchestrator_for(project.root).prepare(worker)
+        orch = orchestrator_for(project.root)
+        wanted = _flag(self._image_user_option, "image_user")
+        if wanted is None:  # by default, as the task was written wherever gVisor runs it
+            plain = orch.prepare(env.inline_worker(name, project.file))
+            wanted = plain.spec.isolation == "gvisor"
+        env = env.model_copy(update={"image_user": wanted})
+        prepared = orch.prepare(env.inline_worker(name, project.file))
         folders = [(folder, FOLDER_TMP) for folder in mapping.HARBOR_FOLDERS]
         if not writable(prepared.spec, workdir):
             folders.append((workdir, FOLDER_TMP))
-        prepared = with_tmpfs(prepared, folders, owned=True)
+        # As the image's user, Harbor's folders are open to every user of the image.
+        prepared = with_tmpfs(prepared, folders, owned=not wanted)
         spec = prepared.spec
         self._workdir, self._uid, self._gid = spec.workdir, spec.uid, spec.gid
+        self._image_user = spec.image_user
         return prepared
+
+    def _build(self, project: Path, dockerfile: Path) -> mapping.Image:
+        """The task's Dockerfile built by the project's builder (each ``RUN`` a hardened
+        run under gVisor, its layers cached by content; audited in the project's log)."""
+        from orchestrator.build import build_image
+
+        built = build_image(
+            dockerfile.parent,
+            dockerfile=dockerfile,
+            project=project,
+            no_cache=self._force_build,
+            say=lambda line: log.info("trial %s: build: %s", self.session_id, line),
+        )
+        defaults = orchestrator_for(project).engine.image_defaults(built.image_id)
+        return mapping.Image(built.image_id, workdir=defaults.workdir)
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
+        self._force_build = force_build
         try:
             await asyncio.to_thread(self._open)
         except (ValueError, RuntimeError) as exc:  # one line, said before Harbor's traceback
@@ -262,7 +297,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        self._check_user(self._resolve_user(user))
+        who = self._resolve_user(user)
+        self._check_user(who)
         capture = Capture(MAX_OUTPUT, MAX_OUTPUT)
         code = await self._run(
             ["bash", "-c", command],
@@ -270,12 +306,15 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             cwd=cwd,
             env=self._merge_env(env),
             timeout=timeout_sec,
+            user=str(who) if self._image_user and who is not None else None,
         )
         return ExecResult(
             stdout=capture.text("stdout"), stderr=capture.text("stderr"), return_code=code
         )
 
     def _check_user(self, user: str | int | None) -> None:
+        if self._image_user:  # the image's users, root among them (under gVisor)
+            return
         if user is None or str(user) in ("root", "0", str(self._uid), f"{self._uid}:{self._gid}"):
             return
         raise RuntimeError(
@@ -292,6 +331,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> int:
         session = self._session
         if session is None:
@@ -307,6 +347,7 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             timeout=None if timeout is None else float(timeout),
             stdin=stdin,
             on_output=capture.add,
+            user=user,
         )
         try:
             result = await asyncio.to_thread(call)
@@ -375,6 +416,18 @@ def _seconds(value: object) -> float | None:
     if not 0 < seconds < float("inf"):
         raise mapping.refuse(f"max_lifetime={value!r}: give a number of seconds above 0")
     return seconds
+
+
+def _flag(value: object, name: str) -> bool | None:
+    """A yes/no option (``--ek image_user=false``), or None when not given."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise mapping.refuse(f"{name}={value!r}: give true or false")
 
 
 def _safe(name: str) -> str:

@@ -12,9 +12,10 @@ engine).
   that zone's path (``/NAME``), ``read_only`` giving ``ro``, else ``rw``; the project's
   widest mode for the zone applies. Anything else refuses the task.
 - **Image.** ``[environment] docker_image`` names an image on this machine; without it,
-  ``environment/Dockerfile`` may only say ``FROM`` an image on this machine (plus
-  ``WORKDIR`` and ``ENV``): nothing is built, as a build would need a registry for its
-  base and root for its steps.
+  ``environment/Dockerfile``: one that only says ``FROM`` an image on this machine (plus
+  ``WORKDIR`` and ``ENV``) is run as that image; any other is built by the project's
+  builder (``orchestrator build``: each ``RUN`` a hardened run under gVisor, cached by
+  content), see :attr:`Image.dockerfile`. Compose files are refused.
 
 Every refusal is one line (a :class:`~orchestrator.errors.ConfigError` of one problem).
 """
@@ -143,6 +144,8 @@ class Image:
     name: str
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    dockerfile: Path | None = None
+    """A Dockerfile to build first (its folder the context): ``name`` is then empty."""
 
 
 def image_of(environment_dir: Path, docker_image: str | None) -> Image:
@@ -162,6 +165,10 @@ def image_of(environment_dir: Path, docker_image: str | None) -> Image:
             f"{environment_dir}: no Dockerfile and no [environment] docker_image in task.toml"
         )
     return _from_dockerfile(dockerfile)
+
+
+#: Instructions a task's Dockerfile may hold and still be run as its ``FROM`` image.
+_PLAIN = ("FROM", "WORKDIR", "ENV")
 
 
 def _instructions(text: str) -> list[tuple[int, str, str]]:
@@ -191,7 +198,11 @@ def _from_dockerfile(dockerfile: Path) -> Image:
     name: str | None = None
     workdir: str | None = None
     env: dict[str, str] = {}
-    for number, keyword, rest in _instructions(dockerfile.read_text()):
+    found = _instructions(dockerfile.read_text())
+    froms = [rest for _, keyword, rest in found if keyword == "FROM"]
+    if len(froms) > 1 or any(keyword not in _PLAIN for _, keyword, _ in found):
+        return Image("", dockerfile=dockerfile)  # built by the project's builder
+    for number, keyword, rest in found:
         where = f"{dockerfile}:{number}"
         if keyword == "FROM":
             words = [w for w in rest.split() if not w.startswith("--")]
@@ -204,12 +215,6 @@ def _from_dockerfile(dockerfile: Path) -> Image:
             workdir = rest
         elif keyword == "ENV":
             env.update(_env(rest, where))
-        else:
-            raise refuse(
-                f"{where}: {keyword} needs an image build, which this environment does not "
-                "do; build the image on this machine and name it in task.toml "
-                "([environment] docker_image = NAME)"
-            )
     if name is None:
         raise refuse(f"{dockerfile}: no FROM line")
     return Image(name, workdir, env)

@@ -57,7 +57,8 @@ TOOLS_TMP = 128 << 20
 MAX_LIFETIME = 8 * 3600.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: The fields that describe a worker inline (instead of naming a worker file).
-INLINE = ("image", "zones", "network", "resources", "isolation", "workdir", "env")
+INLINE = ("image", "dockerfile", "zones", "network", "resources", "isolation", "workdir", "env",
+          "image_user")  # fmt: skip
 
 
 class Environment(Strict):
@@ -68,6 +69,10 @@ class Environment(Strict):
     Leave it out to describe the worker with the fields below instead."""
     image: str | None = None
     """Inline: the image (default: the project's)."""
+    dockerfile: str | None = None
+    """Inline, instead of ``image``: a Dockerfile (relative to the settings file's folder)
+    built by the project's builder, its folder the build context (see docs/build.md).
+    Compose files are refused."""
     zones: list[ZoneRequest] | None = None
     """Inline: the project's zones it gets, with modes (none: no mounts at all)."""
     network: Network | None = None
@@ -82,6 +87,9 @@ class Environment(Strict):
     """Inline: the working folder, where relative paths and ``cwd`` resolve (``/tmp``)."""
     env: dict[str, EnvValue] | None = None
     """Inline: plain environment values."""
+    image_user: bool | None = None
+    """Inline: run as the image's own user (often root) on a writable root filesystem,
+    only under gVisor (see ``image_user`` in docs/configuration.md)."""
     trust: Trust | None = None
     """The trust level (inline: default ``untrusted``; with ``worker``: at most the
     worker's own)."""
@@ -97,8 +105,20 @@ class Environment(Strict):
     max_lifetime: float | None = Field(default=MAX_LIFETIME, gt=0, le=MAX_SESSION_S)
     """Close the sandbox after this many seconds in any case (null: no limit)."""
 
+    @field_validator("dockerfile")
+    @classmethod
+    def _not_compose(cls, dockerfile: str | None) -> str | None:
+        if dockerfile is not None and _is_compose(dockerfile):
+            raise ValueError(
+                f"'{dockerfile}' is a compose file, which is not supported (one container "
+                "per environment); name a Dockerfile"
+            )
+        return dockerfile
+
     @model_validator(mode="after")
     def _one_source(self) -> Self:
+        if self.image is not None and self.dockerfile is not None:
+            raise ValueError("give image or dockerfile, not both")
         given = [name for name in INLINE if getattr(self, name) is not None]
         if self.worker is not None and given:
             raise ValueError(
@@ -119,6 +139,7 @@ class Environment(Strict):
             network=self.network,
             trust=self.trust or "untrusted",
             isolation=self.isolation,
+            image_user=bool(self.image_user),
         )
         return Worker(file=file, config=config, instructions="")
 
@@ -183,10 +204,18 @@ class Settings:
         envs = {name: env.model_dump(mode="json") for name, env in self.environments}
         return f"{self.project.root}|{self.source}|{envs}"
 
-    def worker(self, name: str) -> str | Worker:
-        """What :meth:`orchestrator.Orchestrator.prepare` takes for environment ``name``."""
+    def dockerfile(self, name: str) -> Path | None:
+        """The Dockerfile environment ``name`` is built from, if any (absolute)."""
+        env = dict(self.environments)[name]
+        return None if env.dockerfile is None else (self.base / env.dockerfile).resolve()
+
+    def worker(self, name: str, image: str | None = None) -> str | Worker:
+        """What :meth:`orchestrator.Orchestrator.prepare` takes for environment ``name``
+        (``image``: the one built from its Dockerfile)."""
         env = dict(self.environments)[name]
         if env.worker is None:
+            if image is not None:
+                env = env.model_copy(update={"image": image, "dockerfile": None})
             return env.inline_worker(name, self.source)
         spec = env.worker
         if "/" in spec or spec.endswith(".worker"):
@@ -209,16 +238,34 @@ def resolve(config: OrchestratorSandboxConfig | str | None, cwd: Path) -> Settin
     task = Path(os.path.realpath(cwd))
     if isinstance(config, OrchestratorSandboxConfig):
         settings = _settings(config, task, None, task if config._from_data else None)
-    elif Path(config).suffix == ".worker":
-        file = _inside(task, task, config, "the sandbox config")
-        root = _project_above(file, task)
-        single = {"project": os.path.relpath(root, task), "worker": os.path.relpath(file, task)}
-        settings = _settings(OrchestratorSandboxConfig.model_validate(single), task, None, task)
     else:
         file = _inside(task, task, config, "the sandbox config")
-        settings = _settings(load_model(file, OrchestratorSandboxConfig), file.parent, file, task)
+        if _is_compose(file.name):
+            raise ConfigError(
+                [f"{file}: compose files are not supported by the '{PROVIDER}' sandbox (one "
+                 "container per environment); name a Dockerfile or a settings file"]
+            )  # fmt: skip
+        if (
+            file.name == "Dockerfile"
+            or file.name.endswith(".Dockerfile")
+            or file.suffix == ".worker"
+        ):
+            root = _project_above(file, task)
+            key = "worker" if file.suffix == ".worker" else "dockerfile"
+            single = {"project": os.path.relpath(root, task), key: os.path.relpath(file, task)}
+            config_ = OrchestratorSandboxConfig.model_validate(single)
+            settings = _settings(config_, task, None, task)
+        else:
+            model = load_model(file, OrchestratorSandboxConfig)
+            settings = _settings(model, file.parent, file, task)
     _check_owners(settings, task)
     return settings
+
+
+def _is_compose(name: str) -> bool:
+    """Whether a file name is a compose file's (``compose.yaml``, ``docker-compose.yml``...)."""
+    base = Path(name).name.lower()
+    return base.removeprefix("docker-").removesuffix(".yaml").removesuffix(".yml") == "compose"
 
 
 def _settings(
@@ -237,6 +284,8 @@ def _settings(
                     project.workers_dir, f"{env.worker}.worker"
                 )  # fmt: skip
                 _inside(task, where, spec, f"environments.{name}.worker")
+            if env.dockerfile is not None:
+                _inside(task, base, env.dockerfile, f"environments.{name}.dockerfile")
     return Settings(
         project=project,
         environments=tuple(config.environments.items()),

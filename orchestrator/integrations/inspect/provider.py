@@ -12,7 +12,9 @@ and the harness see the same container. Inspect's contract, as its conformance c
 - a timeout kills the command's whole process group and raises ``TimeoutError``;
 - relative paths and ``cwd`` resolve against the worker's working folder;
 - ``user`` other than the worker's own raises ``SandboxUserUnsupportedError``: a worker
-  never runs as root, and no capability to switch users exists in its container;
+  never runs as root, and no capability to switch users exists in its container; a
+  sandbox with ``image_user`` (gVisor only) runs commands as the image's user, or as
+  the ``user`` given (root included);
 - the orchestrator's refusals (an environment variable it owns, say) raise
   ``PermissionError``, which Inspect's tools show the model.
 """
@@ -216,8 +218,9 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         capture = Capture(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
                            SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)  # fmt: skip
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR
+        who = user if self.opened.image_user else None  # as the image's user: whom it names
         code = await self._run(cmd, capture, input=input, cwd=cwd, env=env, timeout=timeout,
-                               limit=limit)  # fmt: skip
+                               limit=limit, user=who)  # fmt: skip
         stderr = capture.text("stderr")
         if code == CANNOT_EXECUTE and stderr.startswith(f"sh: 1: exec: {cmd[0]}: Permission"):
             raise PermissionError(errno.EACCES, "Permission denied (not executable)", cmd[0])
@@ -236,6 +239,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
+        user: str | None = None,
     ) -> int:
         """Run ``argv`` in the session, its output into ``capture``; its exit code."""
         workdir = self.opened.workdir if cwd is None else posixpath.join(self.opened.workdir, cwd)
@@ -247,6 +251,7 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
             timeout=timeout,
             stdin=input,
             on_output=capture.add,
+            user=user,
         )
         try:
             result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
@@ -267,7 +272,9 @@ class OrchestratorSandboxEnvironment(SandboxEnvironment):
 
     async def _check_user(self, user: str | None) -> None:
         opened = self.opened
-        if user is None or user in (str(opened.uid), f"{opened.uid}:{opened.gid}"):
+        if user is None or opened.image_user:  # the image's users, root among them
+            return
+        if user in (str(opened.uid), f"{opened.uid}:{opened.gid}"):
             return
         if self._own_names is None:
             capture = Capture(4096, 4096)

@@ -49,6 +49,8 @@ class Opened:
     uid: int
     gid: int
     key: str
+    image_user: bool = False
+    """The run is the image's user's (``image_user``): commands may name any user of it."""
 
 
 class _Owner:
@@ -106,6 +108,18 @@ def _options(env: Environment) -> dict[str, Any]:
     return {} if env.worker is None or env.trust is None else {"trust": env.trust}
 
 
+def _worker(settings: Settings, name: str) -> str | Worker:
+    """Environment ``name``'s worker; one given a Dockerfile runs the image the project's
+    builder makes of it (each ``RUN`` a hardened run under gVisor, cached by content)."""
+    dockerfile = settings.dockerfile(name)
+    if dockerfile is None:
+        return settings.worker(name)
+    from orchestrator.build import build_image
+
+    built = build_image(dockerfile.parent, dockerfile=dockerfile, project=settings.project.root)
+    return settings.worker(name, image=built.image_id)
+
+
 def start_pools(settings: Settings) -> None:
     """Open the warm pools the environments ask for (at the task's start)."""
     for name, env in settings.environments:
@@ -120,7 +134,7 @@ def _pool(settings: Settings, name: str, env: Environment) -> WarmPool:
     if pool is not None:
         return pool
     owner = _Owner(_orchestrator(settings), env.tools_tmp)
-    made = WarmPool(owner, settings.worker(name), size=env.pool, **_options(env))
+    made = WarmPool(owner, _worker(settings, name), size=env.pool, **_options(env))
     with _lock:
         pool = _pools.setdefault(key, made)
     if pool is not made:  # another sample made it meanwhile
@@ -146,7 +160,7 @@ def _open(settings: Settings, name: str, env: Environment) -> Opened:
         run = _pool(settings, name, env).take()
     else:
         owner = _Owner(_orchestrator(settings), env.tools_tmp)
-        run = owner.open_keep_alive(owner.prepare(settings.worker(name), **_options(env)))
+        run = owner.open_keep_alive(owner.prepare(_worker(settings, name), **_options(env)))
     try:
         session = _orchestrator(settings).open_session(
             run, idle_timeout=env.idle_timeout, max_lifetime=env.max_lifetime
@@ -155,7 +169,7 @@ def _open(settings: Settings, name: str, env: Environment) -> Opened:
         run.close(failed=True)
         raise
     spec = run.spec
-    item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key)
+    item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key, spec.image_user)
     with _lock:
         _live[session.id] = item
     return item
