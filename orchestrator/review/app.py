@@ -159,7 +159,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/changes/{change_id}/reject", reject, methods=["POST"]),
         Route("/audit", audit_page),
         Route("/static/style.css", style),
-        Route("/favicon.ico", lambda request: Response(status_code=404)),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
     return guard(Starlette(routes=routes), keys)
 

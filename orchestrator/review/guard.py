@@ -8,7 +8,7 @@
   then as that cookie. Anything else is 403.
 - **CSRF**: every state change is a POST carrying ``csrf`` (a second secret, shown only in
   the console's own forms); a POST without it, with a wrong one, or from another origin
-  (``Origin`` header) is 403. A GET never changes anything.
+  (an ``Origin`` header naming another site) is 403. A GET never changes anything.
 - **Headers** on every answer: a Content-Security-Policy that allows no script at all,
   styles from the console only, no frames, forms posting only to the console;
   ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer``, no caching.
@@ -149,8 +149,10 @@ async def _refusal(request: Request, keys: Secrets) -> Response | None:
         return None
     if request.method != "POST":
         return _refuse("refused: method not allowed", 405)
+    # With Referrer-Policy no-referrer the browser sends "Origin: null" for the console's
+    # own forms: only a real foreign origin is refused here; the CSRF token decides.
     origin = request.headers.get("origin")
-    if origin is not None and origin not in keys.origins:
+    if origin not in (None, "null") and origin not in keys.origins:
         return _refuse("refused: the form came from another origin")
     try:
         form = await read_form(request)

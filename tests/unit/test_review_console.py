@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("starlette", reason="the review console needs the 'review' extra")
+from starlette.testclient import TestClient
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from orchestrator.audit import AuditFilter, AuditLog  # noqa: E402
-from orchestrator.review.app import make_app  # noqa: E402
-from orchestrator.review.guard import COOKIE, Secrets  # noqa: E402
-from orchestrator.staging import ChangeStore  # noqa: E402
-from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real  # noqa: E402
+from orchestrator.audit import AuditFilter, AuditLog
+from orchestrator.review.app import make_app
+from orchestrator.review.guard import COOKIE, Secrets
+from orchestrator.staging import ChangeStore
+from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
 
 PORT = 48123
 HOSTILE_NAME = "<script>window.__pwned=1</script>.md"
