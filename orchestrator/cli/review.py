@@ -18,7 +18,9 @@ __all__ = ["review"]
 
 
 @click.command("review")
-@click.option("--port", type=click.IntRange(0, 65535), default=0, help="Port (default: any free one).")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, help="Port (default: any free one)."
+)
 @click.option("--listen", default="127.0.0.1", show_default=True, help="Address; only 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the address; open no browser.")
 @project_option

@@ -28,10 +28,10 @@ from starlette.routing import Route
 
 from orchestrator.config import load_project
 from orchestrator.errors import OrchestratorError
-from orchestrator.runtime.preparation import open_audit
 from orchestrator.escaping import escape
 from orchestrator.review.changes import audit_entries, change_rows, change_view
 from orchestrator.review.guard import ASGIApp, Secrets, guard
+from orchestrator.runtime.preparation import open_audit
 from orchestrator.staging import ChangeStore, record_change
 
 __all__ = ["STATUSES", "Shown", "make_app"]
@@ -60,9 +60,7 @@ def _environment() -> Environment:
         auto_reload=False,
     )
     env.filters["shown"] = Shown
-    env.filters["tojson_text"] = lambda value: json.dumps(
-        value, ensure_ascii=False, sort_keys=True
-    )
+    env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
     return env
 
 
@@ -115,8 +113,11 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
                 )
         except OrchestratorError as exc:
             return problem(str(exc))
-        return page("done.html", message=f"committed as {result.commit} on {result.branch}",
-                    change_id=result.change_id)
+        return page(
+            "done.html",
+            message=f"committed as {result.commit} on {result.branch}",
+            change_id=result.change_id,
+        )
 
     async def reject(request: Request) -> Response:
         reason = form(request, "reason").strip()
@@ -146,8 +147,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
                 entries, verified = audit_entries(audit, run=run, operation=operation)
         except OrchestratorError as exc:
             return problem(str(exc), 500)
-        return page("audit.html", entries=entries, verified=verified, run=run,
-                    operation=operation)
+        return page("audit.html", entries=entries, verified=verified, run=run, operation=operation)
 
     async def style(request: Request) -> Response:
         return Response(_STYLE.read_bytes(), media_type="text/css")

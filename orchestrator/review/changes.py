@@ -104,7 +104,9 @@ def change_rows(store: ChangeStore, status: str | None = None) -> list[ChangeRow
     return rows
 
 
-def change_view(project: Project, store: ChangeStore, audit: AuditLog, change_id: str) -> ChangeView:
+def change_view(
+    project: Project, store: ChangeStore, audit: AuditLog, change_id: str
+) -> ChangeView:
     """One change set with its diff, scans (run and recorded now if never run, as ``staged
     show`` does) and the audit trail of the run or session that made it."""
     from orchestrator.staging import OPEN, blocking, diff_files, run_scanners

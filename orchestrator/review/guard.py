@@ -158,7 +158,8 @@ async def _refusal(request: Request, keys: Secrets) -> Response | None:
         form = await read_form(request)
     except ValueError:
         return _refuse("refused: form too large", 413)
-    if not _same((form.get("csrf") or [None])[0], keys.csrf):
+    given = form.get("csrf", [])
+    if len(given) != 1 or not _same(given[0], keys.csrf):
         return _refuse("refused: missing or wrong CSRF token; reload the page and try again")
     request.scope["review.form"] = form
     return None

@@ -46,6 +46,7 @@ def serve(
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOOPBACK, port))
+        sock.listen(128)  # listening before the address is printed: no refused first try
     except OSError as exc:
         sock.close()
         raise ReviewError(

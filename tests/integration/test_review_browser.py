@@ -30,11 +30,10 @@ from selenium import webdriver
 
 from orchestrator.audit import AuditFilter, AuditLog
 from tests.unit.test_clearance_fakes import git
-from tests.unit.test_review_console import project  # noqa: F401  (fixture)
+from tests.unit.test_review_console import make_project
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
 
 
 class Canary:
@@ -71,8 +70,13 @@ def canary() -> Iterator[Canary]:
 
 
 @pytest.fixture
-def console(project) -> Iterator[tuple[str, Path]]:  # noqa: F811
-    """The console's printed address and the project root; the server is stopped after."""
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    return make_project(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def console(project) -> Iterator[str]:
+    """The address `orchestrator review` printed; the server is stopped after."""
     root = project[0]
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root)],
@@ -82,10 +86,10 @@ def console(project) -> Iterator[tuple[str, Path]]:  # noqa: F811
     )
     try:
         line = process.stdout.readline() if process.stdout else ""
-        assert line.startswith("review console: http://127.0.0.1:"), (
-            line + (process.stderr.read() if process.poll() is not None and process.stderr else "")
+        assert line.startswith("review console: http://127.0.0.1:"), line + (
+            process.stderr.read() if process.poll() is not None and process.stderr else ""
         )
-        yield line.removeprefix("review console: ").strip(), root
+        yield line.removeprefix("review console: ").strip()
     finally:
         process.terminate()
         try:
@@ -146,10 +150,12 @@ def base_of(url: str) -> str:
     return url.split("/?", 1)[0]
 
 
-def test_hostile_change_set_renders_as_text_and_nothing_runs(console, browser, canary, project) -> None:  # noqa: F811
+def test_hostile_change_set_renders_as_text_and_nothing_runs(
+    console, browser, canary, project
+) -> None:
     from selenium.webdriver.common.by import By
 
-    url, root = console
+    url = console
     _, _, stage = project
     name = "<script>window.__pwned=1</script>.md"
     body = (
@@ -177,13 +183,15 @@ def test_hostile_change_set_renders_as_text_and_nothing_runs(console, browser, c
     assert_nothing_ran(browser, canary)
 
 
-def test_requests_without_token_with_a_wrong_host_or_without_csrf_are_refused(console, project) -> None:  # noqa: F811
-    url, root = console
+def test_requests_without_token_with_a_wrong_host_or_without_csrf_are_refused(
+    console, project
+) -> None:
+    url = console
     _, store, stage = project
     change_id = stage({"notes.md": b"hello\n"})
     base = base_of(url)
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(base + "/")  # noqa: S310
+        urllib.request.urlopen(base + "/")
     assert refused.value.code == 403
     port = int(base.rsplit(":", 1)[1])
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -214,11 +222,13 @@ def test_requests_without_token_with_a_wrong_host_or_without_csrf_are_refused(co
     assert store.get(change_id).status == "pending"
 
 
-def test_clear_and_reject_from_the_page_then_the_audit_page(console, browser, canary, project) -> None:  # noqa: F811
+def test_clear_and_reject_from_the_page_then_the_audit_page(
+    console, browser, canary, project
+) -> None:
     from selenium.webdriver.common.by import By
 
-    url, root = console
-    _, store, stage = project
+    url = console
+    root, store, stage = project
     cleared = stage({"README.md": b"v2\n"}, base={"README.md": b"v1\n"}, run_id="run-clear")
     rejected = stage({"notes.md": b"no\n"}, run_id="run-reject")
     browser.get(url)

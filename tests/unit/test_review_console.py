@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from starlette.testclient import TestClient
 
 from orchestrator.audit import AuditFilter, AuditLog
@@ -24,8 +23,9 @@ HOSTILE_NAME = "<script>window.__pwned=1</script>.md"
 HOSTILE_BODY = b'<img src=x onerror="window.__pwned=1"> \x1b]2;title\x07 \xe2\x80\xaeevil\n'
 
 
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def make_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A git repository holding a project, its change store and a function that stages a
+    repository change set in it with the real staging package."""
     isolate_git(monkeypatch, tmp_path / "home")
     root = make_repo(tmp_path / "project", {"README.md": "v1\n"})
     (root / "orchestrator.yaml").write_text("zones: {}\nrepo: .\n")
@@ -38,6 +38,11 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return stage_real(store.root, tmp_path / "work", new=new, **kwargs)  # type: ignore[arg-type]
 
     return root, store, stage
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    return make_project(tmp_path, monkeypatch)
 
 
 def client(root: Path, keys: Secrets | None = None, *, login: bool = True) -> TestClient:
