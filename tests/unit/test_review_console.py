@@ -5,6 +5,7 @@ tests/integration/test_review_browser.py."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -260,3 +261,14 @@ def test_any_address_but_loopback_is_refused_in_one_line(project) -> None:
         assert done.returncode == 125, done.stderr
         assert done.stderr.count("\n") == 1 and "127.0.0.1 only" in done.stderr
         assert done.stdout == ""
+
+
+def test_a_port_in_use_is_refused_in_one_line(project) -> None:
+    root, _, _ = project
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = run_cli("--port", str(port), "--project", str(root))
+    assert done.returncode == 125, done.stderr
+    assert done.stderr.count("\n") == 1 and f"--port {port}: cannot listen" in done.stderr
