@@ -72,6 +72,11 @@ class Secrets:
         """The ``Origin`` headers a POST may carry."""
         return frozenset(f"http://{host}" for host in self.hosts)
 
+    @property
+    def cookie(self) -> str:
+        """The cookie's name: browsers share cookies across ports, consoles must not."""
+        return f"{COOKIE}_{self.port}"
+
     def url(self) -> str:
         """The address to open: the console's first page with the token."""
         return f"http://127.0.0.1:{self.port}/?{urlencode({'token': self.token})}"
@@ -140,10 +145,10 @@ async def _refusal(request: Request, keys: Secrets) -> Response | None:
         target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(
-            COOKIE, keys.token, httponly=True, samesite="strict", path="/", secure=False
+            keys.cookie, keys.token, httponly=True, samesite="strict", path="/", secure=False
         )
         return response
-    if not _same(request.cookies.get(COOKIE), keys.token):
+    if not _same(request.cookies.get(keys.cookie), keys.token):
         return _refuse("refused: open the address the console printed (it holds the token)")
     if request.method == "GET" or request.method == "HEAD":
         return None

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.review.app import make_app
-from orchestrator.review.guard import COOKIE, Secrets
+from orchestrator.review.guard import Secrets
 from orchestrator.staging import ChangeStore
 from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
 
@@ -70,7 +70,7 @@ def test_the_token_is_required_then_kept_in_a_strict_http_only_cookie(project) -
         assert refused.status_code == 403, path
         assert "Content-Security-Policy" in refused.headers
     assert web.get("/?token=wrong").status_code == 403
-    web.cookies.set(COOKIE, "wrong")
+    web.cookies.set(web.keys.cookie, "wrong")
     assert web.get("/").status_code == 403
     web.cookies.clear()
     first = web.get(f"/?token={web.keys.token}&status=pending", follow_redirects=False)
@@ -81,7 +81,7 @@ def test_the_token_is_required_then_kept_in_a_strict_http_only_cookie(project) -
     assert page.status_code == 200 and "notes.md" not in page.text  # list: no file names
     # another start of the console has another token: the old cookie is worth nothing
     other = client(root, Secrets(port=PORT), login=False)
-    other.cookies.set(COOKIE, web.keys.token)
+    other.cookies.set(other.keys.cookie, web.keys.token)
     assert other.get("/").status_code == 403
 
 
