@@ -85,8 +85,12 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         status = request.query_params.get("status") or None
         if status is not None and status not in STATUSES:
             return problem(f"unknown state '{status}'; one of {', '.join(STATUSES)}", 400)
-        rows = change_rows(store, status)
-        return page("changes.html", rows=rows, status=status, statuses=STATUSES)
+        worker = request.query_params.get("worker") or None
+        run = request.query_params.get("run") or None
+        rows = change_rows(store, status, worker=worker, run=run)
+        return page(
+            "changes.html", rows=rows, status=status, statuses=STATUSES, worker=worker, run=run
+        )
 
     async def change(request: Request) -> Response:
         try:

@@ -87,8 +87,15 @@ def sensitive_paths(scans: tuple[ScanResult, ...]) -> tuple[str, ...]:
     return tuple(f.path for s in scans if s.name == SENSITIVE for f in s.findings if f.path)
 
 
-def change_rows(store: ChangeStore, status: str | None = None) -> list[ChangeRow]:
-    """The change sets (with ``status`` only, if given), newest first."""
+def change_rows(
+    store: ChangeStore,
+    status: str | None = None,
+    *,
+    worker: str | None = None,
+    run: str | None = None,
+) -> list[ChangeRow]:
+    """The change sets, newest first; only those with ``status``, made by ``worker`` and
+    by run (or session) ``run``, for each one given."""
     rows = [
         ChangeRow(
             change=change,
@@ -99,6 +106,8 @@ def change_rows(store: ChangeStore, status: str | None = None) -> list[ChangeRow
             else sum(len(scan.findings) for scan in change.scans),
         )
         for change in store.list(status=status)
+        if (worker is None or change.worker == worker)
+        and (run is None or run in (change.run_id, change.session_id))
     ]
     rows.sort(key=lambda row: (row.change.created_at, row.change.id), reverse=True)
     return rows

@@ -144,6 +144,11 @@ def test_the_list_is_newest_first_and_filters_by_state(project) -> None:
     assert newer[:12] in pending and older[:12] not in pending
     assert older[:12] in web.get("/?status=rejected").text
     assert web.get("/?status=bogus").status_code == 400
+    by_worker = web.get("/?worker=alpha").text
+    assert older[:12] in by_worker and newer[:12] not in by_worker
+    by_run = web.get("/?run=run-b").text
+    assert newer[:12] in by_run and older[:12] not in by_run
+    assert "matching the filter" in web.get("/?run=run-b&status=rejected").text
 
 
 def test_hostile_names_and_content_are_shown_as_inert_text(project) -> None:
