@@ -165,7 +165,7 @@ def test_hostile_change_set_renders_as_text_and_nothing_runs(
         f"[link](javascript:alert(1)) \x1b]52;c;cHduZWQ=\x07 \u202eevil\n"
     ).encode()
     change_id = stage(
-        {name: body, '"><svg onload=alert(1)>.md': b"x\n"},
+        {name: body, '"><svg onload=alert(1)>.md': b"x\n", "huge.txt": b"<b>" + b"A" * (10 << 20)},
         worker="writer",
         message=f'"><img src="{canary.base}/message" onerror=alert(1)>',
     )
@@ -177,6 +177,8 @@ def test_hostile_change_set_renders_as_text_and_nothing_runs(
     assert name in text and '"><svg onload=alert(1)>.md' in text
     assert f'<img src="{canary.base}/img" onerror="window.__pwned=1;alert(1)">' in text
     assert "\\x1b]52;c;cHduZWQ=\\x07" in text and "\\u202eevil" in text
+    # 10 MB on one line: summarised (size, type), never put in the page
+    assert "10485763 bytes" in text and "A" * 1000 not in browser.page_source
     assert browser.find_elements(By.CSS_SELECTOR, "main script, main img, main svg") == []
     assert browser.find_elements(By.CSS_SELECTOR, "pre.diff .l.green")  # the stylesheet's classes
     shot(browser, "change")
