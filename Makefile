@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 HARBOR_VENV  := .venv-harbor
 HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
-.PHONY: demo test test-podman lint images images-orchestrator engine bench clean harbor-venv
+.PHONY: demo test test-podman lint images images-orchestrator engine bench clean harbor-venv browser
 
 $(STAMP): pyproject.toml
 	scripts/ensure-engine.sh
@@ -36,6 +36,10 @@ $(HARBOR_STAMP): pyproject.toml scripts/harbor-requirements.txt scripts/harbor-v
 	scripts/harbor-venv.sh $(HARBOR_VENV)
 
 harbor-venv: $(HARBOR_STAMP)
+
+# Debian's chromium and chromedriver, for the review console's browser tests.
+browser:
+	scripts/ensure-browser.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator tests bench examples
@@ -77,7 +81,7 @@ PODMAN_TESTS := \
 # swarm mode, the host firewall, the kernel log). Each phase ends with the leak check.
 TEST_WORKERS ?= 2
 
-test: images lint harbor-venv
+test: images lint harbor-venv browser
 	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial'
 	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest -m serial
 	TESTCONTAINERS_RYUK_DISABLED=true $(BIN)/pytest --engine=podman $(PODMAN_TESTS)

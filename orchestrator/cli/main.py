@@ -35,6 +35,7 @@ from orchestrator.cli.options import (
     worker_options,
 )
 from orchestrator.cli.options import json_option as json_flag
+from orchestrator.cli.review import review as review_command
 from orchestrator.cli.server import serve_command
 from orchestrator.cli.session import session as session_group
 from orchestrator.cli.staged import staged as staged_group
@@ -342,6 +343,7 @@ cli.add_command(batch_command)
 cli.add_command(doctor_command)
 cli.add_command(engine_group)
 cli.add_command(build_command)
+cli.add_command(review_command)
 cli.add_command(serve_command(lambda argv: main(argv)))
 
 

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from orchestrator.cli.options import json_option, project_option
+from orchestrator.review.changes import scanners_for_change, sensitive_paths, target_root
 
 if TYPE_CHECKING:
     from orchestrator.config import Project
-    from orchestrator.staging import ChangeSet, ChangeStore, Scanner, ScanResult
+    from orchestrator.staging import ChangeSet, ChangeStore, ScanResult
 
 __all__ = ["open_store", "staged"]
 
@@ -115,27 +116,6 @@ def list_changes(status: str | None, as_json: bool, project_dir: Path) -> None:
         )
 
 
-def _scanners(project: Project, change: ChangeSet) -> tuple[Scanner, ...]:
-    from orchestrator.staging import scanners_for
-
-    limits = project.config.sandbox.outbox
-    suffixes = None
-    zone = project.config.zones.get(change.target.name or "")
-    if change.target.kind == "zone" and zone is not None:
-        suffixes = zone.suffixes
-        if zone.max_file_size is not None:
-            limits = limits.model_copy(update={"max_file_size": zone.max_file_size})
-    sensitive = project.config.clearance.sensitive_paths
-    return scanners_for(limits=limits, suffixes=suffixes, sensitive=sensitive)
-
-
-def _target_root(project: Project, change: ChangeSet) -> Path | None:
-    if change.target.kind == "repo":
-        return project.repo
-    zone = project.zones.get(change.target.name or "")
-    return zone.host_path if zone is not None else None
-
-
 def _describe(
     change: ChangeSet,
     scans: tuple[ScanResult, ...],
@@ -181,7 +161,7 @@ def _describe(
             f"  ! {scan.name}: {escape(f.path) or '(all)'}: {escape(f.message)}"
             for f in scan.findings
         ]
-    sensitive = _sensitive(scans)
+    sensitive = sensitive_paths(scans)
     if sensitive and change.target.kind == "repo":
         lines.append(
             "clearing    needs "
@@ -192,13 +172,6 @@ def _describe(
     )
     lines += [f"  - {other}: {', '.join(map(escape, paths))}" for other, paths in conflicts]
     return lines
-
-
-def _sensitive(scans: tuple[ScanResult, ...]) -> list[str]:
-    """The paths that run code by themselves: `clear` wants each acknowledged by name."""
-    from orchestrator.staging import SENSITIVE
-
-    return [f.path for s in scans if s.name == SENSITIVE for f in s.findings if f.path]
 
 
 def _blocked_deletes(project: Project, change: ChangeSet) -> list[str]:
@@ -231,13 +204,13 @@ def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> No
     change = store.get(store.resolve(change_id))
     scans = change.scans
     if scans is None:
-        results = run_scanners(change, store, _scanners(project, change))
+        results = run_scanners(change, store, scanners_for_change(project, change))
         if change.status in OPEN:
             change = store.record_scans(change.id, results)
         scans = tuple(results)
     conflicts = store.conflicts(change.id)
     blocked = _blocked_deletes(project, change)
-    root = _target_root(project, change)
+    root = target_root(project, change)
     color = not no_color and not as_json and sys.stdout.isatty()
     diff = render_diff(change, store, root, color=color)
     _record(project, "change.reviewed", change, metadata={"status": change.status})
@@ -245,7 +218,7 @@ def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> No
         data = change.to_dict()
         data["conflicts"] = [{"id": other, "paths": paths} for other, paths in conflicts]
         data["blocking"] = [result.name for result in blocking(scans)]
-        data["sensitive"] = _sensitive(scans)
+        data["sensitive"] = list(sensitive_paths(scans))
         data["deletes_blocked"] = blocked
         data["diff"] = diff
         _emit(data)

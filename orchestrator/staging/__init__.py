@@ -19,7 +19,13 @@ Imports neither docker nor git: the runtime collects, the clearance package appl
 
 from orchestrator.staging.collected import STREAM, Collected, CollectedFile, Rejection
 from orchestrator.staging.content import TextCheck, describe_type, entropy, escape, is_binary
-from orchestrator.staging.diff import MAX_DIFF_BYTES, TargetState, read_target, render_diff
+from orchestrator.staging.diff import (
+    MAX_DIFF_BYTES,
+    TargetState,
+    diff_files,
+    read_target,
+    render_diff,
+)
 from orchestrator.staging.errors import (
     BlobMismatch,
     ChangeNotFound,
@@ -107,6 +113,7 @@ __all__ = [
     "collect_tar",
     "create_and_audit",
     "describe_type",
+    "diff_files",
     "entropy",
     "escape",
     "is_binary",

@@ -32,7 +32,7 @@ from orchestrator.staging.manifest import ChangeFile, ChangeSet
 from orchestrator.staging.names import normal_mode, printable
 from orchestrator.staging.store import ChangeStore
 
-__all__ = ["MAX_DIFF_BYTES", "TargetState", "read_target", "render_diff"]
+__all__ = ["MAX_DIFF_BYTES", "TargetState", "diff_files", "read_target", "render_diff"]
 
 #: Files larger than this (on either side) are summarised instead of diffed.
 MAX_DIFF_BYTES = MAX_SHOWN_BYTES
@@ -220,8 +220,23 @@ def render_diff(
     """
     paint = _Paint(color)
     out: list[str] = []
-    for item in sorted(change.files, key=lambda f: f.path):
-        for line in _file_diff(item, change, store, target_root):
-            colour, text = line.split("\0", 1)
-            out.append(paint(colour, text) if colour else text)
+    for _, lines in diff_files(change, store, target_root):
+        out += [paint(colour, text) if colour else text for colour, text in lines]
     return "".join(f"{line}\n" for line in out)
+
+
+def diff_files(
+    change: ChangeSet, store: ChangeStore, target_root: Path | None
+) -> list[tuple[ChangeFile, list[tuple[str, str]]]]:
+    """Per file of ``change`` (by path), the lines :func:`render_diff` shows, each as
+    ``(colour, text)``: colour is "" or a name (bold, cyan, green, red, yellow), text is
+    already escaped. For views that mark lines up themselves (the review console)."""
+    return [
+        (item, [_split(line) for line in _file_diff(item, change, store, target_root)])
+        for item in sorted(change.files, key=lambda f: f.path)
+    ]
+
+
+def _split(line: str) -> tuple[str, str]:
+    colour, text = line.split("\0", 1)
+    return colour, text

@@ -111,7 +111,8 @@ def test_binary_files_are_summarised(store: ChangeStore, tmp_path: Path) -> None
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "doc.pdf").write_bytes(b"%PDF-1.4 old" + bytes(range(256)))
-    png = b"\x89PNG\r\n\x1a\n" + os.urandom(300)
+    # A real PNG's first chunk length holds NUL bytes (a file without any is shown as text).
+    png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + os.urandom(292)
     change = change_of(store, tmp_path, {"doc.pdf": b"%PDF-1.7\n\0\x1b[2J", "img.png": png})
     text = render_diff(change, store, repo, color=False)
     assert "- was: PDF document, 268 bytes, sha256 " in text

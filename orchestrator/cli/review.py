@@ -1,0 +1,40 @@
+"""``orchestrator review``: the review console, a local web page (docs/review.md).
+
+The command is meant to be attached to the main command with ``cli.add_command(review)``.
+It only starts :func:`orchestrator.review.server.serve`; errors are
+:class:`~orchestrator.errors.OrchestratorError`\\ s (exit 125, one line).
+"""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.options import project_option
+
+__all__ = ["review"]
+
+
+@click.command("review")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, help="Port (default: any free one)."
+)
+@click.option("--listen", default="127.0.0.1", show_default=True, help="Address; only 127.0.0.1.")
+@click.option("--no-browser", is_flag=True, help="Only print the address; open no browser.")
+@project_option
+def review(port: int, listen: str, no_browser: bool, project_dir: Path) -> None:
+    """Serve the review console for the project on 127.0.0.1 until Ctrl-C.
+
+    Prints `review console: http://127.0.0.1:PORT/?token=TOKEN`; the token is new at each
+    start and every request needs it (a cookie after the first).
+    """
+    from orchestrator.review.server import serve
+
+    def announce(url: str) -> None:
+        click.echo(f"review console: {url}")
+        if not no_browser:
+            webbrowser.open(url)
+
+    serve(project_dir, port=port, listen=listen, announce=announce)

@@ -1,0 +1,154 @@
+"""What the console shows of change sets and the audit log, read with the library only.
+
+Nothing here imports the web stack: the views in :mod:`orchestrator.review.app` turn these
+plain records into pages. Worker-made strings are returned as they are stored; the page
+templates escape every string they print (terminal escapes, then HTML).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.audit import AuditEntry, AuditFilter, AuditLog, VerifyResult
+
+if TYPE_CHECKING:
+    from orchestrator.config import Project
+    from orchestrator.staging import ChangeFile, ChangeSet, ChangeStore, Scanner, ScanResult
+
+__all__ = [
+    "AUDIT_LIMIT",
+    "ChangeRow",
+    "ChangeView",
+    "audit_entries",
+    "change_rows",
+    "change_view",
+    "scanners_for_change",
+    "sensitive_paths",
+    "target_root",
+]
+
+#: At most this many audit entries are shown on one page (the most recent ones).
+AUDIT_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class ChangeRow:
+    """One line of the change-set list."""
+
+    change: ChangeSet
+    files: int
+    size: int
+    findings: int | None
+    """Scanner findings, or None when the change set was never scanned (open it to scan)."""
+
+
+@dataclass(frozen=True)
+class ChangeView:
+    """Everything the page of one change set shows."""
+
+    change: ChangeSet
+    scans: tuple[ScanResult, ...]
+    blocking: tuple[str, ...]
+    sensitive: tuple[str, ...]
+    root: Path | None
+    files: list[tuple[ChangeFile, list[tuple[str, str]]]]
+    trail: list[AuditEntry] = field(default_factory=list)
+
+
+def target_root(project: Project, change: ChangeSet) -> Path | None:
+    """The folder ``change`` would be written into: the repository, or its zone's folder."""
+    if change.target.kind == "repo":
+        return project.repo
+    zone = project.zones.get(change.target.name or "")
+    return zone.host_path if zone is not None else None
+
+
+def scanners_for_change(project: Project, change: ChangeSet) -> tuple[Scanner, ...]:
+    """The scanners ``staged show`` runs on ``change``: its zone's suffixes and file size."""
+    from orchestrator.staging import scanners_for
+
+    limits = project.config.sandbox.outbox
+    suffixes = None
+    zone = project.config.zones.get(change.target.name or "")
+    if change.target.kind == "zone" and zone is not None:
+        suffixes = zone.suffixes
+        if zone.max_file_size is not None:
+            limits = limits.model_copy(update={"max_file_size": zone.max_file_size})
+    sensitive = project.config.clearance.sensitive_paths
+    return scanners_for(limits=limits, suffixes=suffixes, sensitive=sensitive)
+
+
+def sensitive_paths(scans: tuple[ScanResult, ...]) -> tuple[str, ...]:
+    """The paths that run code by themselves: clearing wants each acknowledged by name."""
+    from orchestrator.staging import SENSITIVE
+
+    return tuple(f.path for s in scans if s.name == SENSITIVE for f in s.findings if f.path)
+
+
+def change_rows(
+    store: ChangeStore,
+    status: str | None = None,
+    *,
+    worker: str | None = None,
+    run: str | None = None,
+) -> list[ChangeRow]:
+    """The change sets, newest first; only those with ``status``, made by ``worker`` and
+    by run (or session) ``run``, for each one given."""
+    rows = [
+        ChangeRow(
+            change=change,
+            files=len(change.files),
+            size=sum(f.size for f in change.files),
+            findings=None
+            if change.scans is None
+            else sum(len(scan.findings) for scan in change.scans),
+        )
+        for change in store.list(status=status)
+        if (worker is None or change.worker == worker)
+        and (run is None or run in (change.run_id, change.session_id))
+    ]
+    rows.sort(key=lambda row: (row.change.created_at, row.change.id), reverse=True)
+    return rows
+
+
+def change_view(
+    project: Project, store: ChangeStore, audit: AuditLog, change_id: str
+) -> ChangeView:
+    """One change set with its diff, scans (run and recorded now if never run, as ``staged
+    show`` does) and the audit trail of the run or session that made it."""
+    from orchestrator.staging import OPEN, blocking, diff_files, run_scanners
+
+    change = store.get(store.resolve(change_id))
+    scans = change.scans
+    if scans is None:
+        results = run_scanners(change, store, scanners_for_change(project, change))
+        if change.status in OPEN:
+            change = store.record_scans(change.id, results)
+        scans = tuple(results)
+    root = target_root(project, change)
+    trail: list[AuditEntry] = []
+    if change.run_id or change.session_id:
+        trail = audit.query(
+            AuditFilter(run=change.run_id, session=change.session_id, limit=AUDIT_LIMIT)
+        )
+    return ChangeView(
+        change=change,
+        scans=tuple(scans),
+        blocking=tuple(result.name for result in blocking(scans)),
+        sensitive=sensitive_paths(tuple(scans)),
+        root=root,
+        files=diff_files(change, store, root),
+        trail=trail,
+    )
+
+
+def audit_entries(
+    audit: AuditLog, *, run: str | None = None, operation: str | None = None
+) -> tuple[list[AuditEntry], VerifyResult]:
+    """The most recent entries matching ``run`` and ``operation`` (``run.*`` is a prefix),
+    newest first, and the verification of the whole chain."""
+    entries = audit.query(AuditFilter(run=run, operation=operation, limit=AUDIT_LIMIT))
+    entries.reverse()
+    return entries, audit.verify()

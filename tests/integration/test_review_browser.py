@@ -1,0 +1,270 @@
+"""The review console in a real browser: Debian's Chromium, headless, driven by Selenium
+with Debian's chromedriver (nothing downloaded), against `python -m orchestrator review`
+started as a subprocess on a real project.
+
+Hostile content (a file named ``<script>…``, a diff with ``<img onerror>``, an ``<svg
+onload>`` commit message, terminal escapes) must render as text: the test checks that no
+script ran (``window.__pwned``), no dialog opened, the browser logged no error (a CSP
+violation would be one) and nothing reached a canary server the payloads point at.
+
+Set ``REVIEW_SCREENSHOTS=DIR`` to keep a screenshot of each page (docs/review.md uses them).
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+
+from orchestrator.audit import AuditFilter, AuditLog
+from tests.unit.test_clearance_fakes import git
+from tests.unit.test_review_console import make_project
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+class Canary:
+    """A loopback HTTP server that records every request: hostile payloads point at it."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        seen = self.paths
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def canary() -> Iterator[Canary]:
+    server = Canary()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    return make_project(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def console(project) -> Iterator[str]:
+    """The address `orchestrator review` printed; the server is stopped after."""
+    root = project[0]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        assert line.startswith("review console: http://127.0.0.1:"), line + (
+            process.stderr.read() if process.poll() is not None and process.stderr else ""
+        )
+        yield line.removeprefix("review console: ").strip()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream:
+                stream.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver: object, name: str) -> None:
+    folder = os.environ.get("REVIEW_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(folder) / f"review-{name}.png"))  # type: ignore[attr-defined]
+
+
+def assert_nothing_ran(driver: object, canary: Canary) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    assert driver.execute_script("return typeof window.__pwned") == "undefined"  # type: ignore[attr-defined]
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # type: ignore[attr-defined]  # noqa: B018
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]  # type: ignore[attr-defined]
+    assert errors == []
+    assert canary.paths == []
+
+
+def base_of(url: str) -> str:
+    return url.split("/?", 1)[0]
+
+
+def test_hostile_change_set_renders_as_text_and_nothing_runs(
+    console, browser, canary, project
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    url = console
+    _, _, stage = project
+    name = "<script>window.__pwned=1</script>.md"
+    body = (
+        f'<img src="{canary.base}/img" onerror="window.__pwned=1;alert(1)">\n'
+        f'<script src="{canary.base}/script.js"></script>\n'
+        f'<svg onload="window.__pwned=1"><image href="{canary.base}/svg"/></svg>\n'
+        f"[link](javascript:alert(1)) \x1b]52;c;cHduZWQ=\x07 \u202eevil\n"
+    ).encode()
+    change_id = stage(
+        {name: body, '"><svg onload=alert(1)>.md': b"x\n", "huge.txt": b"<b>" + b"A" * (10 << 20)},
+        worker="writer",
+        message=f'"><img src="{canary.base}/message" onerror=alert(1)>',
+    )
+    browser.get(url)
+    assert browser.current_url == base_of(url) + "/"  # the token left the address bar
+    shot(browser, "changes")
+    browser.find_element(By.CSS_SELECTOR, f'a[href="/changes/{change_id}"]').click()
+    text = browser.find_element(By.TAG_NAME, "body").text
+    assert name in text and '"><svg onload=alert(1)>.md' in text
+    assert f'<img src="{canary.base}/img" onerror="window.__pwned=1;alert(1)">' in text
+    assert "\\x1b]52;c;cHduZWQ=\\x07" in text and "\\u202eevil" in text
+    # 10 MB on one line: summarised (size, type), never put in the page
+    assert "10485763 bytes" in text and "A" * 1000 not in browser.page_source
+    assert browser.find_elements(By.CSS_SELECTOR, "main script, main img, main svg") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "pre.diff .l.green")  # the stylesheet's classes
+    shot(browser, "change")
+    assert_nothing_ran(browser, canary)
+
+
+def test_requests_without_token_with_a_wrong_host_or_without_csrf_are_refused(
+    console, project
+) -> None:
+    url = console
+    _, store, stage = project
+    change_id = stage({"notes.md": b"hello\n"})
+    base = base_of(url)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(base + "/")
+    assert refused.value.code == 403
+    port = int(base.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    token = url.split("token=", 1)[1]
+    connection.request("GET", f"/?token={token}", headers={"Host": f"attacker.example:{port}"})
+    answer = connection.getresponse()
+    assert answer.status == 421
+    answer.read()
+    connection.request("GET", f"/?token={token}")
+    login = connection.getresponse()
+    login.read()
+    assert login.status == 303
+    cookie = login.getheader("set-cookie", "").split(";", 1)[0]
+    connection.request("GET", "/", headers={"Cookie": cookie})
+    page = connection.getresponse()
+    assert page.status == 200
+    page.read()
+    connection.request(
+        "POST",
+        f"/changes/{change_id}/reject",
+        body="reason=forged",
+        headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    forged = connection.getresponse()
+    forged.read()
+    assert forged.status == 403
+    connection.close()
+    assert store.get(change_id).status == "pending"
+
+
+def test_clear_and_reject_from_the_page_then_the_audit_page(
+    console, browser, canary, project
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    url = console
+    root, store, stage = project
+    cleared = stage({"README.md": b"v2\n"}, base={"README.md": b"v1\n"}, run_id="run-clear")
+    rejected = stage({"notes.md": b"no\n"}, run_id="run-reject")
+    browser.get(url)
+    browser.get(f"{base_of(url)}/changes/{cleared}")
+    browser.find_element(By.CSS_SELECTOR, 'button[value="clear"]').click()
+    assert "committed as" in browser.find_element(By.TAG_NAME, "body").text, browser.page_source
+    assert store.get(cleared).status == "committed"
+    assert git(root, "log", "-1", "--format=%(trailers:key=Staged-Id,valueonly)") == cleared
+    assert git(root, "log", "-1", "--format=%(trailers:key=Run,valueonly)") == "run-clear"
+
+    browser.get(f"{base_of(url)}/changes/{rejected}")
+    browser.find_element(By.CSS_SELECTOR, 'input[name="reason"]').send_keys("not wanted")
+    browser.find_element(By.CSS_SELECTOR, 'button[value="reject"]').click()
+    assert browser.find_element(By.CSS_SELECTOR, "p.done").text == "rejected"
+    assert store.get(rejected).status == "rejected"
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    assert [e.operation for e in log.query(AuditFilter(operation="clearance.*"))] == [
+        "clearance.committed"
+    ]
+    [entry] = log.query(AuditFilter(operation="change.rejected"))
+    assert entry.reason == "not wanted" and entry.metadata["change_id"] == rejected
+
+    browser.get(f"{base_of(url)}/audit")
+    verified = browser.find_element(By.CSS_SELECTOR, "p.chain")
+    assert "Chain verified" in verified.text and "ok" in verified.get_attribute("class")
+    shot(browser, "audit")
+    lines = log.path.read_text().splitlines(keepends=True)
+    entry_1 = json.loads(lines[0])
+    entry_1["reason"] = "edited"
+    lines[0] = json.dumps(entry_1) + "\n"
+    log.path.write_text("".join(lines))
+    browser.refresh()
+    broken = browser.find_element(By.CSS_SELECTOR, "p.chain.broken")
+    assert "BROKEN at line 1" in broken.text
+    assert broken.value_of_css_property("background-color") == "rgba(176, 0, 32, 1)"
+    shot(browser, "audit-broken")
+    assert_nothing_ran(browser, canary)

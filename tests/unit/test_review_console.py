@@ -1,0 +1,279 @@
+"""The review console's pages and defences through Starlette's TestClient, on a real
+project (git repository, change store, audit log); the browser tests are in
+tests/integration/test_review_browser.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from orchestrator.audit import AuditFilter, AuditLog
+from orchestrator.review.app import make_app
+from orchestrator.review.guard import Secrets
+from orchestrator.staging import ChangeStore
+from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
+
+PORT = 48123
+HOSTILE_NAME = "<script>window.__pwned=1</script>.md"
+HOSTILE_BODY = b'<img src=x onerror="window.__pwned=1"> \x1b]2;title\x07 \xe2\x80\xaeevil\n'
+
+
+def make_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A git repository holding a project, its change store and a function that stages a
+    repository change set in it with the real staging package."""
+    isolate_git(monkeypatch, tmp_path / "home")
+    root = make_repo(tmp_path / "project", {"README.md": "v1\n"})
+    (root / "orchestrator.yaml").write_text("zones: {}\nrepo: .\n")
+    git(root, "add", "orchestrator.yaml")
+    git(root, "commit", "-q", "-m", "project file")
+    (root / ".git" / "info" / "exclude").write_text(".sandbox/\n")
+    store = ChangeStore(root / ".sandbox" / "changes")
+
+    def stage(new: dict[str, bytes | None], **kwargs: object) -> str:
+        return stage_real(store.root, tmp_path / "work", new=new, **kwargs)  # type: ignore[arg-type]
+
+    return root, store, stage
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    return make_project(tmp_path, monkeypatch)
+
+
+def client(root: Path, keys: Secrets | None = None, *, login: bool = True) -> TestClient:
+    keys = keys or Secrets(port=PORT)
+    web = TestClient(make_app(root, keys), base_url=f"http://127.0.0.1:{PORT}")
+    web.keys = keys  # type: ignore[attr-defined]
+    if login:
+        answer = web.get(f"/?token={keys.token}", follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"] == "/"
+    return web
+
+
+def audit_ops(root: Path, operation: str | None = None) -> list[str]:
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    return [e.operation for e in log.query(AuditFilter(operation=operation))]
+
+
+def test_the_token_is_required_then_kept_in_a_strict_http_only_cookie(project) -> None:
+    root, _, stage = project
+    stage({"notes.md": b"hello\n"})
+    web = client(root, login=False)
+    for path in ("/", "/audit", "/static/style.css", "/nowhere"):
+        refused = web.get(path)
+        assert refused.status_code == 403, path
+        assert "Content-Security-Policy" in refused.headers
+    assert web.get("/?token=wrong").status_code == 403
+    web.cookies.set(web.keys.cookie, "wrong")
+    assert web.get("/").status_code == 403
+    web.cookies.clear()
+    first = web.get(f"/?token={web.keys.token}&status=pending", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == "/?status=pending"
+    cookie = first.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+    page = web.get("/")
+    assert page.status_code == 200 and "notes.md" not in page.text  # list: no file names
+    # another start of the console has another token: the old cookie is worth nothing
+    other = client(root, Secrets(port=PORT), login=False)
+    other.cookies.set(other.keys.cookie, web.keys.token)
+    assert other.get("/").status_code == 403
+
+
+def test_every_answer_carries_the_strict_headers(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    for path in ("/", "/audit", "/static/style.css", "/nowhere"):
+        headers = web.get(path).headers
+        csp = headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+        assert "script-src" not in csp and "unsafe" not in csp
+        assert "style-src 'self'" in csp
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+    assert web.get("/static/style.css").headers["content-type"].startswith("text/css")
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example:48123", "127.0.0.1", "127.0.0.1:1", "localhost.evil:48123", ""]
+)
+def test_a_wrong_host_is_refused(project, host: str) -> None:
+    root, _, _ = project
+    web = client(root)
+    answer = web.get("/", headers={"host": host})
+    assert answer.status_code == 421
+    assert "wrong Host" in answer.text
+    assert web.get("/", headers={"host": f"localhost:{PORT}"}).status_code == 200
+
+
+def test_a_post_without_the_csrf_token_or_from_another_origin_is_refused(project) -> None:
+    root, store, stage = project
+    change_id = stage({"notes.md": b"hello\n"})
+    web = client(root)
+    reject = f"/changes/{change_id}/reject"
+    assert web.post(reject, data={"reason": "no"}).status_code == 403
+    assert web.post(reject, data={"reason": "no", "csrf": "wrong"}).status_code == 403
+    forged = web.post(
+        reject,
+        data={"reason": "no", "csrf": web.keys.csrf},
+        headers={"origin": "http://evil.example"},
+    )
+    assert forged.status_code == 403
+    assert web.post(f"/changes/{change_id}/clear", data={}).status_code == 403
+    assert web.put(reject).status_code == 405
+    assert store.get(change_id).status == "pending"
+    assert "change.rejected" not in audit_ops(root)
+    assert git(root, "rev-list", "--count", "HEAD") == "2"
+
+
+def test_the_list_is_newest_first_and_filters_by_state(project) -> None:
+    root, store, stage = project
+    older = stage({"a.md": b"a\n"}, worker="alpha", run_id="run-a")
+    newer = stage({"b.md": b"b\n", "c.md": b"c\n"}, worker="beta", run_id="run-b")
+    store.set_status(older, "rejected", reason="test")
+    web = client(root)
+    page = web.get("/").text
+    assert page.index(newer[:12]) < page.index(older[:12])
+    assert "beta" in page and "run-b" in page and "not scanned" in page
+    pending = web.get("/?status=pending").text
+    assert newer[:12] in pending and older[:12] not in pending
+    assert older[:12] in web.get("/?status=rejected").text
+    assert web.get("/?status=bogus").status_code == 400
+    by_worker = web.get("/?worker=alpha").text
+    assert older[:12] in by_worker and newer[:12] not in by_worker
+    by_run = web.get("/?run=run-b").text
+    assert newer[:12] in by_run and older[:12] not in by_run
+    assert "matching the filter" in web.get("/?run=run-b&status=rejected").text
+
+
+def test_hostile_names_and_content_are_shown_as_inert_text(project) -> None:
+    root, _, stage = project
+    change_id = stage(
+        {HOSTILE_NAME: HOSTILE_BODY},
+        worker="w<b>orker",
+        message='"><svg/onload=alert(1)> \x1b[2J',
+    )
+    web = client(root)
+    listing = web.get("/").text
+    page = web.get(f"/changes/{change_id}").text
+    for html in (listing, page):
+        assert "<script" not in html and "<svg" not in html and "<img" not in html
+        assert "\x1b" not in html and "\u202e" not in html and "\x07" not in html
+        assert "w&lt;b&gt;orker" in html
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;.md" in page
+    assert "&lt;img src=x onerror=" in page
+    assert "\\x1b]2;title\\x07" in page and "\\u202eevil" in page
+    assert "&#34;&gt;&lt;svg/onload=alert(1)&gt; \\x1b[2J" in page
+    assert "change.reviewed" in audit_ops(root)
+
+
+def test_reject_from_the_page_is_stored_and_audited(project) -> None:
+    root, store, stage = project
+    change_id = stage({"notes.md": b"hello\n"})
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    assert f'name="csrf" value="{web.keys.csrf}"' in page
+    empty = web.post(f"/changes/{change_id}/reject", data={"csrf": web.keys.csrf, "reason": " "})
+    assert empty.status_code == 400 and store.get(change_id).status == "pending"
+    done = web.post(
+        f"/changes/{change_id}/reject", data={"csrf": web.keys.csrf, "reason": "wrong <numbers>"}
+    )
+    assert done.status_code == 200 and "rejected" in done.text
+    change = store.get(change_id)
+    assert change.status == "rejected" and change.history[-1].reason == "wrong <numbers>"
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    [entry] = log.query(AuditFilter(operation="change.rejected"))
+    assert entry.reason == "wrong <numbers>" and entry.metadata["change_id"] == change_id
+    assert entry.metadata["via"] == "review console" and entry.metadata["by"]
+    again = web.post(f"/changes/{change_id}/reject", data={"csrf": web.keys.csrf, "reason": "x"})
+    assert again.status_code == 409
+
+
+def test_clear_from_the_page_commits_with_trailers_and_is_audited(project) -> None:
+    root, store, stage = project
+    change_id = stage({"README.md": b"v2\n"}, base={"README.md": b"v1\n"})
+    web = client(root)
+    done = web.post(f"/changes/{change_id}/clear", data={"csrf": web.keys.csrf})
+    assert done.status_code == 200, done.text
+    assert store.get(change_id).status == "committed"
+    assert git(root, "log", "-1", "--format=%(trailers:key=Staged-Id,valueonly)") == change_id
+    assert (root / "README.md").read_text() == "v2\n"
+    assert audit_ops(root, "clearance.*") == ["clearance.committed"]
+
+
+def test_a_file_that_runs_code_needs_its_acknowledgement_as_on_the_command_line(project) -> None:
+    root, store, stage = project
+    change_id = stage({"conftest.py": b"import os\n"})
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    assert 'name="ack" value="conftest.py"' in page
+    refused = web.post(f"/changes/{change_id}/clear", data={"csrf": web.keys.csrf})
+    assert refused.status_code == 409 and "--ack-sensitive conftest.py" in refused.text
+    assert store.get(change_id).status == "pending"
+    assert "clearance.committed" not in audit_ops(root)
+    done = web.post(
+        f"/changes/{change_id}/clear", data={"csrf": web.keys.csrf, "ack": "conftest.py"}
+    )
+    assert done.status_code == 200, done.text
+    assert store.get(change_id).status == "committed"
+    assert "clearance.acknowledged" in audit_ops(root)
+
+
+def test_the_audit_page_filters_and_shows_a_broken_chain_in_red(project) -> None:
+    root, _, stage = project
+    stage({"a.md": b"a\n"}, run_id="run-a")
+    stage({"b.md": b"b\n"}, run_id="run-b")
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    log.record("change.created", run_id="run-a", metadata={"note": "<b>x</b>"})
+    log.record("change.created", run_id="run-b")
+    log.record("run.started", run_id="run-b")
+    web = client(root)
+    page = web.get("/audit").text
+    assert "Chain verified: 3 entries" in page and "BROKEN" not in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page
+    only_a = web.get("/audit?run=run-a").text
+    assert "run-a" in only_a and "run-b" not in only_a
+    runs = web.get("/audit?operation=run.*").text
+    assert "run.started" in runs and "change.created" not in runs
+    lines = log.path.read_text().splitlines(keepends=True)
+    entry = json.loads(lines[1])
+    entry["reason"] = "edited"
+    lines[1] = json.dumps(entry) + "\n"
+    log.path.write_text("".join(lines))
+    broken = web.get("/audit").text
+    assert 'class="chain broken"' in broken and "BROKEN at line 2" in broken
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "review", "--no-browser", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_any_address_but_loopback_is_refused_in_one_line(project) -> None:
+    root, _, _ = project
+    for address in ("0.0.0.0", "::", "192.168.1.2", "localhost"):
+        done = run_cli("--listen", address, "--project", str(root))
+        assert done.returncode == 125, done.stderr
+        assert done.stderr.count("\n") == 1 and "127.0.0.1 only" in done.stderr
+        assert done.stdout == ""
+
+
+def test_a_port_in_use_is_refused_in_one_line(project) -> None:
+    root, _, _ = project
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = run_cli("--port", str(port), "--project", str(root))
+    assert done.returncode == 125, done.stderr
+    assert done.stderr.count("\n") == 1 and f"--port {port}: cannot listen" in done.stderr
