@@ -11,7 +11,7 @@ engine keeps nothing of it on the host).
 
 A step's container carries no labels: labels would pass into the committed image and from
 there into every container made from it. It is owned by its name instead,
-``orchestrator-build-<pid>-<start>-<pid namespace>-<token>``, which :func:`owner_labels`
+``orchestrator-build-<pid>-<start>-<pid namespace>-<token>``, which :func:`.buildnames.owner_labels`
 reads back for ``gc``: a build SIGKILLed mid-step leaves a container that ``orchestrator
 gc`` removes.
 """
@@ -21,8 +21,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import re
-import secrets
 import tarfile
 import threading
 import time
@@ -38,6 +36,7 @@ from docker.types import LogConfig, Ulimit
 from orchestrator import labels
 from orchestrator.build.engine import STEP_CAPABILITIES, Output, StepLimits, StepOutcome, StepSpec
 from orchestrator.docker import networks, runtimes, seccomp
+from orchestrator.docker.buildnames import container_name
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
 from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
 from orchestrator.docker.netnames import network_name
@@ -46,9 +45,6 @@ from orchestrator.plan import SECCOMP_PROFILE, ContainerSpec, Network
 from orchestrator.plan import Limits as PlanLimits
 from orchestrator.runtime.engine import EgressDecision as Decision
 
-#: Every build step container's name starts so.
-NAME_PREFIX = "orchestrator-build-"
-_NAME = re.compile(rf"^{NAME_PREFIX}(\d+)-(\d+)-(\d+)-([0-9a-f]+)$")
 #: How often a running step's layer size is measured (seconds).
 DISK_POLL_S = 1.0
 #: Bytes of a step's output kept for the message when it fails.
@@ -59,23 +55,6 @@ CACHE_LABEL = f"{labels.PREFIX}.build.key"
 GO_MODE_DIR = 1 << 31
 #: A tmpfs for ``RUN --mount=type=cache|tmpfs``.
 SCRATCH_SIZE = 256 << 20
-
-
-def container_name(token: str | None = None) -> str:
-    owner = labels.current_owner()
-    ns = re.sub(r"\D", "", owner.pid_ns) or "0"
-    return f"{NAME_PREFIX}{owner.pid}-{owner.start or 0}-{ns}-{token or secrets.token_hex(6)}"
-
-
-def owner_labels(name: str) -> dict[str, str] | None:
-    """The owner labels ``gc`` judges a step's container by, read from its name; None for
-    a name that is not a build step's."""
-    match = _NAME.match(name)
-    if match is None:
-        return None
-    pid, start, ns, _ = match.groups()
-    return {labels.MANAGED: "true", labels.OWNER_PID: pid, labels.OWNER_START: start,
-            labels.OWNER_NS: f"pid:[{ns}]", labels.WORKER: "build"}  # fmt: skip
 
 
 class DockerStepEngine:

@@ -25,7 +25,7 @@ from docker.utils import socket as docker_socket
 
 from orchestrator import labels
 from orchestrator.docker import (
-    build,
+    buildnames,
     credproxy,
     execlimits,
     hostconfig,
@@ -530,9 +530,9 @@ class DockerEngine(DockerClient):
                 found.append(ManagedObject("container", c["Id"], name, tags))
             # Build steps' containers carry no labels (they would pass into the image):
             # their names say who owns them (docker/build.py).
-            for c in self.api.containers(all=True, filters={"name": build.NAME_PREFIX}):
+            for c in self.api.containers(all=True, filters={"name": buildnames.NAME_PREFIX}):
                 name = (c.get("Names") or [""])[0].lstrip("/")
-                owner = build.owner_labels(name)
+                owner = buildnames.owner_labels(name)
                 if owner is not None:
                     found.append(ManagedObject("container", c["Id"], name, owner))
             for n in self.api.networks(filters=label):

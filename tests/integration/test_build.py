@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import labels
-from orchestrator.docker import build as docker_build
+from orchestrator.docker import buildnames
 from orchestrator.docker.images import WORKER_IMAGE
 from tests.integration.conftest import cli, require_gvisor, wait_until
 
@@ -35,13 +35,13 @@ def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 def step_containers(*, live: bool = False) -> list[str]:
     """Build step containers whose owner is gone (a leak); with ``live``, also those of
     live owners (a build in progress: other engineers' builds run on this engine too)."""
-    found = docker("ps", "-a", "--filter", f"name={docker_build.NAME_PREFIX}", "--format",
+    found = docker("ps", "-a", "--filter", f"name={buildnames.NAME_PREFIX}", "--format",
                    "{{.Names}}").stdout.split()  # fmt: skip
     wanted = {"gone", "alive"} if live else {"gone"}
     return [
         name
         for name in found
-        if (owner := docker_build.owner_labels(name)) is not None
+        if (owner := buildnames.owner_labels(name)) is not None
         and labels.owner_state(owner) in wanted
     ]
 
@@ -289,7 +289,7 @@ def test_a_sigkilled_build_leaves_only_what_gc_removes(builds, project):
          "--project", str(project.root)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
+    mine = f"{buildnames.NAME_PREFIX}{process.pid}-"
     try:
         assert wait_until(lambda: any(n.startswith(mine) for n in step_containers(live=True)), 180)
     finally:
@@ -358,7 +358,7 @@ def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
          "--project", str(project.root)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    mine = f"{docker_build.NAME_PREFIX}{process.pid}-"
+    mine = f"{buildnames.NAME_PREFIX}{process.pid}-"
     try:
         assert wait_until(lambda: any(n.startswith(mine) for n in step_containers(live=True)), 180)
         process.send_signal(signal.SIGTERM)

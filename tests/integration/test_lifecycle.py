@@ -71,7 +71,9 @@ def test_missing_image_says_how_to_build_it(engine, project):
     project.worker("w", 'image: "orchestrator/does-not-exist:1"\ncommand: ["true"]')
     result = cli("run", "w", "--project", str(project.root))
     assert result.returncode == 125
-    assert "orchestrator images build" in result.stderr
+    # Not one of the project's own images: built with `orchestrator build` or docker's.
+    assert "orchestrator build" in result.stderr
+    assert "docker build -t orchestrator/does-not-exist:1" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -63,6 +63,7 @@ def test_a_hardened_spec_renders_to_docker_s_exact_host_config():
             {"Target": "/session", "Source": "/host/s", "Type": "bind", "ReadOnly": False},
         ],
         "NetworkMode": "none",
+        "Dns": ["0.0.0.0"],  # no resolver: no name lookup leaves the worker
         "ReadonlyRootfs": True,
         "CapDrop": ["ALL"],
         "SecurityOpt": [
