@@ -101,7 +101,9 @@ def _serve(entry: Entry, stop: bool) -> None:
         return
     for name in PRELOAD:
         importlib.import_module(name)
-    if threading.active_count() != 1:  # a fork copies only the calling thread
+    # A fork copies only the calling thread: none may exist, Python's or a native
+    # library's (a Go runtime starts several as it loads).
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         raise OrchestratorError("cannot serve: a thread was started while preloading")
     for fd in (0, 1, 2):  # commands' descriptors must never land on 0-2 here
         try:
