@@ -43,6 +43,7 @@ from orchestrator.runtime.run import (
     Run,
     RunResult,
     execute,
+    run_context,
 )
 from orchestrator.vocabulary import BACKENDS
 
@@ -155,6 +156,23 @@ class Orchestrator:
         )
 
     # -- declarations ---------------------------------------------------------------------
+
+    def check(self, prepared: Prepared) -> None:
+        """Refuse, before anything exists, a run this backend cannot make (no such image,
+        no such runtime), the refusal audited as :class:`Run` audits it: the CLI says so
+        before its run header. A run checks again as it opens."""
+        try:
+            self.backend.check(prepared)
+        except OrchestratorError as exc:
+            metadata = {"exit_code": 125, "status": "error", "container_removed": True}
+            self.audit.record(
+                "run.ended",
+                allowed=False,
+                reason=str(exc),
+                **run_context(prepared.spec),
+                metadata=metadata,
+            )
+            raise
 
     def prepare(
         self,

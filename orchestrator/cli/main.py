@@ -191,7 +191,7 @@ def run(worker: str, as_json: bool, project_dir: Path, engine_name: str, **optio
 
     orch = Orchestrator(project_dir, backend=engine_name)
     prepared = orch.prepare(worker, **options)
-    orch.backend.check(prepared)  # a missing image or runtime: said before the header
+    orch.check(prepared)  # a missing image or runtime: said before the header
     spec = prepared.spec
     zones = ", ".join(f"{m.target} {'ro' if m.read_only else 'rw'}" for m in spec.mounts)
     inputs = f", inputs: {len(prepared.inputs)}" if prepared.inputs else ""
