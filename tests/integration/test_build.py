@@ -346,7 +346,14 @@ def test_a_build_allowlist_lets_run_steps_reach_only_its_hosts_through_the_audit
                     if n.startswith("orchestrator-run-build-")]  # fmt: skip
     finally:
         docker("rm", "-f", server)
-        docker("network", "rm", service_net)
+        # The shared egress proxy joined the service network for the build: it stays (other
+        # builds may use it), the test's network goes.
+        attached = docker("network", "inspect", service_net, "--format",
+                          "{{range .Containers}}{{.Name}} {{end}}").stdout.split()  # fmt: skip
+        for name in attached:
+            docker("network", "disconnect", "-f", service_net, name)
+        removed = docker("network", "rm", service_net)
+        assert removed.returncode == 0, removed.stderr
 
 
 def test_sigterm_mid_step_removes_the_step_container_at_once(builds, project):
