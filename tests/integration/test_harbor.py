@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +332,9 @@ def test_the_oracle_solves_a_task_built_from_its_dockerfile_as_root(engine, harb
     project.write_project()  # untrusted workers under gVisor: the task runs as written
     task = tmp_path / "root-build"
     shutil.copytree(TASKS / "root-build", task)
+    # The layer cache is the engine's: a context of this test's own makes the first trial
+    # build (from its COPY on) whatever an earlier build of the task left cached.
+    (task / "environment" / "files" / "marker.txt").write_text(f"{uuid.uuid4().hex}\n")
 
     pid, _, trial, output = _run(harbor, task, project, tmp_path / "jobs")
 
