@@ -289,6 +289,9 @@ def create_on(engine, spec, network):
     networked = dataclasses.replace(spec, network=Network("allowlist"))
     config = hostconfig.host_config(networked, engine.runtime_for(networked))
     config["network_mode"] = network
+    # Not a worker's place: the network's own resolver, as any container there has (a
+    # worker's "no resolver" would leave Podman's containers without the test's names).
+    config["dns"] = None
     created = engine.api.create_container(
         **hostconfig.container_config(networked),
         labels=engine.labels_for(spec.labels),
