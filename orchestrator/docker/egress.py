@@ -636,7 +636,9 @@ def _answers(engine: DockerClient, container: str) -> bool:
         except docker_errors.NotFound:
             raise _Vanished(container) from None
         except docker_errors.APIError as exc:
-            if exc.status_code == 409:  # not running (yet, or any more)
+            # Not running (yet, or any more): a 409, or, when it stops between the exec's
+            # creation and its start, the start's own refusal: the caller looks at its state.
+            if exc.status_code == 409 or "is not running" in str(exc.explanation or ""):
                 return False
             raise
         for _ in range(50):  # the engine records the exit code shortly after the output
