@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from orchestrator.cli.options import json_option, project_option
-from orchestrator.review.changes import scanners_for_change, sensitive_paths, target_root
+from orchestrator.review.changes import scanned_change, sensitive_paths, target_root
 
 if TYPE_CHECKING:
     from orchestrator.config import Project
@@ -198,16 +198,10 @@ def _blocked_deletes(project: Project, change: ChangeSet) -> list[str]:
 @project_option
 def show(change_id: str, no_color: bool, as_json: bool, project_dir: Path) -> None:
     """Show CHANGE_ID: summary, rejected entries, scans, conflicts and the diff."""
-    from orchestrator.staging import OPEN, blocking, render_diff, run_scanners
+    from orchestrator.staging import blocking, render_diff
 
     project, store = open_store(project_dir)
-    change = store.get(store.resolve(change_id))
-    scans = change.scans
-    if scans is None:
-        results = run_scanners(change, store, scanners_for_change(project, change))
-        if change.status in OPEN:
-            change = store.record_scans(change.id, results)
-        scans = tuple(results)
+    change, scans = scanned_change(project, store, change_id)
     conflicts = store.conflicts(change.id)
     blocked = _blocked_deletes(project, change)
     root = target_root(project, change)

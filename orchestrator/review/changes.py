@@ -113,20 +113,30 @@ def change_rows(
     return rows
 
 
+def scanned_change(
+    project: Project, store: ChangeStore, change_id: str
+) -> tuple[ChangeSet, tuple[ScanResult, ...]]:
+    """The change set ``change_id`` names and its scans: those recorded, or run now (and
+    recorded while it is still open) when it was never scanned."""
+    from orchestrator.staging import OPEN, run_scanners
+
+    change = store.get(store.resolve(change_id))
+    if change.scans is not None:
+        return change, change.scans
+    results = run_scanners(change, store, scanners_for_change(project, change))
+    if change.status in OPEN:
+        change = store.record_scans(change.id, results)
+    return change, tuple(results)
+
+
 def change_view(
     project: Project, store: ChangeStore, audit: AuditLog, change_id: str
 ) -> ChangeView:
     """One change set with its diff, scans (run and recorded now if never run, as ``staged
     show`` does) and the audit trail of the run or session that made it."""
-    from orchestrator.staging import OPEN, blocking, diff_files, run_scanners
+    from orchestrator.staging import blocking, diff_files
 
-    change = store.get(store.resolve(change_id))
-    scans = change.scans
-    if scans is None:
-        results = run_scanners(change, store, scanners_for_change(project, change))
-        if change.status in OPEN:
-            change = store.record_scans(change.id, results)
-        scans = tuple(results)
+    change, scans = scanned_change(project, store, change_id)
     root = target_root(project, change)
     trail: list[AuditEntry] = []
     if change.run_id or change.session_id:
