@@ -42,6 +42,7 @@ import logging
 import os
 import pwd
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -313,38 +314,37 @@ class SetidSweep:
 
 def _chmod(entry: Entry, mode: int) -> str | None:
     """``chmod`` the very inode ``entry`` is, never a link: None, or why it failed."""
-    try:
-        fd = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=entry.folder)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    try:
-        now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != entry.ident or stat.S_ISLNK(now.st_mode):
-            return "it was replaced while being looked at"
-        # An O_PATH descriptor cannot be fchmod'ed; its /proc link names that inode.
-        os.chmod(f"/proc/self/fd/{fd}", mode)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    finally:
-        os.close(fd)
-    return None
+    return _on_inode(entry, lambda path, _: os.chmod(path, mode), links=False)
 
 
 def _chown(entry: Entry, uid: int, gid: int) -> str | None:
     """``chown`` the very inode ``entry`` is (a link itself, never its target): None, or
     why it failed."""
+
+    def chown(path: str, now: os.stat_result) -> None:
+        if stat.S_ISLNK(now.st_mode):
+            os.chown(entry.name, uid, gid, dir_fd=entry.folder, follow_symlinks=False)
+        else:
+            os.chown(path, uid, gid)
+
+    return _on_inode(entry, chown, links=True)
+
+
+def _on_inode(
+    entry: Entry, act: Callable[[str, os.stat_result], None], *, links: bool
+) -> str | None:
+    """``act`` on the very inode ``entry`` is, through its ``/proc/self/fd`` path (an
+    ``O_PATH`` descriptor cannot be ``fchmod``'ed or ``fchown``'ed): None, or why it failed.
+    A link there is refused as a replacement unless ``links``."""
     try:
         fd = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=entry.folder)
     except OSError as exc:
         return exc.strerror or str(exc)
     try:
         now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != entry.ident:
+        if (now.st_dev, now.st_ino) != entry.ident or (stat.S_ISLNK(now.st_mode) and not links):
             return "it was replaced while being looked at"
-        if stat.S_ISLNK(now.st_mode):
-            os.chown(entry.name, uid, gid, dir_fd=entry.folder, follow_symlinks=False)
-        else:
-            os.chown(f"/proc/self/fd/{fd}", uid, gid)
+        act(f"/proc/self/fd/{fd}", now)
     except OSError as exc:
         return exc.strerror or str(exc)
     finally:
