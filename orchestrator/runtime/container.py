@@ -104,7 +104,7 @@ class ContainerLaunch:
 
     def prepare(self) -> None:
         if self.spec.network.mode != "none":
-            self.network = self.engine.prepare_network(self.spec)
+            self.network = self.engine.set_up_network(self.spec)
 
     def create(
         self, spec: ContainerSpec, secrets: Mapping[str, str], *, started: Callable[[], None]

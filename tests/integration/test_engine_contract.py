@@ -139,6 +139,6 @@ def test_a_run_without_a_network_needs_no_proxy(contract):
     engine = contract.engine
     spec = contract.spec(RUNS_ON)
     since = datetime.now(UTC)
-    assert engine.prepare_network(spec) is None  # nothing of the run's own to remove
+    assert engine.set_up_network(spec) is None  # nothing of the run's own to remove
     assert engine.network_decisions(spec, since) == EgressLog()
     assert engine.image_argv(spec.image, ["a", "b"])[-2:] == ["a", "b"]

@@ -235,7 +235,7 @@ class FakeEngine:
             return FakeExec(iter([("stdout", str(failure).encode())]), self.exit_code, failure)
         return FakeExec(iter([("stdout", b"out\n")]), self.exit_code)
 
-    def prepare_network(self, spec: ContainerSpec) -> ManagedObject | None:
+    def set_up_network(self, spec: ContainerSpec) -> ManagedObject | None:
         self._answer("network")
         if spec.network.mode != "allowlist":
             return None
