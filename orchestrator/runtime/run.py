@@ -40,7 +40,7 @@ from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
 from orchestrator.runtime.engine import EgressLog, Engine, Stream
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
-from orchestrator.runtime.preparation import path_violations, prepare_filesystem
+from orchestrator.runtime.host_folders import path_violations, make_host_folders
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
@@ -271,7 +271,7 @@ class Run:
         if spec.image_user and not spec.run_as:  # the image's user, for its execs too
             spec = self.spec = replace(spec, run_as=self.engine.image_defaults(spec.image).user)
             prepared = self.prepared = replace(prepared, spec=spec)
-        prepare_filesystem(prepared)
+        make_host_folders(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
         if why := backend.setid_refusal(spec, pinned=self._pin):
             refuse_setid(prepared, why=why)
