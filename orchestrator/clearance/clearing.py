@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.audit.redact import Redactor
+from orchestrator.audit.redact import TextRedactor
 from orchestrator.clearance.checks import (
     check_base,
     check_work_tree,
@@ -103,7 +103,7 @@ def clear(
     :class:`PushFailed` when the commit is made and marked but the push failed.
     """
     events = Events(audit, change_id, repo)
-    redactor = Redactor()
+    redactor = TextRedactor()
     if credential is not None and credential.explicit:
         redactor.add(credential.reveal())
         if audit is not None:
@@ -330,7 +330,7 @@ def _check_acknowledged(clearing: Clearing, sensitive: tuple[str, ...]) -> None:
         )
 
 
-def _open(repo: Path, change_id: str, redactor: Redactor) -> GitRepo:
+def _open(repo: Path, change_id: str, redactor: TextRedactor) -> GitRepo:
     try:
         return GitRepo(repo, change_id=change_id, redactor=redactor)
     except GitFailure as exc:

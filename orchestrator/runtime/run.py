@@ -42,7 +42,7 @@ from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
 from orchestrator.runtime.host_folders import path_violations, make_host_folders
 from orchestrator.runtime.removal import Interrupted
-from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
+from orchestrator.runtime.secrets import RedactingSink, StreamRedactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
 from orchestrator.runtime.setid import SetidSweep, refuse_setid
 
@@ -183,7 +183,7 @@ class Run:
         self.values = _granted_secrets(prepared, secrets or {})
         self.egress_values = {n: (secrets or {}).get(n, "") for n in prepared.grant.egress}
         """Egress credentials: only the run's credential proxy gets them."""
-        self.redactor = Redactor([*self.values.values(), *self.egress_values.values()])
+        self.redactor = StreamRedactor([*self.values.values(), *self.egress_values.values()])
         self.on_output = on_output
         self.gc = gc
         """Whether :meth:`open` first removes what dead owners left (a batch does it once)."""
