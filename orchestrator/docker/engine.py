@@ -489,6 +489,9 @@ class DockerEngine(DockerClient):
             sock.close()
             raw.close()
 
+    def flavour(self) -> str:
+        return podman.engine_kind(self).flavour
+
     # The networks module (and the egress proxy's, which it imports) is loaded only when
     # a run needs a network: a ``none`` run does not pay for importing it.
     def set_up_network(self, spec: ContainerSpec) -> ManagedObject | None:

@@ -50,11 +50,15 @@ __all__ = ["ContainerBackend", "ContainerLaunch"]
 class ContainerBackend:
     """Runs as containers on ``engine``; see the module docstring."""
 
-    name = "docker"
     secret_files = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    @property
+    def name(self) -> str:
+        """The engine's own name (``docker`` or ``podman``), asked when a run records it."""
+        return self.engine.flavour()
 
     @property
     def interactive(self) -> Engine:

@@ -202,3 +202,7 @@ class Engine(Containers, Networks, CredentialProxies, Inventory, Protocol):
 
     def ping(self) -> None:
         """Raise EngineUnreachable unless the engine answers."""
+
+    def flavour(self) -> str:
+        """Which engine answers: ``docker`` or ``podman`` (a run records it as its
+        ``engine``)."""

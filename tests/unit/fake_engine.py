@@ -126,6 +126,9 @@ class FakeEngine:
     def ping(self) -> None:
         self._answer("ping")
 
+    def flavour(self) -> str:
+        return "docker"  # it stands in for a Docker-shaped engine
+
     def image_exists(self, image: str) -> bool:
         return True
 
