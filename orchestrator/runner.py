@@ -34,8 +34,8 @@ from orchestrator.config import Project, Worker, load_project
 from orchestrator.errors import ConfigError, OrchestratorError, PolicyError
 from orchestrator.plan import supervisor_for
 from orchestrator.prepare import Prepared, load_and_prepare, prepare
-from orchestrator.runtime.outbox import StagingReader
 from orchestrator.runtime.host_folders import open_audit
+from orchestrator.runtime.outbox import StagingReader
 from orchestrator.runtime.run import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_LIFETIME,

@@ -13,10 +13,10 @@ See ``docs/batch.md``: inputs (:mod:`.inputs`), the batch folder and ``results.j
 retries, fail-fast and interruption (:mod:`.scheduler`), resume (:mod:`.runner`).
 """
 
-from orchestrator.batch.scheduler import ATTEMPTS, DONE, WORKER_FAILED, BatchResult
 from orchestrator.batch.folder import BATCHES_FOLDER, BatchFolder, BatchLocked
 from orchestrator.batch.inputs import BatchInput, expand
 from orchestrator.batch.runner import run_batch, worker_hash
+from orchestrator.batch.scheduler import ATTEMPTS, DONE, WORKER_FAILED, BatchResult
 from orchestrator.batch.staging import MANIFEST_NAME, BatchOutbox, BatchStaging
 
 __all__ = [

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.batch.scheduler import DONE, BatchResult, BatchScheduler, Event, RunOne
 from orchestrator.batch.folder import BatchFolder
 from orchestrator.batch.inputs import BatchInput, expand, file_sha256
+from orchestrator.batch.scheduler import DONE, BatchResult, BatchScheduler, Event, RunOne
 from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError
 from orchestrator.prepare.inputs import LinkFree, shown

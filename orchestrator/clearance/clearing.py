@@ -197,9 +197,14 @@ def _already_committed(
             "it with --branch NAME"
         )
     plan = plan_push(repo, clearing.remote, clearing.credential)
-    ask(clearing, summarise(clearing, changeset, [], ScanOutcome((), ()), new_branch=False, commit=found))
+    ask(
+        clearing,
+        summarise(clearing, changeset, [], ScanOutcome((), ()), new_branch=False, commit=found),
+    )
     push(clearing, plan, found)
-    return ClearResult(clearing.change_id, found, clearing.branch, count, True, clearing.remote, already=True)
+    return ClearResult(
+        clearing.change_id, found, clearing.branch, count, True, clearing.remote, already=True
+    )
 
 
 def _apply_and_commit(clearing: Clearing, changeset: ChangeSet, status: str) -> ClearResult:
@@ -227,8 +232,8 @@ def _apply_and_commit(clearing: Clearing, changeset: ChangeSet, status: str) -> 
     others = repo.branches_in_other_worktrees()
     if clearing.branch in others:
         raise repo.error(
-            f"branch {clearing.branch} is checked out in another work tree ({others[clearing.branch]}); "
-            "clear onto another --branch"
+            f"branch {clearing.branch} is checked out in another work tree "
+            f"({others[clearing.branch]}); clear onto another --branch"
         )
     checked_out = clearing.branch == clearing.current
     old = repo.commit_of(f"refs/heads/{clearing.branch}")
@@ -241,7 +246,10 @@ def _apply_and_commit(clearing: Clearing, changeset: ChangeSet, status: str) -> 
     targets = entries(repo, changes, blobs, write=False)
     resume = checked_out and check_work_tree(repo, changes, parts, base_tree, targets)
     plan = plan_push(repo, clearing.remote, clearing.credential) if clearing.push else None
-    ask(clearing, summarise(clearing, changeset, changes, outcome, new_branch=old is None, resume=resume))
+    ask(
+        clearing,
+        summarise(clearing, changeset, changes, outcome, new_branch=old is None, resume=resume),
+    )
     if checked_out:  # the prompt may have waited a long time: look again before writing
         check_work_tree(repo, changes, parts, base_tree, targets)
     if outcome.sensitive:

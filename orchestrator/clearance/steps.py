@@ -83,9 +83,9 @@ def push(clearing: Clearing, plan: PushPlan, commit: str) -> None:
         report = run_push(clearing.repo, plan, clearing.branch)
     except GitFailure as exc:
         raise PushFailed(
-            f"change set {clearing.change_id}: committed as {commit[:12]} on {clearing.branch}, but the "
-            f"push to '{clearing.remote}' failed: {one_line(exc.detail)}; the commit is safe, "
-            f"retry with `orchestrator clear {clearing.change_id} --push`",
+            f"change set {clearing.change_id}: committed as {commit[:12]} on {clearing.branch}, "
+            f"but the push to '{clearing.remote}' failed: {one_line(exc.detail)}; the commit is "
+            f"safe, retry with `orchestrator clear {clearing.change_id} --push`",
             change_id=clearing.change_id,
             commit=commit,
             remote=clearing.remote,

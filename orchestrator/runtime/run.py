@@ -38,9 +38,9 @@ from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
 from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
 from orchestrator.runtime.engine import EgressLog, Engine, Stream
+from orchestrator.runtime.host_folders import make_host_folders, path_violations
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
-from orchestrator.runtime.host_folders import path_violations, make_host_folders
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.secrets import RedactingSink, StreamRedactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty

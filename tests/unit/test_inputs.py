@@ -14,8 +14,8 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.prepare import prepare
 from orchestrator.prepare.inputs import safe_name
-from orchestrator.runtime.inputs import place_inputs
 from orchestrator.runtime.host_folders import make_host_folders
+from orchestrator.runtime.inputs import place_inputs
 
 
 def prepared_for(project, **options):
