@@ -27,6 +27,7 @@ from orchestrator import labels
 from orchestrator.docker import (
     buildnames,
     credproxy,
+    execframes,
     execlimits,
     hostconfig,
     kernel_log,
@@ -34,7 +35,6 @@ from orchestrator.docker import (
     runtimes,
 )
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
-from orchestrator.docker.execframes import frames_until_stopped, read_ahead
 from orchestrator.docker.hostpaths import (
     HostView,
     engine_socket,
@@ -468,10 +468,10 @@ class DockerEngine(DockerClient):
                 pass  # the command ended (or closed its input) before reading it all
 
         try:
-            ahead = read_ahead(sock)  # first: the socket is non-blocking while it reads
+            ahead = execframes.read_ahead(sock)  # first: the socket is non-blocking while it reads
             if stdin is not None:
                 threading.Thread(target=feed, name="exec-stdin", daemon=True).start()
-            yield from frames_until_stopped(sock, running, ahead)
+            yield from execframes.frames_until_stopped(sock, running, ahead)
         except (docker_socket.SocketError, OSError, ValueError):
             return  # the connection closed as the container went away
         finally:

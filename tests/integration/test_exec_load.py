@@ -14,7 +14,7 @@ import time
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator.docker import engine as docker_engine
+from orchestrator.docker import execframes
 from orchestrator.runtime.session import Session
 
 pytestmark = pytest.mark.docker
@@ -65,10 +65,8 @@ def test_every_exec_output_arrives_whole_under_load(engine, load_project):
                     text = content(n, r)
                     session.write(path, text)
                     read = session.read_bytes(path, 1 << 20)
-                    if r % 4 == 3:  # the stdin path too: the same bytes fed to cat
-                        result = session.exec("cat", stdin=text)
-                    else:
-                        result = session.exec(f"cat {path}")
+                    fed = r % 4 == 3  # the stdin path too: the same bytes fed to cat
+                    result = session.exec("cat", stdin=text) if fed else session.exec(f"cat {path}")
                     counts[n] += 1
                     got = (result.exit_code, result.stdout, result.stderr)
                     if got != (0, text, "") or read != text.encode():
@@ -104,7 +102,7 @@ def test_output_read_with_the_response_headers_is_kept(engine, load_project, mon
         session.write("/work/late.txt", "read late\n")
         begin = http.client.HTTPResponse.begin
         ahead: list[bytes] = []
-        read_ahead = docker_engine.read_ahead
+        read_ahead = execframes.read_ahead
 
         def late(self: http.client.HTTPResponse) -> None:
             if self._method == "POST":  # type: ignore[attr-defined]
@@ -117,9 +115,10 @@ def test_output_read_with_the_response_headers_is_kept(engine, load_project, mon
             return got
 
         monkeypatch.setattr(http.client.HTTPResponse, "begin", late)
-        monkeypatch.setattr(docker_engine, "read_ahead", counted)
+        monkeypatch.setattr(execframes, "read_ahead", counted)
         results = [session.exec("cat /work/late.txt") for _ in range(2)]
         fed = session.exec("cat", stdin="fed late\n")
+        monkeypatch.undo()  # closing reads its responses in time
     assert [(r.exit_code, r.stdout, r.stderr) for r in results] == [(0, "read late\n", "")] * 2
     assert (fed.exit_code, fed.stdout, fed.stderr) == (0, "fed late\n", "")
     # the case really happened: the output (after the wrapper's pid line) was in the buffer
