@@ -32,7 +32,7 @@ SIZES = (0, 1, 40, 300, 2000, 9000, 70000)
 
 
 @pytest.fixture
-def load_project(project, isolation):
+def work_project(project, isolation):
     project.zone("work", "rw")
     project.worker(
         "w", 'command: ["true"]\ntrust: session\nsandbox: {zones: [{name: work, mode: rw}]}'
@@ -47,8 +47,8 @@ def content(session: int, round_: int) -> str:
     return head + "".join(chr(33 + (session * 7 + round_ + i) % 94) for i in range(size))
 
 
-def test_every_exec_output_arrives_whole_under_load(engine, load_project):
-    orch = Orchestrator(load_project.root, engine=engine)
+def test_every_exec_output_arrives_whole_under_load(engine, work_project):
+    orch = Orchestrator(work_project.root, engine=engine)
     sessions: list[Session] = []
     problems: list[str] = []
     counts = [0] * SESSIONS
@@ -95,11 +95,11 @@ def test_every_exec_output_arrives_whole_under_load(engine, load_project):
     assert sum(counts) >= MIN_EXECS, f"only {sum(counts)} execs ran in {BUDGET_S:g} s"
 
 
-def test_output_read_with_the_response_headers_is_kept(engine, load_project, monkeypatch):
+def test_output_read_with_the_response_headers_is_kept(engine, work_project, monkeypatch):
     """The cause, every time: the client reads the start response's headers only after the
     command has written its output (a busy client; here a pause), so the HTTP response's
     buffer holds the output along with the headers. It was lost; it must be kept."""
-    orch = Orchestrator(load_project.root, engine=engine)
+    orch = Orchestrator(work_project.root, engine=engine)
     with orch.open_session("w") as session:
         session.write("/work/late.txt", "read late\n")
         begin = http.client.HTTPResponse.begin
