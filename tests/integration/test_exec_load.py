@@ -20,12 +20,13 @@ from orchestrator.runtime.session import Session
 pytestmark = pytest.mark.docker
 
 SESSIONS = 6
-#: Rounds per session at most, and the time the rounds may take (the suite runs on 2 cores).
+#: Rounds per session at most, and the time the rounds may take (the whole suite runs on 2
+#: cores in under 30 minutes; the forced test below catches the cause every time).
 ROUNDS = 250
-BUDGET_S = 45.0
+BUDGET_S = 15.0
 #: Fewer execs than this and the load proved nothing (about 7 a second ran on a 2-core
 #: machine shared with other work; many more on a quiet one).
-MIN_EXECS = 100
+MIN_EXECS = 40
 #: File sizes cycled through: small ones (their output comes in one frame, with the pid
 #: line), one past the HTTP response's 8 KiB buffer, one of several frames.
 SIZES = (0, 1, 40, 300, 2000, 9000, 70000)
