@@ -1,4 +1,5 @@
-"""The console's pages: change sets, one change set (clear, reject), the audit log.
+"""The console's pages: change sets, one change set (clear, reject), the audit log, the
+live sessions (stop one) and their calls waiting for approval (approve, deny).
 
 :func:`make_app` builds the Starlette application for one project, already behind
 :func:`~orchestrator.review.guard.guard`. Clearing goes through
@@ -22,6 +23,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
@@ -31,6 +33,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
 from orchestrator.review.changes import audit_entries, change_rows, change_view
 from orchestrator.review.guard import ASGIApp, Secrets, guard
+from orchestrator.review.live import answer_approval, live_sessions, stop_session
 from orchestrator.runtime.preparation import open_audit
 from orchestrator.staging import ChangeStore, record_change
 
@@ -52,6 +55,16 @@ def _finalize(value: Any) -> Any:
     return escape(value)
 
 
+#: At most this many characters of a tool call's arguments are shown (a write's content).
+ARGS_SHOWN = 4000
+
+
+def _clip(text: str) -> str:
+    if len(text) <= ARGS_SHOWN:
+        return text
+    return f"{text[:ARGS_SHOWN]}… ({len(text) - ARGS_SHOWN} more characters not shown)"
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=PackageLoader("orchestrator.review", "templates"),
@@ -61,6 +74,7 @@ def _environment() -> Environment:
     )
     env.filters["shown"] = Shown
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
+    env.filters["clip"] = _clip
     return env
 
 
@@ -153,6 +167,60 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             return problem(str(exc), 500)
         return page("audit.html", entries=entries, verified=verified, run=run, operation=operation)
 
+    async def approvals(request: Request) -> Response:
+        try:
+            sessions = await run_in_threadpool(live_sessions, project)
+        except OrchestratorError as exc:
+            return problem(str(exc), 500)
+        return page("approvals.html", sessions=sessions)
+
+    async def answer(request: Request) -> Response:
+        action = form(request, "action")
+        if action not in ("approve", "deny"):
+            return problem("answer with the Approve or the Deny button", 400)
+        session_id = request.path_params["session_id"]
+        try:
+            await run_in_threadpool(
+                lambda: answer_approval(
+                    project,
+                    session_id,
+                    request.path_params["request_id"],
+                    approve=action == "approve",
+                    by=_user(),
+                    via="review console",
+                )
+            )
+        except OrchestratorError as exc:
+            return problem(str(exc))
+        said = "approved: the call runs now" if action == "approve" else "denied"
+        return page("answered.html", message=said, session_id=session_id)
+
+    async def sessions_page(request: Request) -> Response:
+        try:
+            sessions = await run_in_threadpool(live_sessions, project)
+        except OrchestratorError as exc:
+            return problem(str(exc), 500)
+        return page("sessions.html", sessions=sessions, age=_age)
+
+    async def stop(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            result = await run_in_threadpool(stop_session, project, session_id)
+            with open_audit(project) as audit:
+                audit.record(
+                    "session.stopped",
+                    worker=result.get("worker"),
+                    run_id=result.get("run_id"),
+                    session_id=session_id,
+                    metadata={"via": "review console", "by": _user()},
+                )
+        except OrchestratorError as exc:
+            return problem(str(exc))
+        removed = (
+            "container removed" if result.get("container_removed") else ("CONTAINER NOT REMOVED")
+        )
+        return page("answered.html", message=f"session {session_id} stopped; {removed}")
+
     async def style(request: Request) -> Response:
         return Response(_STYLE.read_bytes(), media_type="text/css")
 
@@ -162,10 +230,20 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/changes/{change_id}/clear", clear, methods=["POST"]),
         Route("/changes/{change_id}/reject", reject, methods=["POST"]),
         Route("/audit", audit_page),
+        Route("/approvals", approvals),
+        Route("/approvals/{session_id}/{request_id}", answer, methods=["POST"]),
+        Route("/sessions", sessions_page),
+        Route("/sessions/{session_id}/stop", stop, methods=["POST"]),
         Route("/static/style.css", style),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
     return guard(Starlette(routes=routes), keys)
+
+
+def _age(seconds: float) -> str:
+    from orchestrator.runtime.session_folders import human_age
+
+    return human_age(seconds)
 
 
 def _user() -> str:
