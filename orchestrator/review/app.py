@@ -25,14 +25,14 @@ from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchestrator.config import load_project
 from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
 from orchestrator.review.changes import audit_entries, change_rows, change_view
-from orchestrator.review.guard import ASGIApp, Secrets, guard
+from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
 from orchestrator.runtime.preparation import open_audit
 from orchestrator.staging import ChangeStore, record_change
@@ -115,7 +115,8 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
                 )
         except OrchestratorError as exc:
             return problem(str(exc), 404)
-        return page("change.html", view=view, change=view.change)
+        positions = {item.path: i for i, item in enumerate(view.change.files)}
+        return page("change.html", view=view, change=view.change, positions=positions)
 
     async def clear(request: Request) -> Response:
         from orchestrator.runner import Orchestrator
@@ -166,6 +167,34 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         except OrchestratorError as exc:
             return problem(str(exc), 500)
         return page("audit.html", entries=entries, verified=verified, run=run, operation=operation)
+
+    async def raw(request: Request) -> Response:
+        """One file's bytes as a download, never as a page (see :data:`RAW_CSP`)."""
+        try:
+            found = store.get(store.resolve(request.path_params["change_id"]))
+            index = request.path_params["index"]
+            item = found.files[index] if 0 <= index < len(found.files) else None
+            if item is None or item.sha256 is None:
+                return problem(f"change set {found.id} has no file {index} with content", 404)
+            blob = store.open_blob(found.id, item.sha256)
+        except OrchestratorError as exc:
+            return problem(str(exc), 404)
+
+        def chunks() -> Any:
+            with blob:
+                while chunk := blob.read(1 << 20):
+                    yield chunk
+
+        name = _download_name(item.path)
+        return StreamingResponse(
+            chunks(),
+            media_type="application/octet-stream",
+            headers={
+                "Content-Disposition": f'attachment; filename="{name}"',
+                "Content-Security-Policy": RAW_CSP,
+                "Content-Length": str(item.size),
+            },
+        )
 
     async def approvals(request: Request) -> Response:
         try:
@@ -227,6 +256,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
     routes = [
         Route("/", changes),
         Route("/changes/{change_id}", change),
+        Route("/changes/{change_id}/raw/{index:int}", raw),
         Route("/changes/{change_id}/clear", clear, methods=["POST"]),
         Route("/changes/{change_id}/reject", reject, methods=["POST"]),
         Route("/audit", audit_page),
@@ -238,6 +268,14 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
     return guard(Starlette(routes=routes), keys)
+
+
+def _download_name(path: str) -> str:
+    """A file name for the download: the last part of ``path`` with anything but letters,
+    digits, ``.``, ``-`` and ``_`` replaced, never starting with a dot."""
+    base = path.rsplit("/", 1)[-1]
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in base)
+    return safe.lstrip(".")[:100] or "file"
 
 
 def _age(seconds: float) -> str:

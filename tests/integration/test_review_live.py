@@ -102,13 +102,17 @@ def waiting_rows(driver, url: str, expected: int) -> list:
 
 
 def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
-    live, project, browser, canary, engine
+    live,
+    project,
+    browser,
+    canary,
+    engine,  # noqa: F811 - the imported fixtures
 ) -> None:
     from selenium.webdriver.common.by import By
 
     root, sid = project.root, live["id"]
     name = f'/notes/"><img src="{canary.base}/name" onerror="window.__pwned=1">.md'
-    content = f'<script>window.__pwned=1</script><svg onload="alert(1)"></svg>\u202eevil'
+    content = '<script>window.__pwned=1</script><svg onload="alert(1)"></svg>\u202eevil'
     with console_for(root) as url:
         browser.get(url)
         browser.get(f"{base_of(url)}/approvals")

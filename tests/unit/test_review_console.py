@@ -277,3 +277,152 @@ def test_a_port_in_use_is_refused_in_one_line(project) -> None:
         done = run_cli("--port", str(port), "--project", str(root))
     assert done.returncode == 125, done.stderr
     assert done.stderr.count("\n") == 1 and f"--port {port}: cannot listen" in done.stderr
+
+
+def test_a_raw_file_is_only_ever_a_download(project) -> None:
+    root, _, stage = project
+    change_id = stage({"page.html": b"<script>window.__pwned=1</script>\n"})
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    assert f'href="/changes/{change_id}/raw/0"' in page
+    answer = web.get(f"/changes/{change_id}/raw/0")
+    assert answer.status_code == 200
+    assert answer.content == b"<script>window.__pwned=1</script>\n"
+    assert answer.headers["content-type"] == "application/octet-stream"
+    assert answer.headers["content-disposition"] == 'attachment; filename="page.html"'
+    assert answer.headers["content-security-policy"] == "sandbox; default-src 'none'"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert web.get(f"/changes/{change_id}/raw/7").status_code == 404
+    assert web.get(f"/changes/{change_id}/raw/-1").status_code == 404
+    assert client(root, login=False).get(f"/changes/{change_id}/raw/0").status_code == 403
+
+
+def test_download_names_keep_only_plain_characters() -> None:
+    from orchestrator.review.app import _download_name
+
+    assert _download_name('dir/"><svg onload=x>.md') == "___svg_onload_x_.md"
+    assert _download_name("a/.bashrc") == "bashrc"
+    assert _download_name("a/\u202etxt.exe") == "_txt.exe"
+    assert _download_name("a/...") == "file"
+
+
+def test_approvals_and_sessions_pages_without_live_sessions(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    assert "No call is waiting for approval (no live session)" in web.get("/approvals").text
+    assert "No live session" in web.get("/sessions").text
+    answer = "/approvals/s1/abcd"
+    assert web.post(answer, data={"action": "approve"}).status_code == 403  # no CSRF token
+    gone = web.post(answer, data={"action": "approve", "csrf": web.keys.csrf})
+    assert gone.status_code == 409 and "no live session" in gone.text
+    odd = web.post(answer, data={"action": "maybe", "csrf": web.keys.csrf})
+    assert odd.status_code == 400
+    stop = web.post("/sessions/s1/stop", data={"csrf": web.keys.csrf})
+    assert stop.status_code == 409 and "no live session" in stop.text
+    assert web.post("/sessions/s1/stop", data={}).status_code == 403
+
+
+def self_signed(folder: Path, address: str) -> tuple[Path, Path]:
+    """A certificate for ``address`` and its key, made here (cryptography)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_tls_options_are_checked_in_one_line(project, tmp_path: Path) -> None:
+    root, _, _ = project
+    cert, key = self_signed(tmp_path, "127.0.0.2")
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    cases = [
+        (("--tls-cert", str(cert)), "go together"),
+        (("--tls-cert", str(tmp_path / "bad.pem"), "--tls-key", str(key)), "cannot be loaded"),
+        (("--tls-cert", str(cert), "--tls-key", str(tmp_path / "none.pem")), "does not exist"),
+        (("--listen", "0.0.0.0", "--tls-cert", str(cert), "--tls-key", str(key)), "not every"),
+        (("--listen", "example.org", "--tls-cert", str(cert), "--tls-key", str(key)), "not a name"),
+    ]
+    for args, message in cases:
+        done = run_cli(*args, "--project", str(root))
+        assert done.returncode == 125, done.stderr
+        assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_path: Path) -> None:
+    import http.client
+    import ssl
+
+    root, _, _ = project
+    cert, key = self_signed(tmp_path, "127.0.0.2")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root),
+         "--listen", "127.0.0.2", "--tls-cert", str(cert), "--tls-key", str(key)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        assert line.startswith("review console: https://127.0.0.2:"), line
+        url = line.removeprefix("review console: ").strip()
+        port = int(url.split(":")[2].split("/")[0])
+        context = ssl.create_default_context(cafile=str(cert))
+        web = http.client.HTTPSConnection("127.0.0.2", port, context=context, timeout=30)
+        web.request("GET", "/?" + url.split("?", 1)[1])
+        login = web.getresponse()
+        login.read()
+        assert login.status == 303
+        cookie_header = login.getheader("set-cookie", "")
+        assert "secure" in cookie_header.lower() and "httponly" in cookie_header.lower()
+        cookie = cookie_header.split(";", 1)[0]
+        web.request("GET", "/", headers={"Cookie": cookie})
+        page = web.getresponse()
+        assert page.status == 200 and "Change sets" in page.read().decode()
+        web.request("GET", "/", headers={"Cookie": cookie, "Host": f"127.0.0.1:{port}"})
+        wrong = web.getresponse()
+        assert wrong.status == 421 and b"127.0.0.2:" in wrong.read()
+        web.close()
+        plain = http.client.HTTPConnection("127.0.0.2", port, timeout=30)
+        plain.request("GET", "/")
+        with pytest.raises((http.client.HTTPException, OSError)):
+            plain.getresponse().read()
+        plain.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream:
+                stream.close()
