@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from orchestrator.audit.timeutil import parse_time
 from orchestrator.config import load_project
 from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
-from orchestrator.review.changes import audit_entries, change_rows, change_view
+from orchestrator.review.changes import FINDINGS, audit_entries, change_rows, change_view
 from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
 from orchestrator.runtime.preparation import open_audit
-from orchestrator.staging import ChangeStore, record_change
+from orchestrator.staging import ChangeSet, ChangeStore, record_change
 
 __all__ = ["STATUSES", "Shown", "make_app"]
 
@@ -96,15 +98,89 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         return values[0] if values else ""
 
     async def changes(request: Request) -> Response:
-        status = request.query_params.get("status") or None
+        query = request.query_params
+        status = query.get("status") or None
         if status is not None and status not in STATUSES:
             return problem(f"unknown state '{status}'; one of {', '.join(STATUSES)}", 400)
-        worker = request.query_params.get("worker") or None
-        run = request.query_params.get("run") or None
-        rows = change_rows(store, status, worker=worker, run=run)
-        return page(
-            "changes.html", rows=rows, status=status, statuses=STATUSES, worker=worker, run=run
+        findings = query.get("findings") or None
+        if findings is not None and findings not in FINDINGS:
+            return problem(
+                f"unknown findings filter '{findings}'; one of {', '.join(FINDINGS)}", 400
+            )
+        try:
+            since, until = _times(request)
+        except ValueError as exc:
+            return problem(str(exc), 400)
+        worker = query.get("worker") or None
+        run = query.get("run") or None
+        rows = change_rows(
+            store, status, worker=worker, run=run, findings=findings, since=since, until=until
         )
+        return page(
+            "changes.html",
+            rows=rows,
+            status=status,
+            statuses=STATUSES,
+            worker=worker,
+            run=run,
+            findings=findings,
+            since=query.get("since", ""),
+            until=query.get("until", ""),
+            filtered=any(
+                query.get(k) for k in ("status", "worker", "run", "findings", "since", "until")
+            ),
+        )
+
+    def rejected(change_id: str, reason: str) -> ChangeSet:
+        """Reject as ``orchestrator staged reject`` does, audited with who and how."""
+        found = store.set_status(store.resolve(change_id), "rejected", reason=reason)
+        with open_audit(project) as audit:
+            record_change(
+                audit,
+                "change.rejected",
+                found,
+                reason=reason,
+                metadata={"via": "review console", "by": _user()},
+            )
+        return found
+
+    async def bulk(request: Request) -> Response:
+        ids: list[str] = request.scope.get("review.form", {}).get("id", [])
+        action = form(request, "action")
+        reason = form(request, "reason").strip()
+        if action not in ("clear", "reject"):
+            return problem("use the Clear selected or the Reject selected button", 400)
+        if not ids:
+            return problem("select change sets first: the boxes in the first column", 400)
+        if action == "reject" and not reason:
+            return problem("rejecting needs a reason: write it in the field by the button", 400)
+
+        def decide_all() -> list[tuple[str, bool, str]]:
+            from orchestrator.runner import Orchestrator
+
+            outcomes: list[tuple[str, bool, str]] = []
+            for given in dict.fromkeys(ids):
+                try:
+                    found = store.get(store.resolve(given))
+                    if found.scans is None or any(scan.findings for scan in found.scans):
+                        why = "never scanned" if found.scans is None else "has findings"
+                        outcomes.append((found.id, False, f"{why}: open it and decide on its page"))
+                        continue
+                    if action == "reject":
+                        rejected(found.id, reason)
+                        outcomes.append((found.id, True, "rejected"))
+                        continue
+                    with Orchestrator(project) as orch:
+                        result = orch.clear(found.id)
+                    outcomes.append(
+                        (found.id, True, f"committed as {result.commit} on {result.branch}")
+                    )
+                except OrchestratorError as exc:
+                    outcomes.append((given, False, str(exc)))
+            return outcomes
+
+        outcomes = await run_in_threadpool(decide_all)
+        return page("bulk.html", outcomes=outcomes, action=action)
 
     async def change(request: Request) -> Response:
         try:
@@ -143,17 +219,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         if not reason:
             return problem("a rejection needs a reason: write it in the field above Reject", 400)
         try:
-            found = store.set_status(
-                store.resolve(request.path_params["change_id"]), "rejected", reason=reason
-            )
-            with open_audit(project) as audit:
-                record_change(
-                    audit,
-                    "change.rejected",
-                    found,
-                    reason=reason,
-                    metadata={"via": "review console", "by": _user()},
-                )
+            found = rejected(request.path_params["change_id"], reason)
         except OrchestratorError as exc:
             return problem(str(exc))
         return page("done.html", message="rejected", change_id=found.id)
@@ -162,11 +228,25 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         run = request.query_params.get("run") or None
         operation = request.query_params.get("operation") or None
         try:
+            since, until = _times(request)
+        except ValueError as exc:
+            return problem(str(exc), 400)
+        try:
             with open_audit(project) as audit:
-                entries, verified = audit_entries(audit, run=run, operation=operation)
+                entries, verified = audit_entries(
+                    audit, run=run, operation=operation, since=since, until=until
+                )
         except OrchestratorError as exc:
             return problem(str(exc), 500)
-        return page("audit.html", entries=entries, verified=verified, run=run, operation=operation)
+        return page(
+            "audit.html",
+            entries=entries,
+            verified=verified,
+            run=run,
+            operation=operation,
+            since=request.query_params.get("since", ""),
+            until=request.query_params.get("until", ""),
+        )
 
     async def raw(request: Request) -> Response:
         """One file's bytes as a download, never as a page (see :data:`RAW_CSP`)."""
@@ -255,6 +335,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
 
     routes = [
         Route("/", changes),
+        Route("/changes/bulk", bulk, methods=["POST"]),
         Route("/changes/{change_id}", change),
         Route("/changes/{change_id}/raw/{index:int}", raw),
         Route("/changes/{change_id}/clear", clear, methods=["POST"]),
@@ -268,6 +349,19 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
     return guard(Starlette(routes=routes), keys)
+
+
+def _times(request: Request) -> tuple[datetime | None, datetime | None]:
+    """The ``since`` and ``until`` filters: ISO 8601 times or durations ago (``2h``), as
+    ``orchestrator audit --since`` takes them. Raises ValueError naming the field."""
+    found: list[datetime | None] = []
+    for name in ("since", "until"):
+        text = request.query_params.get(name, "").strip()
+        try:
+            found.append(parse_time(text) if text else None)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    return found[0], found[1]
 
 
 def _download_name(path: str) -> str:

@@ -8,10 +8,12 @@ templates escape every string they print (terminal escapes, then HTML).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.audit import AuditEntry, AuditFilter, AuditLog, VerifyResult
+from orchestrator.audit.timeutil import format_timestamp
 
 if TYPE_CHECKING:
     from orchestrator.config import Project
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUDIT_LIMIT",
+    "FINDINGS",
     "ChangeRow",
     "ChangeView",
     "audit_entries",
@@ -87,15 +90,25 @@ def sensitive_paths(scans: tuple[ScanResult, ...]) -> tuple[str, ...]:
     return tuple(f.path for s in scans if s.name == SENSITIVE for f in s.findings if f.path)
 
 
+#: The ``findings`` filter of the list: anything, some, none (scanned, clean), never scanned.
+FINDINGS = ("yes", "no", "unscanned")
+
+
 def change_rows(
     store: ChangeStore,
     status: str | None = None,
     *,
     worker: str | None = None,
     run: str | None = None,
+    findings: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> list[ChangeRow]:
     """The change sets, newest first; only those with ``status``, made by ``worker`` and
-    by run (or session) ``run``, for each one given."""
+    by run (or session) ``run``, with ``findings`` (one of :data:`FINDINGS`), created at
+    ``since`` or later and before ``until``, for each one given."""
+    low = format_timestamp(since) if since is not None else None
+    high = format_timestamp(until) if until is not None else None
     rows = [
         ChangeRow(
             change=change,
@@ -108,7 +121,15 @@ def change_rows(
         for change in store.list(status=status)
         if (worker is None or change.worker == worker)
         and (run is None or run in (change.run_id, change.session_id))
+        and (low is None or change.created_at >= low)
+        and (high is None or change.created_at < high)
     ]
+    if findings == "yes":
+        rows = [row for row in rows if row.findings]
+    elif findings == "no":
+        rows = [row for row in rows if row.findings == 0]
+    elif findings == "unscanned":
+        rows = [row for row in rows if row.findings is None]
     rows.sort(key=lambda row: (row.change.created_at, row.change.id), reverse=True)
     return rows
 
@@ -155,10 +176,18 @@ def change_view(
 
 
 def audit_entries(
-    audit: AuditLog, *, run: str | None = None, operation: str | None = None
+    audit: AuditLog,
+    *,
+    run: str | None = None,
+    operation: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> tuple[list[AuditEntry], VerifyResult]:
     """The most recent entries matching ``run`` and ``operation`` (``run.*`` is a prefix),
-    newest first, and the verification of the whole chain."""
-    entries = audit.query(AuditFilter(run=run, operation=operation, limit=AUDIT_LIMIT))
+    from ``since`` (inclusive) to ``until`` (exclusive), newest first, and the
+    verification of the whole chain."""
+    entries = audit.query(
+        AuditFilter(run=run, operation=operation, since=since, until=until, limit=AUDIT_LIMIT)
+    )
     entries.reverse()
     return entries, audit.verify()

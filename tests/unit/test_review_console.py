@@ -426,3 +426,68 @@ def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_pa
         for stream in (process.stdout, process.stderr):
             if stream:
                 stream.close()
+
+
+def test_clean_change_sets_are_cleared_at_once_those_with_findings_only_on_their_page(
+    project,
+) -> None:
+    root, store, stage = project
+    clean = [stage({"one.md": b"1\n"}), stage({"two.md": b"2\n"})]
+    risky = stage({"conftest.py": b"import os\n"})
+    unscanned = stage({"three.md": b"3\n"})
+    web = client(root)
+    for change_id in (*clean, risky):
+        web.get(f"/changes/{change_id}")  # opening a change set scans it
+    listing = web.get("/").text
+    for change_id in clean:
+        assert f'name="id" value="{change_id}"' in listing
+    for change_id in (risky, unscanned):
+        assert f'name="id" value="{change_id}"' not in listing
+    csrf = web.keys.csrf
+    ids = [*clean, risky, unscanned]
+    assert web.post("/changes/bulk", data={"id": ids, "action": "clear"}).status_code == 403
+    assert web.post("/changes/bulk", data={"csrf": csrf, "action": "clear"}).status_code == 400
+    no_reason = web.post("/changes/bulk", data={"csrf": csrf, "id": ids, "action": "reject"})
+    assert no_reason.status_code == 400
+    assert {store.get(i).status for i in ids} == {"pending"}
+    done = web.post("/changes/bulk", data={"csrf": csrf, "id": ids, "action": "clear"})
+    assert done.status_code == 200
+    assert [store.get(i).status for i in ids] == ["committed", "committed", "pending", "pending"]
+    assert "has findings: open it" in done.text and "never scanned: open it" in done.text
+    assert git(root, "rev-list", "--count", "HEAD") == "4"
+    assert audit_ops(root, "clearance.committed") == ["clearance.committed"] * 2
+
+    more = [stage({"four.md": b"4\n"}), stage({"five.md": b"5\n"})]
+    for change_id in more:
+        web.get(f"/changes/{change_id}")
+    data = {"csrf": csrf, "id": [*more, risky], "action": "reject", "reason": "batch <no>"}
+    done = web.post("/changes/bulk", data=data)
+    assert [store.get(i).status for i in (*more, risky)] == ["rejected", "rejected", "pending"]
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    entries = log.query(AuditFilter(operation="change.rejected"))
+    assert sorted(e.metadata["change_id"] for e in entries) == sorted(more)
+    assert {(e.reason, e.metadata["via"]) for e in entries} == {("batch <no>", "review console")}
+
+
+def test_the_list_filters_by_findings_and_time_and_the_audit_page_by_time(project) -> None:
+    root, _, stage = project
+    clean = stage({"one.md": b"1\n"})
+    risky = stage({"conftest.py": b"import os\n"})
+    unscanned = stage({"three.md": b"3\n"})
+    web = client(root)
+    web.get(f"/changes/{clean}")
+    web.get(f"/changes/{risky}")
+    for value, shown in (("yes", risky), ("no", clean), ("unscanned", unscanned)):
+        page = web.get(f"/?findings={value}").text
+        assert [i for i in (clean, risky, unscanned) if i[:12] in page] == [shown], value
+    assert web.get("/?findings=maybe").status_code == 400
+    recent = web.get("/?since=1h").text
+    assert all(i[:12] in recent for i in (clean, risky, unscanned))
+    old = web.get("/?until=1h").text
+    assert "matching the filter" in old and clean[:12] not in old
+    assert clean[:12] in web.get("/?since=2000-01-01T00:00:00Z&until=2999-01-01").text
+    bad = web.get("/?since=yesterday")
+    assert bad.status_code == 400 and "since: " in bad.text
+    assert "change.reviewed" in web.get("/audit?since=1h").text
+    assert "No entries" in web.get("/audit?until=1h").text
+    assert web.get("/audit?until=soon").status_code == 400
