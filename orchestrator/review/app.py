@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,21 @@ from orchestrator.audit.timeutil import parse_time
 from orchestrator.config import load_project
 from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
-from orchestrator.review.changes import FINDINGS, audit_entries, change_rows, change_view
+from orchestrator.review.changes import (
+    FINDINGS,
+    DiffLine,
+    FileDiff,
+    audit_entries,
+    change_rows,
+    change_view,
+    finding_line,
+)
 from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
 from orchestrator.runtime.preparation import open_audit
 from orchestrator.staging import ChangeSet, ChangeStore, record_change
 
-__all__ = ["STATUSES", "Shown", "make_app"]
+__all__ = ["LINES_PER_PAGE", "STATUSES", "Paged", "Shown", "make_app", "page_of"]
 
 STATUSES = ("pending", "approved", "rejected", "discarded", "committed", "applied")
 _STYLE = Path(__file__).with_name("static") / "style.css"
@@ -77,6 +86,7 @@ def _environment() -> Environment:
     env.filters["shown"] = Shown
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
     env.filters["clip"] = _clip
+    env.globals["finding_line"] = finding_line
     return env
 
 
@@ -184,6 +194,12 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
 
     async def change(request: Request) -> Response:
         try:
+            number = int(request.query_params.get("page") or 1)
+        except ValueError:
+            number = 0
+        if number < 1:
+            return problem("page: give a page number, 1 or more", 400)
+        try:
             with open_audit(project) as audit:
                 view = change_view(project, store, audit, request.path_params["change_id"])
                 record_change(
@@ -191,8 +207,11 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
                 )
         except OrchestratorError as exc:
             return problem(str(exc), 404)
-        positions = {item.path: i for i, item in enumerate(view.change.files)}
-        return page("change.html", view=view, change=view.change, positions=positions)
+        paged = page_of(view.files, number)
+        positions_of = {diff.item.path: diff.index for diff in view.files}
+        return page(
+            "change.html", view=view, change=view.change, paged=paged, positions_of=positions_of
+        )
 
     async def clear(request: Request) -> Response:
         from orchestrator.runner import Orchestrator
@@ -349,6 +368,49 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
     return guard(Starlette(routes=routes), keys)
+
+
+#: At most this many diff lines on one page of a change set (the rest on the next pages).
+LINES_PER_PAGE = 4000
+
+
+@dataclass(frozen=True)
+class Paged:
+    """One page of a change set's diff."""
+
+    number: int
+    pages: int
+    total: int
+    """Diff lines of all files."""
+    first: int
+    """The index (from 0) of the page's first line among all."""
+    last: int
+    """The index (from 0) after the page's last line."""
+    files: list[tuple[FileDiff, list[DiffLine]]]
+    """The files with lines on this page, and those lines."""
+    located: dict[tuple[str, int], int]
+    """(path, line of the new file) of every finding shown at its line -> its page."""
+
+
+def page_of(files: list[FileDiff], number: int) -> Paged:
+    """Page ``number`` (from 1; past the last: the last) of the diff of ``files``."""
+    total = sum(len(f.lines) for f in files)
+    pages = max(1, -(-total // LINES_PER_PAGE))
+    number = min(number, pages)
+    start, end = (number - 1) * LINES_PER_PAGE, number * LINES_PER_PAGE
+    shown: list[tuple[FileDiff, list[DiffLine]]] = []
+    located: dict[tuple[str, int], int] = {}
+    offset = 0
+    for diff in files:
+        count = len(diff.lines)
+        low, high = max(start, offset), min(end, offset + count)
+        if low < high or (count == 0 and start <= offset < end):
+            shown.append((diff, diff.lines[low - offset : high - offset]))
+        for position, line in enumerate(diff.lines):
+            if line.findings and line.number is not None:
+                located[(diff.item.path, line.number)] = (offset + position) // LINES_PER_PAGE + 1
+        offset += count
+    return Paged(number, pages, total, start, min(end, total), shown, located)
 
 
 def _times(request: Request) -> tuple[datetime | None, datetime | None]:

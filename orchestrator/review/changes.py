@@ -7,6 +7,7 @@ templates escape every string they print (terminal escapes, then HTML).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,9 +25,13 @@ __all__ = [
     "FINDINGS",
     "ChangeRow",
     "ChangeView",
+    "DiffLine",
+    "FileDiff",
+    "annotated",
     "audit_entries",
     "change_rows",
     "change_view",
+    "finding_line",
     "scanners_for_change",
     "sensitive_paths",
     "target_root",
@@ -48,6 +53,31 @@ class ChangeRow:
 
 
 @dataclass(frozen=True)
+class DiffLine:
+    """One line of a file's diff as the page shows it."""
+
+    colour: str
+    text: str
+    """Already escaped for the terminal (the staging diff's own text)."""
+    number: int | None
+    """Its line in the new file (context and added lines), else None."""
+    findings: tuple[str, ...] = ()
+    """The scanner findings about that line of the new file."""
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """One file of a change set: its diff lines and the findings about it."""
+
+    item: ChangeFile
+    index: int
+    """Its position in the change set's files (the raw download's address)."""
+    lines: list[DiffLine]
+    findings: tuple[str, ...]
+    """Findings about the file as a whole, or at a line the diff does not show."""
+
+
+@dataclass(frozen=True)
 class ChangeView:
     """Everything the page of one change set shows."""
 
@@ -56,7 +86,7 @@ class ChangeView:
     blocking: tuple[str, ...]
     sensitive: tuple[str, ...]
     root: Path | None
-    files: list[tuple[ChangeFile, list[tuple[str, str]]]]
+    files: list[FileDiff]
     trail: list[AuditEntry] = field(default_factory=list)
 
 
@@ -170,9 +200,59 @@ def change_view(
         blocking=tuple(result.name for result in blocking(scans)),
         sensitive=sensitive_paths(tuple(scans)),
         root=root,
-        files=diff_files(change, store, root),
+        files=annotated(change, diff_files(change, store, root), scans),
         trail=trail,
     )
+
+
+#: A hunk header of a unified diff: where its lines start in the new file.
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+#: How the scanners name the line of a finding (``SecretScanner``: "AWS key on line 3").
+_ON_LINE = re.compile(r" on line (\d+)$")
+
+
+def finding_line(message: str) -> int | None:
+    """The line of the new file a finding's message names, or None."""
+    found = _ON_LINE.search(message)
+    return int(found.group(1)) if found else None
+
+
+def annotated(
+    change: ChangeSet,
+    files: list[tuple[ChangeFile, list[tuple[str, str]]]],
+    scans: tuple[ScanResult, ...] | list[ScanResult],
+) -> list[FileDiff]:
+    """The diff of each file with the new file's line numbers, and every finding either
+    at its line (when the diff shows that line) or with the file."""
+    by_path: dict[str, list[tuple[int | None, str]]] = {}
+    for scan in scans:
+        for finding in scan.findings:
+            if finding.path:
+                said = f"{scan.name}: {finding.message}"
+                by_path.setdefault(finding.path, []).append((finding_line(finding.message), said))
+    positions = {item.path: i for i, item in enumerate(change.files)}
+    result = []
+    for item, lines in files:
+        at_line: dict[int, list[str]] = {}
+        whole: list[str] = []
+        for line, said in by_path.get(item.path, []):
+            (at_line.setdefault(line, []) if line is not None else whole).append(said)
+        shown: list[DiffLine] = []
+        number: int | None = None
+        for colour, text in lines:
+            hunk = _HUNK.match(text) if colour == "cyan" else None
+            if hunk is not None:
+                number = int(hunk.group(1))
+                shown.append(DiffLine(colour, text, None))
+                continue
+            if number is None or text.startswith(("-", "\\")):
+                shown.append(DiffLine(colour, text, None))
+                continue
+            shown.append(DiffLine(colour, text, number, tuple(at_line.pop(number, ()))))
+            number += 1
+        whole += [said for left in at_line.values() for said in left]  # lines not shown
+        result.append(FileDiff(item, positions.get(item.path, -1), shown, tuple(whole)))
+    return result
 
 
 def audit_entries(

@@ -491,3 +491,39 @@ def test_the_list_filters_by_findings_and_time_and_the_audit_page_by_time(projec
     assert "change.reviewed" in web.get("/audit?since=1h").text
     assert "No entries" in web.get("/audit?until=1h").text
     assert web.get("/audit?until=soon").status_code == 400
+
+
+def test_findings_are_highlighted_at_their_lines(project) -> None:
+    root, _, stage = project
+    body = b"fine\n" * 5 + b'password = "hunter2hunter2hunter2"\n' + b"fine\n" * 3
+    change_id = stage({"config.txt": body, "run.sh": b"echo hi\n"})
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    flagged = '<span class="l green flagged" id="f0-l6">'
+    assert flagged in page
+    after = page[page.index(flagged) :]
+    assert after.index('<span class="note">^ secrets: password or key assignment on line 6') < (
+        after.index("</pre>")
+    )
+    assert 'href="?page=1#f0-l6">show the line</a>' in page
+    assert page.count("flagged") == 1
+
+
+def test_a_long_diff_is_paged(project) -> None:
+    from orchestrator.review.app import LINES_PER_PAGE
+
+    root, _, stage = project
+    lines = 10_000
+    body = "".join(f"line {n}\n" for n in range(1, lines + 1)).encode()
+    change_id = stage({"big.md": body, "small.md": b"small\n"})
+    web = client(root)
+    first = web.get(f"/changes/{change_id}").text
+    pages = -(-(lines + 20) // LINES_PER_PAGE)
+    assert f"page 1 of {pages}" in first and 'href="?page=2">next</a>' in first
+    assert "+line 1<" in first and f"+line {LINES_PER_PAGE + 10}<" not in first
+    last = web.get(f"/changes/{change_id}?page={pages}").text
+    assert "+line 10000<" in last and "+line 1<" not in last and "small.md" in last
+    assert f"page {pages} of {pages}" in last and "next</a>" not in last
+    assert web.get(f"/changes/{change_id}?page=0").status_code == 400
+    assert web.get(f"/changes/{change_id}?page=x").status_code == 400
+    assert f"page {pages} of {pages}" in web.get(f"/changes/{change_id}?page=99").text
