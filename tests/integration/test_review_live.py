@@ -22,16 +22,15 @@ import pytest
 
 from orchestrator import labels
 from orchestrator.audit import AuditFilter, AuditLog
+from tests.integration import test_review_browser as browsing
 from tests.integration.conftest import alive, cli, wait_until
-from tests.integration.test_review_browser import (  # noqa: F401 - fixtures
-    assert_nothing_ran,
-    base_of,
-    browser,
-    canary,
-    shot,
-)
+from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot
 
 pytestmark = pytest.mark.docker
+
+# The browser and the canary server of the other browser tests.
+browser = browsing.browser
+canary = browsing.canary
 
 
 @contextmanager
@@ -101,12 +100,22 @@ def waiting_rows(driver, url: str, expected: int) -> list:
         time.sleep(0.5)
 
 
+def done_text(driver) -> str:
+    """The outcome the page shows after a button, once the answer has loaded."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return str(
+        WebDriverWait(driver, 120).until(lambda d: d.find_element(By.CSS_SELECTOR, "p.done")).text
+    )
+
+
 def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
     live,
     project,
     browser,
     canary,
-    engine,  # noqa: F811 - the imported fixtures
+    engine,
 ) -> None:
     from selenium.webdriver.common.by import By
 
@@ -131,7 +140,7 @@ def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
             shot(browser, "approvals")
             assert approved.poll() is None  # the call is still waiting for the person
             row.find_element(By.CSS_SELECTOR, 'button[value="approve"]').click()
-            assert "approved" in browser.find_element(By.CSS_SELECTOR, "p.done").text
+            assert "approved" in done_text(browser)
             out, err = approved.communicate(timeout=60)
         finally:
             if approved.poll() is None:
@@ -148,7 +157,7 @@ def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
         try:
             [row] = waiting_rows(browser, url, 1)
             row.find_element(By.CSS_SELECTOR, 'button[value="deny"]').click()
-            assert "denied" in browser.find_element(By.CSS_SELECTOR, "p.done").text
+            assert "denied" in done_text(browser)
             out, err = denied.communicate(timeout=60)
         finally:
             if denied.poll() is None:
@@ -172,7 +181,7 @@ def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
         assert sid in row.text and "editor" in row.text and "session" in row.text
         shot(browser, "sessions")
         row.find_element(By.CSS_SELECTOR, 'button[value="stop"]').click()
-        done = browser.find_element(By.CSS_SELECTOR, "p.done").text
+        done = done_text(browser)
         assert "stopped; container removed" in done, done
         assert wait_until(lambda: not alive(live["pid"]), 30)
         assert not [
