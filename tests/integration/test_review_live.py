@@ -194,3 +194,42 @@ def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
         browser.get(f"{base_of(url)}/sessions")
         assert "No live session" in browser.find_element(By.TAG_NAME, "main").text
         assert_nothing_ran(browser, canary)
+
+
+def test_a_waiting_call_answered_from_the_command_line_or_not_at_all(live, project) -> None:
+    root, sid = project.root, live["id"]
+    listed = cli("session", "call", sid, "list", '{"path": "/notes"}', "--project", str(root))
+    assert listed.returncode == 0, listed.stderr  # pre-approved: answered at once
+    assert "keep.md" in listed.stdout and "waiting" not in listed.stderr
+
+    waiting = call(root, sid, "write", {"path": "/notes/a.md", "content": "hi"})
+    try:
+        line = waiting.stderr.readline() if waiting.stderr else ""
+        assert "waiting for approval" in line, line
+        from orchestrator.config import load_project
+        from orchestrator.review.live import live_sessions
+
+        [session] = live_sessions(load_project(root))
+        [request] = session.pending
+        assert request["tool"] == "write" and f"waiting for approval {request['id']}:" in line
+        said = cli("session", "answer", sid, request["id"], "--deny", "--project", str(root))
+        assert said.returncode == 0, said.stderr
+        out, _ = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert waiting.returncode == 1 and json.loads(out)["status"] == "declined"
+    again = cli("session", "answer", sid, request["id"], "--approve", "--project", str(root))
+    assert again.returncode == 125 and "no call waits for approval" in again.stderr
+
+    late = cli("session", "call", sid, "write", '{"path": "/notes/b.md", "content": "x"}',
+               "--wait", "2s", "--project", str(root))  # fmt: skip
+    assert late.returncode == 1 and json.loads(late.stdout)["status"] == "declined"
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    answers = log.query(AuditFilter(operation="tool.approval"))
+    assert [(e.metadata["by"] != "nobody", e.metadata["via"]) for e in answers] == [
+        (True, "command line"),
+        (False, "not answered within 2 s"),
+    ]
+    assert not (project.root / "notes" / "a.md").exists()
