@@ -527,3 +527,74 @@ def test_a_long_diff_is_paged(project) -> None:
     assert web.get(f"/changes/{change_id}?page=0").status_code == 400
     assert web.get(f"/changes/{change_id}?page=x").status_code == 400
     assert f"page {pages} of {pages}" in web.get(f"/changes/{change_id}?page=99").text
+
+
+class FakeOwner:
+    """A session owner on the project's control socket answering ``info`` and
+    ``approvals`` with hostile strings (a real owner's answers come from worker calls)."""
+
+    def __init__(self, root: Path, session_id: str, hostile: str) -> None:
+        import os
+        import threading
+
+        control = root / ".sandbox" / "control"
+        control.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(control, 0o700)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(control / f"{session_id}.sock"))
+        self.sock.listen(8)
+        self.answers = {
+            "info": {
+                "id": session_id,
+                "run_id": hostile,
+                "worker": hostile,
+                "trust": hostile,
+                "age_s": 5.0,
+                "idle_s": 1.0,
+                "closed": False,
+            },
+            "approvals": [
+                {
+                    "id": hostile,
+                    "tool": hostile,
+                    "args": {"path": hostile, "content": hostile},
+                    "description": hostile,
+                    "asked_at": hostile,
+                }
+            ],
+        }
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rwb") as stream:
+                asked = json.loads(stream.readline())
+                answer = {"ok": True, "result": self.answers[asked["op"]]}
+                stream.write(json.dumps(answer).encode() + b"\n")
+                stream.flush()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_live_sessions_and_their_calls_are_shown_as_inert_text(project) -> None:
+    root, _, _ = project
+    hostile = '"><img src=x onerror=alert(1)><script>window.__pwned=1</script>\x1b[2J\u202e'
+    owner = FakeOwner(root, "<b>s1", hostile)
+    try:
+        web = client(root)
+        for path in ("/approvals", "/sessions"):
+            html = web.get(path).text
+            assert "&lt;b&gt;s1" in html, path
+            assert "<script" not in html and "<img" not in html and "<b>" not in html
+            assert "\x1b" not in html and "\u202e" not in html
+            assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
+            assert "\\x1b[2J" in html and "\\u202e" in html
+        approvals = web.get("/approvals").text
+        assert 'action="/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
+    finally:
+        owner.close()
