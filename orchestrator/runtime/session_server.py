@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import socket
 import stat
 import struct
@@ -155,6 +156,14 @@ def request(
     raise ControlError("the session's owner closed the connection without an answer")
 
 
+def _connected(conn: socket.socket) -> bool:
+    """Whether the peer of ``conn`` is still there (it sends nothing after its request: any
+    readable state means it closed or reset the connection)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return not poller.poll(0)
+
+
 def describe(session: Session) -> dict[str, Any]:
     zones = sorted(session.files.grant.zones, key=lambda z: z.target)
     return {
@@ -241,7 +250,7 @@ class SessionServer:
                 message = json.loads(line)
                 if not isinstance(message, dict):
                     raise ControlError("a request must be a JSON object")
-                result = self._dispatch(message, send)
+                result = self._dispatch(message, send, lambda: _connected(conn))
                 send({"ok": True, "result": result})
                 if message.get("op") == "stop":
                     self.stop.set()
@@ -261,7 +270,12 @@ class SessionServer:
                     send({"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}",
                           "kind": type(exc).__name__, "exit_code": int(Exit.ERROR)})  # fmt: skip
 
-    def _dispatch(self, message: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> Any:
+    def _dispatch(
+        self,
+        message: dict[str, Any],
+        send: Callable[[dict[str, Any]], None],
+        connected: Callable[[], bool] = lambda: True,
+    ) -> Any:
         session = self.session
         op = message.get("op")
         if op == "info":
@@ -298,7 +312,7 @@ class SessionServer:
             if not isinstance(args, dict):
                 raise ValueError("args must be a JSON object")
             wait = float(message.get("wait", APPROVAL_WAIT_S))
-            return self._tool(str(message["name"]), args, wait, send)
+            return self._tool(str(message["name"]), args, wait, send, connected)
         if op == "approvals":
             return [pending.to_dict() for pending in self.approvals.waiting()]
         if op == "answer":
@@ -321,9 +335,15 @@ class SessionServer:
         )
 
     def _tool(
-        self, name: str, args: dict[str, Any], wait: float, send: Callable[[dict[str, Any]], None]
+        self,
+        name: str,
+        args: dict[str, Any],
+        wait: float,
+        send: Callable[[dict[str, Any]], None],
+        connected: Callable[[], bool],
     ) -> Any:
-        """One tool call; one that needs approval waits here for a person's answer."""
+        """One tool call; one that needs approval waits here for a person's answer, while
+        its caller is still connected (a call nobody waits for is never run)."""
         from orchestrator.tools import InvalidArguments, Toolset
 
         if self._toolset is None:
@@ -341,10 +361,12 @@ class SessionServer:
                 send({"event": "waiting", "approval": pending.to_dict()})
 
         pending, answer = self.approvals.ask(
-            name, args, decision.description, timeout=wait, on_waiting=listed
-        )
+            name, args, decision.description, timeout=wait, on_waiting=listed,
+            still_wanted=connected,
+        )  # fmt: skip
         if answer is None:
-            answer = Answered(False, "nobody", f"not answered within {wait:g} s")
+            why = f"not answered within {wait:g} s" if connected() else "the caller went away"
+            answer = Answered(False, "nobody", why)
         if tools.audit is not None:
             tools.audit.record(
                 "tool.approval",

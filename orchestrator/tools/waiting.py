@@ -75,10 +75,12 @@ class PendingApprovals:
         *,
         timeout: float,
         on_waiting: Callable[[Pending], None] | None = None,
+        still_wanted: Callable[[], bool] | None = None,
     ) -> tuple[Pending, Answered | None]:
-        """Hold a request until it is answered (the answer) or ``timeout`` seconds pass
-        (None). The request is listed while it waits (``on_waiting`` hears it once it is),
-        and gone after."""
+        """Hold a request until it is answered (the answer), ``timeout`` seconds pass or
+        ``still_wanted`` (asked about once a second) says the caller went away (None). The
+        request is listed while it waits (``on_waiting`` hears it once it is), and gone
+        after."""
         pending = Pending(
             id=secrets.token_hex(8),
             tool=tool,
@@ -94,6 +96,8 @@ class PendingApprovals:
             deadline = time.monotonic() + timeout
             while not pending.done.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
+                    break
+                if still_wanted is not None and not still_wanted():
                     break
         finally:
             with self._lock:

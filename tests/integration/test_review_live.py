@@ -226,10 +226,19 @@ def test_a_waiting_call_answered_from_the_command_line_or_not_at_all(live, proje
     late = cli("session", "call", sid, "write", '{"path": "/notes/b.md", "content": "x"}',
                "--wait", "2s", "--project", str(root))  # fmt: skip
     assert late.returncode == 1 and json.loads(late.stdout)["status"] == "declined"
+
+    gone = call(root, sid, "write", {"path": "/notes/c.md", "content": "x"})
+    line = gone.stderr.readline() if gone.stderr else ""
+    assert "waiting for approval" in line, line
+    gone.kill()  # nobody waits for this call any more: it must not stay to be approved
+    gone.communicate()
+    project_ = load_project(root)
+    assert wait_until(lambda: live_sessions(project_)[0].pending == (), 30)
     log = AuditLog(root / ".sandbox" / "audit.jsonl")
     answers = log.query(AuditFilter(operation="tool.approval"))
     assert [(e.metadata["by"] != "nobody", e.metadata["via"]) for e in answers] == [
         (True, "command line"),
         (False, "not answered within 2 s"),
+        (False, "the caller went away"),
     ]
     assert not (project.root / "notes" / "a.md").exists()

@@ -62,3 +62,11 @@ def test_closing_declines_every_waiting_call() -> None:
     thread.join(5)
     [(_, said)] = got
     assert said is not None and said.approve is False and said.via == "the session closed"
+
+
+def test_a_call_whose_caller_went_away_stops_waiting() -> None:
+    approvals = PendingApprovals()
+    started = time.monotonic()
+    _, said = approvals.ask("write", {}, "write", timeout=60, still_wanted=lambda: False)
+    assert said is None and time.monotonic() - started < 5
+    assert approvals.waiting() == []
