@@ -85,13 +85,14 @@ def main() -> int:
         shown = timed(web, f"/changes/{big}")  # the first view: scanners run, too
         pages = -(-(args.lines + 10) // LINES_PER_PAGE)
         last = min(timed(web, f"/changes/{big}?page={pages}") for _ in range(3))
+        split = min(timed(web, f"/changes/{big}?view=split") for _ in range(3))
     print(f"list of {args.changes + 2} change sets: {listed:.3f} s (target {LIST_TARGET} s)")
     print(
         f"change set with a {args.lines}-line diff, first view (page 1 of {pages}): "
         f"{shown:.3f} s (target {DIFF_TARGET} s); `staged show` of the same: {baseline:.3f} s "
         f"(ratio {shown / baseline:.2f}x)"
     )
-    print(f"its last page, scanned already: {last:.3f} s")
+    print(f"its last page, scanned already: {last:.3f} s; page 1 side by side: {split:.3f} s")
     return 0 if listed <= LIST_TARGET and shown <= DIFF_TARGET else 1
 
 

@@ -42,6 +42,7 @@ from orchestrator.review.changes import (
     change_rows,
     change_view,
     finding_line,
+    side_by_side,
 )
 from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
@@ -87,6 +88,7 @@ def _environment() -> Environment:
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
     env.filters["clip"] = _clip
     env.globals["finding_line"] = finding_line
+    env.globals["side_by_side"] = side_by_side
     return env
 
 
@@ -209,8 +211,15 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             return problem(str(exc), 404)
         paged = page_of(view.files, number)
         positions_of = {diff.item.path: diff.index for diff in view.files}
+        split = request.query_params.get("view") == "split"
         return page(
-            "change.html", view=view, change=view.change, paged=paged, positions_of=positions_of
+            "change.html",
+            view=view,
+            change=view.change,
+            paged=paged,
+            positions_of=positions_of,
+            split=split,
+            also="&view=split" if split else "",
         )
 
     async def clear(request: Request) -> Response:

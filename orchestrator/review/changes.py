@@ -27,6 +27,7 @@ __all__ = [
     "ChangeView",
     "DiffLine",
     "FileDiff",
+    "SplitRow",
     "annotated",
     "audit_entries",
     "change_rows",
@@ -34,6 +35,7 @@ __all__ = [
     "finding_line",
     "scanners_for_change",
     "sensitive_paths",
+    "side_by_side",
     "target_root",
 ]
 
@@ -63,6 +65,18 @@ class DiffLine:
     """Its line in the new file (context and added lines), else None."""
     findings: tuple[str, ...] = ()
     """The scanner findings about that line of the new file."""
+    old: int | None = None
+    """Its line in the current file (context and removed lines), else None."""
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    """One row of the side-by-side view: the current file's line on the left, the new
+    file's on the right (either may be missing); ``whole`` spans both (headers, notes)."""
+
+    left: DiffLine | None
+    right: DiffLine | None
+    whole: DiffLine | None = None
 
 
 @dataclass(frozen=True)
@@ -206,7 +220,7 @@ def change_view(
 
 
 #: A hunk header of a unified diff: where its lines start in the new file.
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 #: How the scanners name the line of a finding (``SecretScanner``: "AWS key on line 3").
 _ON_LINE = re.compile(r" on line (\d+)$")
 
@@ -239,20 +253,62 @@ def annotated(
             (at_line.setdefault(line, []) if line is not None else whole).append(said)
         shown: list[DiffLine] = []
         number: int | None = None
+        old = 0
         for colour, text in lines:
             hunk = _HUNK.match(text) if colour == "cyan" else None
             if hunk is not None:
-                number = int(hunk.group(1))
+                old, number = int(hunk.group(1)), int(hunk.group(2))
                 shown.append(DiffLine(colour, text, None))
                 continue
-            if number is None or text.startswith(("-", "\\")):
+            if number is None or text.startswith("\\"):
                 shown.append(DiffLine(colour, text, None))
                 continue
-            shown.append(DiffLine(colour, text, number, tuple(at_line.pop(number, ()))))
+            if text.startswith("-"):
+                shown.append(DiffLine(colour, text, None, old=old))
+                old += 1
+                continue
+            found = tuple(at_line.pop(number, ()))
+            shown.append(DiffLine(colour, text, number, found, None if text[:1] == "+" else old))
+            old += 0 if text[:1] == "+" else 1
             number += 1
         whole += [said for left in at_line.values() for said in left]  # lines not shown
         result.append(FileDiff(item, positions.get(item.path, -1), shown, tuple(whole)))
     return result
+
+
+def side_by_side(lines: list[DiffLine]) -> list[SplitRow]:
+    """``lines`` of a unified diff as rows of two columns: context on both sides, each run
+    of removed lines next to the run of added lines that follows it, the rest (headers,
+    hunk markers, notes) across both."""
+    rows: list[SplitRow] = []
+    removed: list[DiffLine] = []
+    added: list[DiffLine] = []
+
+    def flush() -> None:
+        for i in range(max(len(removed), len(added))):
+            rows.append(
+                SplitRow(
+                    removed[i] if i < len(removed) else None, added[i] if i < len(added) else None
+                )
+            )
+        removed.clear()
+        added.clear()
+
+    for line in lines:
+        if line.old is not None and line.number is None:
+            if added:
+                flush()
+            removed.append(line)
+        elif line.number is not None and line.old is None:
+            added.append(line)
+        else:
+            flush()
+            if line.number is not None:
+                rows.append(SplitRow(line, line))
+            else:
+                rows.append(SplitRow(None, None, line))
+    flush()
+    return rows
 
 
 def audit_entries(

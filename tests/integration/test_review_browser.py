@@ -292,6 +292,11 @@ def test_findings_at_their_lines_and_clean_change_sets_cleared_together(
     browser.find_element(By.LINK_TEXT, "show the line").click()
     assert browser.current_url.endswith("#f0-l6")
     shot(browser, "change-findings")
+    browser.find_element(By.LINK_TEXT, "Side by side").click()
+    right = browser.find_element(By.CSS_SELECTOR, "table.split td.flagged")
+    assert right.get_attribute("id") == "f0-l6" and "hunter2" in right.text
+    assert "password or key assignment" in browser.find_element(By.CSS_SELECTOR, "td.note").text
+    shot(browser, "change-split")
 
     browser.get(f"{base_of(url)}/")
     assert browser.find_elements(By.CSS_SELECTOR, f'input[name="id"][value="{risky}"]') == []

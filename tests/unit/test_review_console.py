@@ -598,3 +598,25 @@ def test_live_sessions_and_their_calls_are_shown_as_inert_text(project) -> None:
         assert 'action="/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
     finally:
         owner.close()
+
+
+def test_the_side_by_side_view_pairs_removed_and_added_lines(project) -> None:
+    root, _, stage = project
+    change_id = stage(
+        {"README.md": b"v2 <b>\nsame\nadded\n"}, base={"README.md": b"v1\n"}, run_id="r"
+    )
+    web = client(root)
+    unified = web.get(f"/changes/{change_id}").text
+    assert 'href="?page=1&amp;view=split">Side by side</a>' in unified
+    split = web.get(f"/changes/{change_id}?view=split").text
+    assert '<table class="split"><colgroup>' in split and '<pre class="diff">' not in split
+    rows = split[
+        split.index('<table class="split">') : split.index(
+            "</table>", split.index('<table class="split">')
+        )
+    ]
+    # v1 (line 1 of the current file) next to v2 (line 1 of the new one), then the added lines
+    assert '<td class="n">1</td><td class="l red">v1</td>' in rows
+    assert '<td class="n">1</td><td class="l green" id="f0-l1">v2 &lt;b&gt;</td>' in rows
+    assert '<td class="n"></td><td class="l "></td>\n<td class="n">2</td>' in rows
+    assert "<b>" not in rows
