@@ -46,7 +46,7 @@ from orchestrator.review.changes import (
 )
 from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
-from orchestrator.runtime.preparation import open_audit
+from orchestrator.runtime.host_folders import open_audit
 from orchestrator.staging import ChangeSet, ChangeStore, record_change
 
 __all__ = ["LINES_PER_PAGE", "STATUSES", "Paged", "Shown", "make_app", "page_of"]
