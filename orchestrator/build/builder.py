@@ -51,6 +51,8 @@ from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
 from orchestrator.build.fetch import (
     CA_FILE,
     DOWNLOAD,
+    FETCH_USER,
+    FOLDER,
     SCRIPT,
     URL_MODE,
     Answer,
@@ -736,19 +738,23 @@ class Builder:
     def _fetch_once(self, url: str, line: int, where: str) -> tuple[Answer, _Download | None]:
         self.say(f"  fetching {url}")
         spec = StepSpec(image=PROXY_IMAGE, command=["python3", "-c", SCRIPT, url, PROXY_URL],
-                        workdir="/tmp", build_id=self.build_id,
-                        network=self._open_network())  # fmt: skip
+                        user=f"{FETCH_USER}:{FETCH_USER}", workdir=FOLDER,
+                        build_id=self.build_id, network=self._open_network())  # fmt: skip
         container = self.engine.create(spec, self.limits)
         try:
-            bundle = _ca_bundle() if url.lower().startswith("https:") else None
-            if bundle is not None:
-                with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
+                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    folder = tarfile.TarInfo(FOLDER.lstrip("/"))
+                    folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+                    folder.uid = folder.gid = FETCH_USER
+                    tar.addfile(folder)
+                    bundle = _ca_bundle() if url.lower().startswith("https:") else None
+                    if bundle is not None:
                         info = tarfile.TarInfo(CA_FILE.lstrip("/"))
                         info.size, info.mode = len(bundle), 0o644
                         tar.addfile(info, io.BytesIO(bundle))
-                    out.seek(0)
-                    self.engine.put_archive(container, out)
+                out.seek(0)
+                self.engine.put_archive(container, out)
             said = bytearray()
 
             def keep(chunk: bytes) -> None:

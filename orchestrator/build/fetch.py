@@ -2,8 +2,8 @@
 
 Nothing is downloaded by the orchestrator's own process. A URL whose host and port are on
 the project's build allowlist is fetched by a throw-away container on the build's own
-network (the egress proxy's image, which has python3, run as its unprivileged user under
-the build runtime with a step's limits), through the same egress proxy as ``RUN`` steps:
+network (the egress proxy's image, which has python3, run as ``nobody`` under the build
+runtime with a step's limits), through the same egress proxy as ``RUN`` steps:
 :data:`SCRIPT` makes one request, never follows a redirect, writes the body to
 :data:`DOWNLOAD` in the container's layer (its size capped by the build's disk limit, the
 file-size limit and the layer watch a step gets) and says what it got in one JSON line
@@ -26,7 +26,10 @@ from orchestrator.build.dockerfile import BuildRefused
 from orchestrator.config.allowlist import validate_allowlist
 
 __all__ = [
+    "CA_FILE",
     "DOWNLOAD",
+    "FETCH_USER",
+    "FOLDER",
     "MAX_REDIRECTS",
     "SCRIPT",
     "Answer",
@@ -37,10 +40,16 @@ __all__ = [
     "parse_checksum",
 ]
 
-#: Where the fetch container writes the body (its layer; read back with the archive API).
-DOWNLOAD = "/tmp/download"
+#: The fetch container's folder (put into its layer before it starts, owned by
+#: :data:`FETCH_USER`: gVisor keeps an empty ``/tmp`` in memory, where the engine's
+#: archive API would not see the body).
+FOLDER = "/fetch"
+#: Where the fetch container writes the body (read back with the archive API).
+DOWNLOAD = f"{FOLDER}/download"
 #: Where the host's trusted certificates are put for an https URL.
-CA_FILE = "/tmp/ca.pem"
+CA_FILE = f"{FOLDER}/ca.pem"
+#: The fetch runs as ``nobody``.
+FETCH_USER = 65534
 #: Redirects followed at most (each one checked against the allowlist first).
 MAX_REDIRECTS = 10
 #: The mark of the fetch container's one answer line.
