@@ -101,6 +101,7 @@ def package_service(engine, role: str) -> Iterator[str]:
     with the egress proxy a build joined to it for ``pkgs.NET:8000``."""
     from orchestrator.docker import egress as eg
     from orchestrator.docker import egress_gc as eg_gc
+    from orchestrator.docker.networks import release_network
 
     net = f"pkg-{role}-{uuid.uuid4().hex[:8]}"
     engine.api.create_network(net, driver="bridge")
@@ -134,7 +135,7 @@ def package_service(engine, role: str) -> Iterator[str]:
             allow = eg.validate_allowlist([f"pkgs.{net}:{PORT}"])
             eg_gc.remove_egress(engine, eg.egress_key(allow, [net]))
         finally:
-            engine.api.remove_network(net)
+            release_network(engine, net)  # what is still leaving it disconnected first
 
 
 def project_text(net: str) -> str:
