@@ -772,12 +772,13 @@ class Builder:
                     f"({self.limits.timeout_s:g} s): stopped",
                     125,
                 )
-            if outcome.disk_exceeded or outcome.exit_code == 128 + 25:  # SIGXFSZ
+            answer = answer_of(said.decode("utf-8", errors="replace"))
+            too_big = answer is not None and answer.too_big
+            if outcome.disk_exceeded or too_big or outcome.exit_code == 128 + 25:  # SIGXFSZ
                 raise BuildRefused(
                     f"{where}: {url}: larger than the build's disk limit "
                     f"({self.limits.disk >> 20} MiB): stopped"
                 )
-            answer = answer_of(said.decode("utf-8", errors="replace"))
             if answer is None:
                 memory = " (killed at the memory limit)" if outcome.oom else ""
                 raise BuildRefused(

@@ -62,7 +62,7 @@ _CHECKSUM = re.compile(r"^sha256:([0-9a-f]{64})$")
 #: proxy, no redirect followed, the body to DOWNLOAD; one answer line on stdout.
 SCRIPT = (
     r"""
-import hashlib, json, os, ssl, sys, urllib.error, urllib.request
+import errno, hashlib, json, os, ssl, sys, urllib.error, urllib.request
 url, proxy = sys.argv[1], sys.argv[2]
 def say(**answer):
     sys.stdout.write("MARK" + json.dumps(answer) + "\n")
@@ -89,14 +89,18 @@ if status != 200:
         proxy=bool(headers.get("X-Squid-Error")), reason=str(getattr(reply, "reason", ""))[:200])
     sys.exit(0)
 digest, size = hashlib.sha256(), 0
-with open("DOWNLOAD", "wb") as out:
-    while True:
-        chunk = reply.read(1 << 16)
-        if not chunk:
-            break
-        out.write(chunk)
-        digest.update(chunk)
-        size += len(chunk)
+try:
+    with open("DOWNLOAD", "wb") as out:
+        while True:
+            chunk = reply.read(1 << 16)
+            if not chunk:
+                break
+            out.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+except OSError as exc:  # the file-size limit (EFBIG), or the server's connection
+    say(error=str(exc)[:300], too_big=exc.errno == errno.EFBIG)
+    sys.exit(0)
 say(status=200, size=size, sha256=digest.hexdigest(),
     modified=headers.get("Last-Modified", "")[:100])
 """.replace("MARK", ANSWER_MARK)
@@ -115,6 +119,8 @@ class Answer:
     """The egress proxy refused the request (not the server)."""
     reason: str = ""
     error: str = ""
+    too_big: bool = False
+    """The body went past the file-size limit (the build's disk limit)."""
     size: int = 0
     modified: str = ""
 
@@ -188,7 +194,8 @@ def answer_of(output: str) -> Answer | None:
 
     return Answer(status=number("status"), location=text("location"),
                   proxy=found.get("proxy") is True, reason=text("reason"), error=text("error"),
-                  size=number("size"), modified=text("modified"))  # fmt: skip
+                  too_big=found.get("too_big") is True, size=number("size"),
+                  modified=text("modified"))  # fmt: skip
 
 
 def file_name(url: str, where: str) -> str:

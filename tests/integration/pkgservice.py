@@ -5,7 +5,7 @@ network of the test's own which the test's project declares as a local service n
 answering as ``pkgs`` and ``other``. At start it makes a tiny Debian package, ``tinytool``
 (``/usr/bin/tinytool`` prints :data:`TOOL_SAYS`), and a flat apt repository holding it
 (``/repo/``: ``Packages``, ``Release``, the ``.deb``). It also serves :data:`FILE_TEXT` at
-``/file.txt``, a gzip tar at ``/archive.tar.gz``, and redirects: ``/moved-here`` to
+``/file.txt``, a gzip tar at ``/archive.tar.gz``, 64 MiB of zeros at ``/big``, and redirects: ``/moved-here`` to
 ``/file.txt``, ``/moved`` to the same file as ``other.NET`` (a name not on a test's
 allowlist). Nothing leaves the machine.
 """
@@ -59,6 +59,7 @@ with tarfile.open(fileobj=archive, mode="w:gz") as tar:
     tar.addfile(member, io.BytesIO(b"inside\n"))
 FILES = {"/repo/Packages": packages, "/repo/Release": release, "/repo/tinytool_1.0_all.deb": data,
          "/file.txt": b"FILE_TEXT", "/archive.tar.gz": archive.getvalue()}
+BIG = 64 << 20
 MOVED = {"/moved-here": "/file.txt", "/moved": "http://other.%s:PORT/file.txt" % NET}
 
 class Handler(BaseHTTPRequestHandler):
@@ -72,6 +73,16 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Location", MOVED[path])
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if path == "/big":  # BIG bytes of zeros
+            self.send_response(200)
+            self.send_header("Content-Length", str(BIG))
+            self.end_headers()
+            try:
+                for _ in range(BIG >> 20):
+                    self.wfile.write(bytes(1 << 20))
+            except OSError:
+                pass
             return
         body = FILES.get(path)
         if body is None:

@@ -491,6 +491,23 @@ def test_add_of_a_url_off_the_allowlist_or_redirected_off_it_is_refused(builds, 
                 if n.startswith("orchestrator-run-build-")]  # fmt: skip
 
 
+def test_add_of_a_url_larger_than_the_disk_limit_is_stopped(builds, packages):
+    done = builds(
+        f"FROM @BASE@\nLABEL test.mark=@MARK@\nADD http://pkgs.{packages}:{PKG_PORT}/big /big\n",
+        "--disk", "16m", "--no-cache",
+    )  # fmt: skip
+    assert done.returncode == 125, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"Dockerfile:3: ADD: http://pkgs.{packages}:{PKG_PORT}/big: larger than the build's "
+            "disk limit (16 MiB): stopped"
+        )
+    ), done.stderr
+    assert not docker("images", "-aq", "--filter", f"label=test.mark={builds.marker}").stdout
+
+
 #: One allowed request, then COUNT pipelined denied ones straight to the proxy (HOST is
 #: the allowed URL).
 FLOOD_STEP = r"""
