@@ -7,7 +7,9 @@ in order. Instructions that only change the image's configuration (``ENV``, ``WO
 ``USER``...) are applied to it as data; each ``RUN``, ``COPY`` and ``ADD`` is a container
 made from the parent image (see :mod:`orchestrator.docker.build`): ``RUN`` runs in it under
 gVisor, ``COPY``/``ADD`` put a tar into it; then its layer is committed with the image's
-whole configuration, and the container removed on every path.
+whole configuration, and the container removed on every path. ``ADD <url>`` fetches its
+file first, in a container of its own through the build allowlist's egress proxy
+(:mod:`.fetch`), and reads it back to take its digest.
 
 The cache: a step's key is the sha256 of (the builder's version, the parent image's id, the
 configuration instructions since the last layer, the instruction as expanded, the digests
@@ -15,7 +17,9 @@ of the context files it reads). Each committed image carries its key as a label,
 whose key is found is not run again. ``--no-cache`` runs every step.
 
 The audit log gets ``build.started``, one ``build.step`` per instruction (its key, its
-outcome, whether it came from the cache) and ``build.ended`` (the image's id, or why not).
+outcome, whether it came from the cache), the egress proxy's decisions on each step's
+requests (``build.egress``, and ``build.egress.flood`` for what went past the budget) and
+``build.ended`` (the image's id, or why not).
 """
 
 from __future__ import annotations
