@@ -253,8 +253,8 @@ class Run:
             capabilities = backend.capabilities
             if prepared.grant.egress and not capabilities.credential_proxies:
                 raise OrchestratorError(
-                    f"the {backend.name} backend cannot run a credential proxy, which worker "
-                    f"'{spec.worker}''s egress credentials need: use --engine docker"
+                    f"the {backend.name} backend cannot run a credential proxy, which the egress "
+                    f"credentials of worker '{spec.worker}' need: use --engine docker"
                 )
             refuse_image_user(spec)
         except OrchestratorError as exc:

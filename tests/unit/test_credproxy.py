@@ -505,6 +505,27 @@ def test_without_a_value_no_proxy_and_no_worker_start(project):
     assert "credproxy" not in engine.calls and "create" not in engine.calls
 
 
+def test_a_backend_without_credential_proxies_refuses_egress_credentials_first(project):
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+    from tests.unit.seam_only import SeamOnly
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    backend = SeamOnly(
+        ContainerBackend(engine), name="vm", capabilities={"credential_proxies": False}
+    )
+    with pytest.raises(OrchestratorError) as refused:
+        execute(backend, prepared, audit=open_audit(prepared.project), staging=None)
+    assert str(refused.value) == (
+        "the vm backend cannot run a credential proxy, which the egress credentials of "
+        "worker 'w' need: use --engine docker"
+    )
+    assert engine.calls == []  # before anything is made (not even gc's listing)
+
+
 def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
     """The proxy's start overlaps the worker's creation; the worker's start waits for it,
     and a proxy that fails (after the worker's container was made) leaves it unstarted."""
