@@ -1,6 +1,9 @@
 """One command run inside a session's live container, as the worker's uid.
 
-:func:`run_exec` starts the command through a tiny ``/bin/sh`` wrapper that first reports
+:func:`exec_request` checks a command once, for every backend (argv, env names, cwd,
+timeout) into an :class:`ExecRequest`, which a live run's
+:meth:`~orchestrator.runtime.backend.Launch.exec` runs. On a container engine that is
+:func:`exec_in` (:func:`run_exec` is both): it starts the command through a tiny ``/bin/sh`` wrapper that first reports
 its own pid on stderr (that line is taken off again), changes to ``cwd`` when one is given,
 and then replaces itself with the command, which so keeps that pid. The container runtime
 (runc) starts every exec in a session and process group of its own, so that pid is also the
