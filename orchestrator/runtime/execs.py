@@ -3,9 +3,10 @@
 :func:`exec_request` checks a command once, for every backend (argv, env names, cwd,
 timeout) into an :class:`ExecRequest`, which a live run's
 :meth:`~orchestrator.runtime.backend.Launch.exec` runs. On a container engine that is
-:func:`exec_in` (:func:`run_exec` is both): it starts the command through a tiny ``/bin/sh`` wrapper that first reports
-its own pid on stderr (that line is taken off again), changes to ``cwd`` when one is given,
-and then replaces itself with the command, which so keeps that pid. The container runtime
+:func:`exec_in` (:func:`run_exec` is both): it starts the command through a tiny
+``/bin/sh`` wrapper that first reports its own pid on stderr (that line is taken off
+again), changes to ``cwd`` when one is given, and then replaces itself with the command,
+which so keeps that pid. The container runtime
 (runc) starts every exec in a session and process group of its own, so that pid is also the
 process group of everything the command forks; a timeout kills that group with
 ``kill -9 -<pgid>`` from a second exec as the same user (with :data:`TOOL_ENV`), and other
