@@ -357,6 +357,7 @@ class Orchestrator:
         """
         from orchestrator.runtime.pool import WarmPool
 
+        require_exec(self.backend, "a session or a warm pool")  # before any run is prepared
         return WarmPool(self, worker, size=size, tailor=tailor, **options)
 
     def batch(

@@ -26,7 +26,7 @@ def operations(project) -> list[str]:
 
 
 def take_one(orch):
-    with orch.pool("w", size=1) as pool:
+    with orch.pool("w", size=1) as pool:  # refused here, before any run is prepared
         return pool.take(timeout=10)
 
 
