@@ -268,7 +268,7 @@ class Run:
             spec = self.spec = replace(spec, run_as=defaults.user)
             prepared = self.prepared = replace(prepared, spec=spec)
         prepare_filesystem(prepared)
-        self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.capabilities.pinned_mounts
+        self._pin = os.geteuid() == 0 and bool(spec.mounts) and capabilities.pinned_mounts
         if why := setid_reason(capabilities.setid_refusal, spec, pinned=self._pin):
             refuse_setid(prepared, why=why)
         if prepared.inputs:
