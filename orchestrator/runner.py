@@ -35,8 +35,8 @@ from orchestrator.errors import ConfigError, OrchestratorError, PolicyError
 from orchestrator.plan import supervisor_for
 from orchestrator.prepare import Prepared, load_and_prepare, prepare
 from orchestrator.runtime.backend import require_exec
+from orchestrator.runtime.host_folders import open_audit
 from orchestrator.runtime.outbox import StagingReader
-from orchestrator.runtime.preparation import open_audit
 from orchestrator.runtime.run import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_LIFETIME,
@@ -101,7 +101,8 @@ class Orchestrator:
         self.staging = StagingReader(self.project, self.audit)
         self._engine = engine
         self._backend: Backend | None = None if isinstance(backend, str) else backend
-        self._backend_name = backend if isinstance(backend, str) else backend.name
+        # A given backend's name is not asked for now: the container backend's asks its engine.
+        self._backend_name = backend if isinstance(backend, str) else ""
 
     def close(self) -> None:
         """Release the audit log's descriptors (it reopens them if used again)."""
@@ -136,7 +137,7 @@ class Orchestrator:
                 self._engine = DockerEngine()
             else:
                 raise OrchestratorError(
-                    f"the {self._backend_name} backend runs no container engine of its own "
+                    f"the {self.backend.name} backend runs no container engine of its own "
                     "here: use the docker backend (--engine docker)"
                 )
         return self._engine
