@@ -242,9 +242,8 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         return PushOffer(settings.remote, settings.credential)
 
     async def clear(request: Request) -> Response:
-        from orchestrator.runner import Orchestrator
-
         from orchestrator.clearance import PushFailed
+        from orchestrator.runner import Orchestrator
 
         change_id = request.path_params["change_id"]
         acknowledged = request.scope.get("review.form", {}).get("ack", [])

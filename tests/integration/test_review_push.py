@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.audit import AuditFilter, AuditLog
 from tests.integration.test_clearance_push import GitHTTPServer, files_holding, needs_http_backend
-from tests.unit.test_clearance_fakes import git
+from tests.unit.test_clearance_fakes import git, make_repo
 from tests.unit.test_review_console import audit_ops, client, make_project
 
 PROJECT_FILE = """zones: {}
@@ -43,7 +43,9 @@ def pushing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def served_main(served: Path) -> str:
-    return git(served / "project.git", "rev-parse", "--verify", "-q", "refs/heads/main", check=False)
+    return git(
+        served / "project.git", "rev-parse", "--verify", "-q", "refs/heads/main", check=False
+    )
 
 
 @needs_http_backend
@@ -140,7 +142,9 @@ def test_without_the_remote_no_push_is_offered_and_a_forged_one_changes_nothing(
     assert "Clear: commit into the repository" in page
     assert "Clear and push" not in page and "Push its commit" not in page
     head = git(root, "rev-parse", "HEAD")
-    refused = web.post(f"/changes/{change_id}/clear", data={"csrf": web.keys.csrf, "action": "push"})
+    refused = web.post(
+        f"/changes/{change_id}/clear", data={"csrf": web.keys.csrf, "action": "push"}
+    )
     assert refused.status_code == 409
     assert "no remote named &#39;origin&#39;" in refused.text
     assert git(root, "rev-parse", "HEAD") == head and store.get(change_id).status == "pending"
@@ -150,8 +154,15 @@ def test_a_push_error_naming_hostile_paths_is_shown_as_text(
     project_without_credential, tmp_path: Path
 ) -> None:
     root, store, stage = project_without_credential
-    missing = tmp_path / '"><img src=x onerror="window.__pwned=1">.git'
-    git(root, "remote", "add", "origin", f"file://{missing}")
+    # A remote (no credential: git's own) whose main moved on, at a path holding markup:
+    # git's one-line refusal names it.
+    remote = tmp_path / '"><img src=x onerror="window.__pwned=1">.git'
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(root, "push", "-q", str(remote), "HEAD:refs/heads/main")
+    other = make_repo(tmp_path / "other", {"other.md": "x\n"})
+    git(other, "push", "-q", "--force", str(remote), "HEAD:refs/heads/main")
+    git(root, "remote", "add", "origin", f"file://{remote}")
+    git(root, "config", "advice.pushUpdateRejected", "false")
     change_id = stage({"report.md": b"findings\n"})
     web = client(root)
     page = web.get(f"/changes/{change_id}").text
