@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 
 from orchestrator.audit import AuditFilter, AuditLog
+from tests.integration import test_review_browser as browsing
 from tests.integration.test_clearance_push import GitHTTPServer, files_holding, needs_http_backend
+from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot
 from tests.unit.test_clearance_fakes import git, make_repo
 from tests.unit.test_review_console import audit_ops, client, make_project
+
+# The browser step's fixtures: a project, the console on it, Chromium and a canary server.
+project = browsing.project
+console = browsing.console
+browser = browsing.browser
+canary = browsing.canary
 
 PROJECT_FILE = """zones: {}
 repo: .
@@ -177,3 +185,26 @@ def test_a_push_error_naming_hostile_paths_is_shown_as_text(
 @pytest.fixture
 def project_without_credential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return make_project(tmp_path, monkeypatch)
+
+
+def test_clear_and_push_in_the_browser(console, browser, canary, project, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    root, store, stage = project
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(root, "remote", "add", "origin", f"file://{remote}")
+    change_id = stage({"report.md": b"findings\n"}, run_id="run-push")
+    browser.get(console)
+    browser.get(f"{base_of(console)}/changes/{change_id}")
+    button = browser.find_element(By.CSS_SELECTOR, 'button[value="push"]')
+    assert button.text == "Clear and push to origin"
+    browser.execute_script("arguments[0].scrollIntoView()", button)
+    shot(browser, "change-push")
+    button.click()
+    done = browser.find_element(By.CSS_SELECTOR, "p.done").text
+    commit = git(root, "rev-parse", "HEAD")
+    assert done == f"committed as {commit} on main, pushed to 'origin' as refs/heads/main"
+    assert git(remote, "rev-parse", "refs/heads/main") == commit
+    assert store.get(change_id).status == "committed"
+    assert_nothing_ran(browser, canary)
