@@ -22,6 +22,7 @@ from orchestrator.clearance.errors import (
     PushFailed,
 )
 from orchestrator.clearance.gitrepo import SAFE_CONFIG
+from orchestrator.clearance.push import can_push
 from orchestrator.clearance.store import ChangeSet, ChangeStore, Scanners
 from orchestrator.clearance.summary import ClearResult, Summary, SummaryFile
 from orchestrator.credentials import Credential, resolve
@@ -39,6 +40,7 @@ __all__ = [
     "Scanners",
     "Summary",
     "SummaryFile",
+    "can_push",
     "clear",
     "resolve",
 ]

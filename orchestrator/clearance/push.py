@@ -26,10 +26,11 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from orchestrator.clearance.gitrepo import GitRepo
+from orchestrator.clearance.errors import ClearanceError
+from orchestrator.clearance.gitrepo import GitFailure, GitRepo
 from orchestrator.credentials import Credential
 
-__all__ = ["PUSH_TIMEOUT", "PushPlan", "plan_push", "run_push"]
+__all__ = ["PUSH_TIMEOUT", "PushPlan", "can_push", "plan_push", "run_push"]
 
 #: Seconds a push may take before it is stopped.
 PUSH_TIMEOUT = 600.0
@@ -66,6 +67,23 @@ def _kind(url: str) -> str:
             return "ssh"
         return "other"
     return "ssh" if _SCP_LIKE.match(url) and not os.path.exists(url) else "local"
+
+
+def can_push(path: Path, remote: str) -> bool:
+    """Whether the work tree at ``path`` has a remote named ``remote`` to push to: what
+    ``orchestrator clear --push`` needs besides the change set (the credential, if any,
+    is read only when pushing). False also when ``path`` is no usable work tree; clearing
+    says why."""
+    try:
+        repo = GitRepo(path, change_id="-")
+    except (ClearanceError, GitFailure):
+        return False
+    try:
+        return repo.push_url(remote) is not None
+    except GitFailure:
+        return False
+    finally:
+        repo.close()
 
 
 def plan_push(repo: GitRepo, remote: str, credential: Credential | None) -> PushPlan:

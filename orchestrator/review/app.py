@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
@@ -49,7 +49,10 @@ from orchestrator.review.live import answer_approval, live_sessions, stop_sessio
 from orchestrator.runtime.host_folders import open_audit
 from orchestrator.staging import ChangeSet, ChangeStore, record_change
 
-__all__ = ["LINES_PER_PAGE", "STATUSES", "Paged", "Shown", "make_app", "page_of"]
+if TYPE_CHECKING:
+    from orchestrator.clearance import ClearResult
+
+__all__ = ["LINES_PER_PAGE", "STATUSES", "Paged", "PushOffer", "Shown", "make_app", "page_of"]
 
 STATUSES = ("pending", "approved", "rejected", "discarded", "committed", "applied")
 _STYLE = Path(__file__).with_name("static") / "style.css"
@@ -212,6 +215,11 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         paged = page_of(view.files, number)
         positions_of = {diff.item.path: diff.index for diff in view.files}
         split = request.query_params.get("view") == "split"
+        pushable = view.change.target.kind == "repo" and view.change.status in (
+            "pending",
+            "approved",
+            "committed",
+        )
         return page(
             "change.html",
             view=view,
@@ -220,27 +228,43 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             positions_of=positions_of,
             split=split,
             also="&view=split" if split else "",
+            push=await run_in_threadpool(push_offer) if pushable else None,
         )
 
+    def push_offer() -> PushOffer | None:
+        """Where *Clear and push* would push, when the repository has the remote
+        ``clearance.remote`` names (what ``orchestrator clear --push`` needs)."""
+        from orchestrator.clearance import can_push
+
+        settings = project.config.clearance
+        if not can_push(project.repo, settings.remote):
+            return None
+        return PushOffer(settings.remote, settings.credential)
+
     async def clear(request: Request) -> Response:
+        from orchestrator.clearance import PushFailed
         from orchestrator.runner import Orchestrator
 
         change_id = request.path_params["change_id"]
         acknowledged = request.scope.get("review.form", {}).get("ack", [])
-        try:
+        push = form(request, "action") == "push"
+
+        def cleared() -> ClearResult:
             with Orchestrator(project) as orch:
-                result = orch.clear(
+                return orch.clear(
                     change_id,
+                    push=push,
                     override_scanners=form(request, "override") == "yes",
                     acknowledged=tuple(acknowledged),
                 )
+
+        try:
+            result = await run_in_threadpool(cleared)
+        except PushFailed as exc:  # committed (and marked) locally; only the push failed
+            return page("error.html", code=502, message=str(exc), retry=exc.change_id)
         except OrchestratorError as exc:
             return problem(str(exc))
-        return page(
-            "done.html",
-            message=f"committed as {result.commit} on {result.branch}",
-            change_id=result.change_id,
-        )
+        return page("done.html", message=_cleared(result), change_id=result.change_id)
 
     async def reject(request: Request) -> Response:
         reason = form(request, "reason").strip()
@@ -377,6 +401,29 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
     return guard(Starlette(routes=routes), keys)
+
+
+@dataclass(frozen=True)
+class PushOffer:
+    """The push a change set's page offers: the remote, and the name of the credential
+    ``clearance.credential`` names (None: git's own credentials). Never its value."""
+
+    remote: str
+    credential: str | None
+
+
+def _cleared(result: ClearResult) -> str:
+    """What a clearance did, in the words of ``orchestrator clear``, with the pushed ref."""
+    ref = f"refs/heads/{result.branch}"
+    if result.already and result.pushed:
+        return f"commit {result.commit} pushed to '{result.remote}' as {ref}"
+    if result.already:
+        where = f"as {result.commit}" if result.commit else "(its commit is not on a local branch)"
+        return f"already committed {where}; nothing to do"
+    done = f"committed as {result.commit} on {result.branch}"
+    if result.pushed:
+        done += f", pushed to '{result.remote}' as {ref}"
+    return done
 
 
 #: At most this many diff lines on one page of a change set (the rest on the next pages).

@@ -346,6 +346,14 @@ class Session:
             self._record("session.closed", True, reason=because)
         return result
 
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Count the ``with`` block as an operation of the session: the idle timeout does
+        not close it meanwhile (a tool call waiting for a person's answer); the maximum
+        lifetime still does. Raises :class:`SessionClosed` when it is closed already."""
+        with self._active():
+            yield
+
     # -- internals ------------------------------------------------------------------------
 
     @contextmanager

@@ -360,10 +360,11 @@ class SessionServer:
             with contextlib.suppress(OSError):
                 send({"event": "waiting", "approval": pending.to_dict()})
 
-        pending, answer = self.approvals.ask(
-            name, args, decision.description, timeout=wait, on_waiting=listed,
-            still_wanted=connected,
-        )  # fmt: skip
+        with self.session.waiting():  # a call waiting on a person keeps the session open
+            pending, answer = self.approvals.ask(
+                name, args, decision.description, timeout=wait, on_waiting=listed,
+                still_wanted=connected,
+            )  # fmt: skip
         if answer is None:
             why = f"not answered within {wait:g} s" if connected() else "the caller went away"
             answer = Answered(False, "nobody", why)

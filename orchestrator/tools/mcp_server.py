@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -33,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import json_safe
 from orchestrator.tools import catalog, mcp_front
 from orchestrator.tools.approval import Decision
@@ -116,6 +117,19 @@ async def ask(ctx: ServerRequestContext[Any], decision: Decision) -> bool:
     return reply.action == "accept" and (reply.content or {}).get("approve") is True
 
 
+@contextlib.contextmanager
+def waiting_on_a_person(toolset: Toolset) -> Iterator[None]:
+    """While the person is asked, the session counts as busy: its idle timeout does not
+    close it under a call waiting for an answer (a closed session is left to refuse the
+    call)."""
+    waiting = getattr(toolset.session, "waiting", None)
+    with contextlib.ExitStack() as stack:
+        if waiting is not None:
+            with contextlib.suppress(OrchestratorError):
+                stack.enter_context(waiting())
+        yield
+
+
 def build_server(
     toolset: ToolsetSource,
     *,
@@ -166,7 +180,8 @@ def build_server(
         except InvalidArguments:
             decision = None  # call() answers it, with the same message, and audits it
         if decision is not None and decision.status == "needs_approval" and can_elicit(ctx):
-            approved = await ask(ctx, decision)
+            with waiting_on_a_person(toolset):
+                approved = await ask(ctx, decision)
             if not approved:
                 answer = await anyio.to_thread.run_sync(toolset.decline, name, args, decision)
                 return to_result(answer)

@@ -61,15 +61,29 @@ def console_for(root: Path) -> Iterator[str]:
 @pytest.fixture
 def live(engine, project):
     """A live session of a worker whose zone asks before writes; stopped after the test."""
+    with live_session(engine, project) as info:
+        yield info
+
+
+@contextmanager
+def live_session(engine, project, *options: str) -> Iterator[dict]:
+    """``orchestrator session start`` (with ``options``) of a worker whose zone asks before
+    writes: its ``--json`` answer; its owner and container gone after."""
     project.zone("notes", "rw", files={"keep.md": "kept\n"})
     project.worker(
         "editor",
         "trust: session\nsandbox: {zones: [{name: notes, mode: rw, approval: {write: ask}}]}",
     )
-    done = cli("session", "start", "editor", "--project", str(project.root), "--json")
+    done = cli("session", "start", "editor", "--project", str(project.root), "--json", *options)
     assert done.returncode == 0, done.stderr
     info = done.json()
-    yield info
+    try:
+        yield info
+    finally:
+        _end(engine, info)
+
+
+def _end(engine, info: dict) -> None:
     if alive(info["pid"]):
         os.kill(info["pid"], signal.SIGTERM)
         if not wait_until(lambda: not alive(info["pid"]), 30):
@@ -242,3 +256,37 @@ def test_a_waiting_call_answered_from_the_command_line_or_not_at_all(live, proje
         (False, "the caller went away"),
     ]
     assert not (project.root / "notes" / "a.md").exists()
+
+
+def test_a_call_waiting_for_a_person_keeps_an_idle_session_open(engine, project) -> None:
+    from orchestrator.config import load_project
+    from orchestrator.review.live import live_sessions
+
+    root = project.root
+    with live_session(engine, project, "--idle-timeout", "2s") as info:
+        sid = info["id"]
+        waiting = call(root, sid, "write", {"path": "/notes/a.md", "content": "hi"})
+        try:
+            line = waiting.stderr.readline() if waiting.stderr else ""
+            assert "waiting for approval" in line, line
+            time.sleep(7)  # three idle timeouts and more while the call waits on a person
+            assert alive(info["pid"]), "the idle timeout closed a session whose call waits"
+            [session] = live_sessions(load_project(root))
+            [request] = session.pending
+            said = cli("session", "answer", sid, request["id"], "--approve",
+                       "--project", str(root))  # fmt: skip
+            assert said.returncode == 0, said.stderr
+            out, err = waiting.communicate(timeout=60)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+                waiting.communicate()
+        assert waiting.returncode == 0, err
+        assert json.loads(out)["ok"] is True
+        # Answered, the session is idle again: the timeout closes it as before.
+        assert wait_until(lambda: not alive(info["pid"]), 30)
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    [approval] = log.query(AuditFilter(operation="tool.approval"))
+    assert approval.allowed and approval.metadata["via"] == "command line"
+    [closed] = log.query(AuditFilter(operation="session.closed"))
+    assert closed.session_id == sid and closed.reason == "idle for 2 s"

@@ -5,6 +5,7 @@ The session behind it is the fake over real sandbox files from ``test_tools``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import anyio
@@ -166,3 +167,30 @@ def test_a_failing_tool_is_a_tool_error_and_names_are_escaped(tools, monkeypatch
     assert failed.is_error
     assert failed.content[0].text == "list failed unexpectedly: RuntimeError: a bug"
     assert not after.is_error
+
+
+def test_the_session_counts_as_busy_while_the_person_is_asked(tools, monkeypatch):
+    busy: list[str] = []
+
+    @contextlib.contextmanager
+    def waiting():
+        busy.append("start")
+        try:
+            yield
+        finally:
+            busy.append("end")
+
+    monkeypatch.setattr(tools.session, "waiting", waiting, raising=False)
+    during: list[list[str]] = []
+
+    async def elicitation(context, params):
+        during.append(list(busy))
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async def script(client):
+        return await client.call_tool("delete", {"path": "/data/kept.txt"})
+
+    answer = drive(tools, script, elicitation)
+    assert not answer.is_error
+    assert during == [["start"]]  # asked while the session was held busy
+    assert busy == ["start", "end"]  # and released once answered
