@@ -16,11 +16,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 __all__ = ["RunCA", "make_run_ca"]
 
 #: Beyond the run's own timeout, how long the certificate stays valid.
@@ -40,6 +35,13 @@ class RunCA:
 
 def make_run_ca(run_id: str, hosts: Sequence[str], *, lifetime_s: float) -> RunCA:
     """A fresh CA for run ``run_id`` that may only issue certificates for ``hosts`` (names)."""
+    # Imported here: only a run with egress credentials needs them, and they cost a plain
+    # command's start-up tens of milliseconds (docs/performance.md).
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name(
         [

@@ -8,6 +8,7 @@ commands so that ``--help`` stays fast.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -16,14 +17,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from orchestrator.cli.apply import apply as apply_command
-from orchestrator.cli.audit import audit as audit_group
-from orchestrator.cli.batch import batch as batch_command
-from orchestrator.cli.build import build as build_command
-from orchestrator.cli.clear import clear as clear_command
-from orchestrator.cli.doctor import doctor as doctor_command
-from orchestrator.cli.engine import engine as engine_group
-from orchestrator.cli.mcp import mcp as mcp_command
 from orchestrator.cli.options import (
     JsonRequest,
     WorkerCommand,
@@ -35,15 +28,13 @@ from orchestrator.cli.options import (
     worker_options,
 )
 from orchestrator.cli.options import json_option as json_flag
-from orchestrator.cli.review import review as review_command
-from orchestrator.cli.server import serve_command
-from orchestrator.cli.session import session as session_group
-from orchestrator.cli.staged import staged as staged_group
 from orchestrator.cli.terminal import Raw, WorkerOutput, raw_option, say, shown
 from orchestrator.exits import Exit, signalled
 from orchestrator.vocabulary import BACKENDS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from orchestrator.plan import ContainerSpec, Mount
     from orchestrator.prepare import Prepared
     from orchestrator.runtime import RunResult
@@ -95,7 +86,60 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _staged() -> click.Command:
+    from orchestrator.cli.apply import apply
+    from orchestrator.cli.staged import staged
+
+    staged.add_command(apply)
+    return staged
+
+
+def _serve() -> click.Command:
+    from orchestrator.cli.server import serve_command
+
+    return serve_command(lambda argv: main(argv))
+
+
+def _defined_in(module: str, name: str) -> Callable[[], click.Command]:
+    def load() -> click.Command:
+        command = getattr(importlib.import_module(module), name)
+        assert isinstance(command, click.Command)
+        return command
+
+    return load
+
+
+#: The commands defined in modules of their own, each imported when it is named: a command
+#: imports only its own (``orchestrator run`` none of these: docs/performance.md).
+ELSEWHERE: dict[str, Callable[[], click.Command]] = {
+    "audit": _defined_in("orchestrator.cli.audit", "audit"),
+    "batch": _defined_in("orchestrator.cli.batch", "batch"),
+    "build": _defined_in("orchestrator.cli.build", "build"),
+    "clear": _defined_in("orchestrator.cli.clear", "clear"),
+    "doctor": _defined_in("orchestrator.cli.doctor", "doctor"),
+    "engine": _defined_in("orchestrator.cli.engine", "engine"),
+    "mcp": _defined_in("orchestrator.cli.mcp", "mcp"),
+    "review": _defined_in("orchestrator.cli.review", "review"),
+    "serve": _serve,
+    "session": _defined_in("orchestrator.cli.session", "session"),
+    "staged": _staged,
+}
+
+
+class Commands(click.Group):
+    """The top-level group: a command of :data:`ELSEWHERE` is imported when it is looked up
+    (listing them all, as ``--help`` does, imports them all)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *ELSEWHERE})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in ELSEWHERE:
+            self.add_command(ELSEWHERE[cmd_name](), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="orchestrator")
 def cli() -> None:
     """Run AI workers in disposable, hardened containers whose access comes from declarations."""
@@ -331,20 +375,6 @@ def images_build(
         progress=lambda line: click.echo(f"  {line}", err=True),
     )
     say(f"built {', '.join(result.images)} on {result.base}")
-
-
-cli.add_command(audit_group)
-staged_group.add_command(apply_command)
-cli.add_command(staged_group)
-cli.add_command(clear_command)
-cli.add_command(mcp_command)
-cli.add_command(session_group)
-cli.add_command(batch_command)
-cli.add_command(doctor_command)
-cli.add_command(engine_group)
-cli.add_command(build_command)
-cli.add_command(review_command)
-cli.add_command(serve_command(lambda argv: main(argv)))
 
 
 def _describe(prepared: Prepared) -> str:

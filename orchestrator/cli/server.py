@@ -44,12 +44,19 @@ from orchestrator.cli import peer, wire
 from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
 
+#: The command line's modules that ``orchestrator.cli.main`` imports only when their command
+#: is named (``main.ELSEWHERE``); a server has them all loaded.
+CLI_MODULES = ("apply", "audit", "batch", "build", "clear", "doctor", "engine", "mcp", "review",
+               "session", "staged")  # fmt: skip
 #: What a command imports before its first engine call, loaded once by the server.
 PRELOAD = (
     "ctypes",
+    "cryptography.hazmat.primitives.asymmetric.ec",
+    "cryptography.x509",
     "docker",
     "yaml",
     "orchestrator.cli.main",
+    *(f"orchestrator.cli.{name}" for name in CLI_MODULES),
     "orchestrator.config.loader",
     "orchestrator.config.models",
     "orchestrator.docker.client",

@@ -8,6 +8,7 @@ Everything under ``orchestrator.docker`` talks to the engine through
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -16,13 +17,6 @@ import docker
 import docker.utils
 import requests
 from docker import errors as docker_errors
-from tenacity import (
-    retry,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
 
 from orchestrator import labels
 from orchestrator.errors import EngineError, EngineUnreachable
@@ -72,15 +66,33 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+#: A transient engine error is retried: at most this many attempts in all ...
+RETRY_ATTEMPTS = 3
+#: ... none started once this many seconds have passed since the first began ...
+RETRY_FOR_S = 10.0
+#: ... waiting this long before the second attempt, twice as long before each next one.
+RETRY_WAIT_S = 0.1
+RETRY_WAIT_MAX_S = 1.0
+
+
 def retrying(func: Callable[[], T]) -> T:
-    """Call ``func``, retrying transient engine errors for at most 3 attempts / 10 s."""
-    wrapped = retry(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(3) | stop_after_delay(10),
-        wait=wait_exponential(multiplier=0.1, max=1.0),
-        reraise=True,
-    )(func)
-    return wrapped()
+    """Call ``func``, retrying transient engine errors for at most 3 attempts / 10 s; the
+    last error is raised as it was. (A loop of its own: a retry library's import cost every
+    command's start more than this, docs/performance.md.)"""
+    started = time.monotonic()
+    attempt = 1
+    while True:
+        try:
+            return func()
+        except Exception as exc:
+            if (
+                not is_transient(exc)
+                or attempt >= RETRY_ATTEMPTS
+                or time.monotonic() - started >= RETRY_FOR_S
+            ):
+                raise
+        time.sleep(min(RETRY_WAIT_S * 2 ** (attempt - 1), RETRY_WAIT_MAX_S))
+        attempt += 1
 
 
 @contextmanager

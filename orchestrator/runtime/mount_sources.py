@@ -23,7 +23,6 @@ its descriptor is held for the run:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import json
@@ -61,18 +60,18 @@ _KEPT = {
 }
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _mount(source: str, target: str, flags: int) -> None:
-    if _libc().mount(source.encode(), target.encode(), None, flags, None) != 0:
+    import ctypes  # here: only a run that pins its mount sources loads it
+
+    if ctypes.CDLL(None, use_errno=True).mount(source.encode(), target.encode(), None, flags, None):
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), target)
 
 
 def _umount(target: str) -> None:
-    if _libc().umount2(target.encode(), _MNT_DETACH) != 0:
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).umount2(target.encode(), _MNT_DETACH) != 0:
         code = ctypes.get_errno()
         if code not in (errno.EINVAL, errno.ENOENT):  # not (or no longer) a mount point
             raise OSError(code, os.strerror(code), target)

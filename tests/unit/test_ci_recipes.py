@@ -162,8 +162,11 @@ def check_orchestrator(invocation: Invocation) -> click.Context:
     args = list(invocation.args)
     command: click.Command = cli
     names = ["orchestrator"]
-    while isinstance(command, click.Group) and args and args[0] in command.commands:
-        command = command.commands[args[0]]
+    while isinstance(command, click.Group) and args:
+        found = command.get_command(click.Context(command), args[0])  # as the command line does
+        if found is None:
+            break
+        command = found
         names.append(args[0])
         args = args[1:]
     assert names != ["orchestrator"], f"{invocation.where}: no such subcommand"

@@ -94,6 +94,35 @@ def test_retries_give_up_and_map_to_engine_error():
     assert api.calls == ["create"] * 3
 
 
+def test_retries_wait_0_1_then_0_2_s(monkeypatch):
+    from orchestrator.docker import client
+
+    waits: list[float] = []
+    monkeypatch.setattr(client.time, "sleep", waits.append)
+    api = FakeAPI([api_error(503, "busy")] * 5)
+    with pytest.raises(EngineError, match="busy"):
+        DockerEngine(client=api).create(spec())
+    assert api.calls == ["create"] * 3
+    assert waits == [0.1, 0.2]
+
+
+def test_no_retry_starts_10_s_after_the_first_attempt(monkeypatch):
+    from orchestrator.docker import client
+
+    clock = iter([0.0, 10.0])  # the first attempt's start, then its failure
+    monkeypatch.setattr(client.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(client.time, "sleep", lambda _s: pytest.fail("waited for a retry"))
+    calls = []
+
+    def slow_failure() -> None:
+        calls.append(1)
+        raise requests.exceptions.ConnectionError("Connection reset by peer")
+
+    with pytest.raises(requests.exceptions.ConnectionError, match="reset by peer"):
+        client.retrying(slow_failure)
+    assert calls == [1]
+
+
 def test_permanent_errors_fail_at_once():
     api = FakeAPI([api_error(400, "invalid mount config")])
     with pytest.raises(EngineError, match="invalid mount config"):

@@ -19,8 +19,11 @@ def test_exit_codes_keep_their_values() -> None:
 
 def _commands(group: click.Command) -> list[click.Command]:
     found = [group]
-    if isinstance(group, click.Group):
-        for command in group.commands.values():
+    if isinstance(group, click.Group):  # listed as --help lists them (some load on lookup)
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None, name
             found += _commands(command)
     return found
 
