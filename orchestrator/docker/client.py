@@ -66,33 +66,40 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-#: A transient engine error is retried: at most this many attempts in all ...
+#: A transient engine error is retried: at most this many attempts in all, none started
+#: once this many seconds have passed since the first began, waiting 0.1 s, then twice as
+#: long before each next one (at most 1 s).
 RETRY_ATTEMPTS = 3
-#: ... none started once this many seconds have passed since the first began ...
 RETRY_FOR_S = 10.0
-#: ... waiting this long before the second attempt, twice as long before each next one.
-RETRY_WAIT_S = 0.1
-RETRY_WAIT_MAX_S = 1.0
 
 
 def retrying(func: Callable[[], T]) -> T:
     """Call ``func``, retrying transient engine errors for at most 3 attempts / 10 s; the
-    last error is raised as it was. (A loop of its own: a retry library's import cost every
-    command's start more than this, docs/performance.md.)"""
+    last error is raised as it was. The retry library is imported only once a first
+    attempt failed: its import (asyncio) cost every command's start more than the
+    command's own work (docs/performance.md)."""
     started = time.monotonic()
-    attempt = 1
-    while True:
-        try:
-            return func()
-        except Exception as exc:
-            if (
-                not is_transient(exc)
-                or attempt >= RETRY_ATTEMPTS
-                or time.monotonic() - started >= RETRY_FOR_S
-            ):
-                raise
-        time.sleep(min(RETRY_WAIT_S * 2 ** (attempt - 1), RETRY_WAIT_MAX_S))
-        attempt += 1
+    try:
+        return func()
+    except Exception as exc:
+        left = RETRY_FOR_S - (time.monotonic() - started)
+        if not is_transient(exc) or left <= 0:
+            raise
+    from tenacity import (
+        retry,
+        retry_if_exception,
+        stop_after_attempt,
+        stop_after_delay,
+        wait_exponential,
+    )
+
+    time.sleep(0.1)
+    return retry(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(RETRY_ATTEMPTS - 1) | stop_after_delay(left),
+        wait=wait_exponential(multiplier=0.2, max=1.0),
+        reraise=True,
+    )(func)()
 
 
 @contextmanager
