@@ -302,7 +302,8 @@ class Orchestrator:
         supervisor process, unless ``keep_alive`` is False: its container is then created,
         not started, and its worker runs as the container's own process (``run_worker``).
         ``gc`` and ``output`` are :class:`Run`'s. On failure everything it made is removed
-        before raising."""
+        before raising (:meth:`Run.open` undoes what it made). The run is a context
+        manager: ``with run:`` closes it at the block's end."""
         self.engine  # noqa: B018 - refused here when the backend cannot hold a run idling
         if keep_alive and prepared.spec.supervisor_user is None:  # no outbox: still idling
             image_user = prepared.spec.image_user
@@ -320,11 +321,7 @@ class Orchestrator:
             gc=gc,
             output=output,
         )
-        try:
-            run.open()
-        except BaseException:
-            run.close(failed=True)
-            raise
+        run.open()
         return run
 
     def pool(self, worker: str | Worker, *, size: int = 2, **options: Any) -> WarmPool:

@@ -7,14 +7,16 @@ access, the broker, the mount sources it holds, the audit log's start and end, a
 engine, through one :class:`Launch` per run:
 
 - before the start is recorded: :meth:`Backend.check` refuses what it cannot run (one line,
-  nothing made yet) and :meth:`Launch.prepare` readies what the run's network needs;
+  nothing made yet) and :meth:`Launch.prepare` readies what the run's network needs (the
+  container backend's starts the run's credential proxy there);
 - then :meth:`Launch.create` makes the worker's container (or service) from the plan with
   its held mount sources; :meth:`Launch.run_worker` runs the worker's own command to its
   end and says how it ended (:class:`Outcome`), streaming its output to the run's tails;
 - :meth:`Launch.collect` reads the outbox once the worker's processes are gone (from the
   container's tmpfs, or a host folder once the task is gone); :meth:`Launch.remove`
   removes the run's objects on every path; :meth:`Launch.decisions`
-  are the egress proxy's decisions; :meth:`Launch.release` drops the run's network.
+  are the egress proxy's decisions, :meth:`Launch.credential_events` what the credential
+  proxy did (the run audits both); :meth:`Launch.release` drops the run's network.
 
 A backend that can hold a container idling and exec into it (sessions, the warm pool)
 says so with :attr:`Backend.interactive`. Docker's backend is
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
 
 if TYPE_CHECKING:
+    from orchestrator.credproxy import CredentialEvent
     from orchestrator.plan import ContainerSpec
     from orchestrator.prepare import Prepared
     from orchestrator.runtime.engine import EgressLog, Engine, Stream
@@ -173,8 +176,13 @@ class Launch(Protocol):
     def decisions(self, since: datetime) -> EgressLog:
         """The egress proxy's decisions on this run's requests (an allowlisted run)."""
 
+    def credential_events(self) -> Sequence[CredentialEvent]:
+        """What the run's credential proxy did (each substitution and block, values
+        redacted), read by :meth:`remove`; empty without one."""
+
     def release(self) -> None:
-        """Remove the run's own network (never raises: gc removes what this could not)."""
+        """Remove the run's own network, after its credential proxy is gone (raises only
+        when that proxy could not be removed: gc removes what this could not)."""
 
     def ended(self) -> dict[str, Any]:
         """What ``run.ended`` records of this backend's run, beyond the outcome."""
@@ -209,9 +217,18 @@ class Backend(Protocol):
         """Remove what dead owners left (``everything``: of any pid namespace too); say
         what went, what was kept and what could not be removed."""
 
-    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> Launch:
+    def launch(
+        self,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ) -> Launch:
         """A new run's :class:`Launch`; nothing is made yet. ``output``: whether the
-        worker's output is read; ``keep_alive``: whether its container idles."""
+        worker's output is read; ``keep_alive``: whether its container idles;
+        ``credentials``: the egress credentials' values (only a credential proxy gets
+        them; a backend that runs none refuses such a plan in :meth:`check`)."""
 
     def cancel(self, run_id: str) -> None:
         """Remove a running run's objects (a batch that stops)."""

@@ -2,10 +2,11 @@
 
 :class:`ContainerBackend` implements :class:`~orchestrator.runtime.backend.Backend` over the
 :class:`~orchestrator.runtime.engine.Engine` protocol (Docker, Podman through the same API,
-and the tests' fake): the run's network (an allowlist's, with its proxy) before the start is
-recorded; then create, attach, start and wait (the worker as the container's own process),
-or, for a keep-alive container, start it idling and run the worker by exec with its outbox
-read before the container goes (:mod:`orchestrator.runtime.supervised`). Exits are read by
+and the tests' fake): the run's network (an allowlist's, with its proxy) and its credential
+proxy (:mod:`orchestrator.runtime.credproxy`) before the start is recorded; then create,
+attach, start and wait (the worker as the container's own process), or, for a keep-alive
+container, start it idling and run the worker by exec with its outbox read before the
+container goes (:mod:`orchestrator.runtime.supervised`). Exits are read by
 type (:class:`~orchestrator.errors.StartFailure`, ``ExitState``), never from an engine's
 message.
 """
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from orchestrator.credproxy import CredentialEvent
 from orchestrator.errors import (
     ContainerStopped,
     EngineError,
@@ -29,6 +31,7 @@ from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
+from orchestrator.runtime.credproxy import CredentialProxy
 from orchestrator.runtime.engine import EgressLog, Engine, ManagedObject, Stream
 from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
@@ -78,8 +81,17 @@ class ContainerBackend:
     def collect_garbage(self, *, everything: bool = False) -> GcReport:
         return collect(self.engine, everything=everything)
 
-    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> ContainerLaunch:
-        return ContainerLaunch(self.engine, prepared.spec, output=output, keep_alive=keep_alive)
+    def launch(
+        self,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ) -> ContainerLaunch:
+        return ContainerLaunch(
+            self.engine, prepared, output=output, keep_alive=keep_alive, credentials=credentials
+        )
 
     def cancel(self, run_id: str) -> None:
         remove_run(self.engine, run_id)
@@ -90,26 +102,46 @@ class ContainerBackend:
 
 
 class ContainerLaunch:
-    """One run's container; see :class:`~orchestrator.runtime.backend.Launch`."""
+    """One run's container, and its credential proxy when its plan has egress credentials
+    (:class:`~orchestrator.runtime.credproxy.CredentialProxy`: started by :meth:`prepare`,
+    serving before :meth:`create` lets the worker start, ended by :meth:`remove`, gone
+    before :meth:`release` removes the network); see
+    :class:`~orchestrator.runtime.backend.Launch`."""
 
-    def __init__(self, engine: Engine, spec: ContainerSpec, *, output: bool, keep_alive: bool):
+    def __init__(
+        self,
+        engine: Engine,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ):
         self.engine = engine
-        self.spec = spec
+        self.spec = prepared.spec
         self.output = output
         self.keep_alive = keep_alive
         self.container_id: str | None = None
         self.network: ManagedObject | None = None
         self.worker_gone = False
         self._reader: threading.Thread | None = None
+        self.proxy: CredentialProxy | None = None
+        if prepared.grant.egress and self.spec.network.credentials:
+            self.proxy = CredentialProxy(engine, prepared, credentials)
+        self._events: list[CredentialEvent] = []
 
     def prepare(self) -> None:
         if self.spec.network.mode != "none":
             self.network = self.engine.prepare_network(self.spec)
+        if self.proxy is not None:  # on the run's network: starting while the run goes on
+            self.proxy.start()
 
     def create(
         self, spec: ContainerSpec, secrets: Mapping[str, str], *, started: Callable[[], None]
     ) -> None:
         self.container_id = self.engine.create(spec)
+        if self.proxy is not None:  # no worker starts without its proxy serving
+            self.proxy.ready()
         if self.keep_alive:
             self.engine.start(self.container_id)
             started()
@@ -236,19 +268,28 @@ class ContainerLaunch:
             removed = remove_container(self.engine, self.container_id)
         if self._reader is not None:
             self._reader.join(timeout=5)
+        if self.proxy is not None:
+            self._events = self.proxy.end()
         return removed
+
+    def credential_events(self) -> list[CredentialEvent]:
+        return self._events
 
     def decisions(self, since: datetime) -> EgressLog:
         return self.engine.network_decisions(self.spec, since)
 
     def release(self) -> None:
-        network, self.network = self.network, None
-        if network is None:
-            return
         try:
-            self.engine.remove_object(network)
-        except OrchestratorError as exc:
-            log.warning("could not remove the run's network %s: %s", network.name, exc)
+            if self.proxy is not None:  # the proxy goes first: it is on the network
+                self.proxy.end()  # (when the worker's container was never made)
+                self.proxy.removed()
+        finally:
+            network, self.network = self.network, None
+            if network is not None:
+                try:
+                    self.engine.remove_object(network)
+                except OrchestratorError as exc:
+                    log.warning("could not remove the run's network %s: %s", network.name, exc)
 
     def ended(self) -> dict[str, Any]:
         return {}

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.credproxy import CredentialEvent
 from orchestrator.docker.engine import DockerEngine, start_failure_code
 from orchestrator.docker.swarm import nodes, render
 from orchestrator.docker.swarm.egress import proxy_task_template
@@ -121,7 +122,14 @@ class SwarmBackend:
     def collect_garbage(self, *, everything: bool = False) -> SwarmGc:
         return collect(self.engine, everything=everything)
 
-    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> SwarmLaunch:
+    def launch(
+        self,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ) -> SwarmLaunch:
         # The task is its worker's own process (never idling: sessions and pools are refused
         # by their owner); its outbox is a host folder, read once the task is gone.
         return SwarmLaunch(self.engine, prepared)
@@ -295,6 +303,9 @@ class SwarmLaunch:
 
     def release(self) -> None:
         return None  # the run's networks went with remove()
+
+    def credential_events(self) -> list[CredentialEvent]:
+        return []  # egress credentials are refused on a swarm (check)
 
     def ended(self) -> dict[str, Any]:
         return {"engine": "swarm", "node": self.node}

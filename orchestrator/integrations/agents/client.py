@@ -21,6 +21,7 @@ import posixpath
 import tarfile
 import threading
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -160,14 +161,12 @@ def _open(options: OrchestratorSandboxClientOptions, root: str) -> _Opened:
         if mapping.workspace_tmpfs(prepared.spec, root):
             folder = (posixpath.normpath(root), options.workspace_size)
             prepared = with_tmpfs(prepared, [folder], owned=True)
-        run = orch.open_keep_alive(prepared)
-        try:
+        with ExitStack() as undo:
+            run = undo.enter_context(orch.open_keep_alive(prepared))  # closed on failure
             session = orch.open_session(
                 run, idle_timeout=options.idle_timeout, max_lifetime=options.max_lifetime
             )
-        except BaseException:
-            run.close(failed=True)
-            raise
+            undo.pop_all()  # the session holds it now
     except OrchestratorError as exc:
         raise ValueError(_one_line(exc)) from None
     spec = prepared.spec

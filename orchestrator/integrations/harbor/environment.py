@@ -34,6 +34,7 @@ import logging
 import os
 import posixpath
 import tarfile
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -263,14 +264,12 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         try:
             if not orch.engine.image_exists(prepared.spec.image):
                 raise ImageMissing(prepared.spec.image)
-            run = orch.open_keep_alive(prepared)
-            try:
+            with ExitStack() as undo:
+                run = undo.enter_context(orch.open_keep_alive(prepared))  # closed on failure
                 self._session = orch.open_session(
                     run, idle_timeout=None, max_lifetime=self._max_lifetime
                 )
-            except BaseException:
-                run.close(failed=True)
-                raise
+                undo.pop_all()  # the session holds it now
         except OrchestratorError as exc:
             raise RuntimeError(f"orchestrator environment: {one_line(exc)}") from None
         log.info("trial %s: session %s, run %s", self.session_id, self._session.id,

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,13 +162,12 @@ def _open(settings: Settings, name: str, env: Environment) -> Opened:
     else:
         owner = _Owner(_orchestrator(settings), env.tools_tmp)
         run = owner.open_keep_alive(owner.prepare(_worker(settings, name), **_options(env)))
-    try:
+    with ExitStack() as undo:
+        undo.enter_context(run)  # closed when its session cannot be opened
         session = _orchestrator(settings).open_session(
             run, idle_timeout=env.idle_timeout, max_lifetime=env.max_lifetime
         )
-    except BaseException:
-        run.close(failed=True)
-        raise
+        undo.pop_all()  # the session holds it now
     spec = run.spec
     item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key, spec.image_user)
     with _lock:
