@@ -3,13 +3,18 @@
 :class:`Run` is the one lifecycle of every run, one-shot or session, on every backend
 (:mod:`orchestrator.runtime.backend`: a container on Docker or Podman, a swarm service).
 ``open`` checks and makes everything on the host the plan names (folders, inputs, the
-worker's access, broker, secrets, held mount sources), records the start in the audit log
-and has the backend create the container; ``run_worker`` runs the worker's own command (a
-one-shot run), while a session execs commands of its own choosing; ``collect`` reads the
-outbox once the worker's processes are gone; ``close`` removes what the backend made,
-turns ``ask`` zone copies into change sets, reads the proxy's decisions and records the
-end. The container is removed whatever happens: success, the worker's failure, a timeout,
-Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of an
+backend's launch, the worker's access, secrets, broker, held mount sources), records the
+start in the audit log and has the backend create the container; ``run_worker`` runs the
+worker's own command (a one-shot run), while a session execs commands of its own
+choosing; ``collect`` reads the outbox once the worker's processes are gone; ``close``
+removes what the backend made, turns ``ask`` zone copies into change sets, reads the
+proxy's decisions and records the end.
+
+Each part ``open`` makes is registered on one :class:`~contextlib.ExitStack` as it is
+made, with what undoes it; ``close`` is that stack unwinding, in reverse, on every path
+(a failed ``open`` unwinds it itself, and :class:`Run` is a context manager). So the
+container is removed whatever happens: success, the worker's failure, a timeout, Ctrl-C
+or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of an
 orchestrator that could not even get that far (SIGKILL) are found by their owner labels
 and removed by ``orchestrator gc``.
 """
@@ -156,7 +161,8 @@ def execute(
 
 class Run:
     """One run's life in steps: :meth:`open`, then :meth:`run_worker` or a session's own
-    execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice."""
+    execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice; a
+    ``with`` block closes the run at its end (``failed`` when the block raised)."""
 
     def __init__(
         self,
