@@ -271,6 +271,7 @@ class Run:
         self._opened = True
         try:
             self._check()
+            self._new_launch()
             self._prepare_host()
             self._prepare_launch()
             self._record_start()
@@ -304,9 +305,11 @@ class Run:
             user = self.engine.image_defaults(self.spec.image).user
             self.spec = replace(self.spec, run_as=user)
             self.prepared = replace(self.prepared, spec=self.spec)
-        # What the backend makes is removed whatever happens from here; the ``ask`` zone
-        # copies become change sets and the proxy's decisions are read before its network
-        # goes (both undo steps run after everything opened later is undone).
+
+    def _new_launch(self) -> None:
+        """The backend's launch of this run (nothing made yet). Its release (the network)
+        is registered first, so it comes after everything else is undone; just before it,
+        the ``ask`` zone copies become change sets and the proxy's decisions are read."""
         self.launch = self.backend.launch(
             self.prepared,
             output=self.output,

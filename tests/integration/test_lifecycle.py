@@ -226,6 +226,7 @@ def test_runs_are_audited_start_and_end(engine, project):
 #: The steps of Run.open, in order (a failure is injected after each in turn).
 OPEN_STEPS = [
     "_check",
+    "_new_launch",
     "_prepare_host",
     "_prepare_launch",
     "_record_start",
