@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import docker.types
 from docker import errors as docker_errors
@@ -41,13 +41,11 @@ from orchestrator.egress import PROXY_LOG_OPTIONS, PROXY_NANO_CPUS, PROXY_NOFILE
 from orchestrator.errors import EngineError, ImageMissing
 from orchestrator.plan import ContainerSpec
 
-if TYPE_CHECKING:
-    from orchestrator.docker.credproxy_spares import SparePool
-
 __all__ = [
     "ROLE",
     "ROLE_LABEL",
     "SPARE_ROLE",
+    "Spares",
     "host_config",
     "proxy_log",
     "remove_proxy",
@@ -63,6 +61,25 @@ ROLE = "credproxy"
 SPARE_ROLE = "credproxy-spare"
 #: The end of the proxy's log kept while waiting for it (for an error's tail).
 _MAX_LOG = 64 << 10
+
+
+class Spares(Protocol):
+    """What a proxy's start needs of the spares
+    (:class:`~orchestrator.docker.credproxy_spares.SparePool`)."""
+
+    def wanted(self) -> int:
+        """How many spares to keep ready."""
+
+    def take(
+        self, engine: DockerClient, spec: ContainerSpec, state: Path, user: str, image: str
+    ) -> str | None:
+        """A spare of ``image`` taken for the run whose state is ``state``, or None."""
+
+    def undo(self, engine: DockerClient, container: str, state: Path) -> None:
+        """Remove a taken spare that failed; the run's state back where it was."""
+
+    def replenish(self, engine: DockerClient, user: str, wanted: int, image: str) -> None:
+        """Make spares ready for the next runs, in the background."""
 
 
 def host_config(engine: DockerClient, network: str, state: Path) -> Any:
@@ -94,7 +111,7 @@ def start_proxy(
     state: Path,
     user: str,
     *,
-    spares: SparePool,
+    spares: Spares,
     timeout: float = 30.0,
 ) -> str:
     """Give the run's credential proxy on its network the state in ``state``: a spare when
