@@ -53,11 +53,15 @@ __all__ = ["ContainerBackend", "ContainerLaunch"]
 class ContainerBackend:
     """Runs as containers on ``engine``; see the module docstring."""
 
-    name = "docker"
     secret_files = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    @property
+    def name(self) -> str:
+        """The engine's own name (``docker`` or ``podman``), asked when a run records it."""
+        return self.engine.flavour()
 
     @property
     def interactive(self) -> Engine:
@@ -132,7 +136,7 @@ class ContainerLaunch:
 
     def prepare(self) -> None:
         if self.spec.network.mode != "none":
-            self.network = self.engine.prepare_network(self.spec)
+            self.network = self.engine.set_up_network(self.spec)
         if self.proxy is not None:  # on the run's network: starting while the run goes on
             self.proxy.start()
 
