@@ -6,18 +6,21 @@ and the tests' fake): the run's network (an allowlist's, with its proxy) and its
 proxy (:mod:`orchestrator.runtime.credproxy`) before the start is recorded; then create,
 attach, start and wait (the worker as the container's own process), or, for a keep-alive
 container, start it idling and run the worker by exec with its outbox read before the
-container goes (:mod:`orchestrator.runtime.supervised`). Exits are read by
-type (:class:`~orchestrator.errors.StartFailure`, ``ExitState``), never from an engine's
-message.
+container goes (:mod:`orchestrator.runtime.supervised`). A live run's execs
+(:mod:`orchestrator.runtime.execs`) and archives are engine execs into its container.
+Exits are read by type (:class:`~orchestrator.errors.StartFailure`, ``ExitState``), never
+from an engine's message.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import Any
+from typing import IO, Any
 
 from orchestrator.credproxy import CredentialEvent
 from orchestrator.errors import (
@@ -30,14 +33,15 @@ from orchestrator.errors import (
 from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
-from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
+from orchestrator.runtime.backend import Capabilities, Outcome, OutputSink, Tail, pump
 from orchestrator.runtime.credproxy import CredentialProxy
-from orchestrator.runtime.engine import EgressLog, Engine, ManagedObject, Stream
+from orchestrator.runtime.engine import EgressLog, Engine, ImageDefaults, ManagedObject, Stream
+from orchestrator.runtime.execs import ExecRequest, ExecResult, exec_in
 from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
-from orchestrator.runtime.setid import walk_needed
 from orchestrator.runtime.supervised import (
     TOOL_ENV,
+    FrameReader,
     drain,
     kill_all,
     oom_killed,
@@ -53,8 +57,6 @@ __all__ = ["ContainerBackend", "ContainerLaunch"]
 class ContainerBackend:
     """Runs as containers on ``engine``; see the module docstring."""
 
-    secret_files = True
-
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
@@ -64,8 +66,13 @@ class ContainerBackend:
         return self.engine.flavour()
 
     @property
-    def interactive(self) -> Engine:
-        return self.engine
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            exec=True,
+            pinned_mounts=self.engine.pins_mounts(),
+            secret_files=True,
+            credential_proxies=True,
+        )
 
     def check(self, prepared: Prepared) -> dict[str, Any]:
         # Before anything exists: an engine without the plan's runtime or image runs nothing.
@@ -74,13 +81,10 @@ class ContainerBackend:
             raise ImageMissing(prepared.spec.image)
         return {"runtime": runtime}
 
-    def pins_mounts(self) -> bool:
-        return self.engine.pins_mounts()
-
-    def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
-        if walk_needed(spec, pinned=pinned):
-            return "the plan has no no-new-privileges and its mounts are not nosuid"
-        return None
+    def image(self, image: str) -> ImageDefaults | None:
+        if not self.engine.image_exists(image):
+            return None
+        return self.engine.image_defaults(image)
 
     def collect_garbage(self, *, everything: bool = False) -> GcReport:
         return collect(self.engine, everything=everything)
@@ -297,3 +301,31 @@ class ContainerLaunch:
 
     def ended(self) -> dict[str, Any]:
         return {}
+
+    # -- a live run -----------------------------------------------------------------------
+
+    def _live(self) -> str:
+        if self.container_id is None:
+            raise RuntimeError("the run's container is not created yet")
+        return self.container_id
+
+    def exec(self, request: ExecRequest, on_output: OutputSink | None = None) -> ExecResult:
+        return exec_in(self.engine, self._live(), request, on_output)
+
+    def archive(self, entries: Sequence[tuple[str, str]]) -> AbstractContextManager[IO[bytes]]:
+        return self._archive(entries)
+
+    @contextmanager
+    def _archive(self, entries: Sequence[tuple[str, str]]) -> Iterator[IO[bytes]]:
+        pairs: list[str] = []
+        for folder, name in entries:
+            # "./name": a worker's file named "--remove-files" is a name, never an option
+            pairs += ["-C", folder, f"./{name}"]
+        tar = ["/bin/sh", "-c", 'exec tar --sparse -cf - "$@"', "tar", *pairs]
+        handle = self.engine.exec(self._live(), tar, user=self.spec.user, env=TOOL_ENV)
+        try:
+            yield io.BufferedReader(FrameReader(handle.frames), buffer_size=1 << 20)
+        finally:
+            close = getattr(handle.frames, "close", None)
+            if close is not None:
+                close()

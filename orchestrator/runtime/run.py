@@ -33,23 +33,31 @@ from typing import IO, Any, Protocol, Self
 
 from orchestrator.audit import AuditLog
 from orchestrator.egress import RUN_ALLOWED, RUN_DENIED
-from orchestrator.errors import ConfigError, EngineError, OrchestratorError
+from orchestrator.errors import ConfigError, EngineError, ImageMissing, OrchestratorError
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.plan import RESERVED_ENV, SECRETS_DIR, ContainerSpec, Mount
 from orchestrator.prepare import Prepared
 from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
-from orchestrator.runtime.backend import Backend, Launch, Outcome, OutputSink, Status, Tail
+from orchestrator.runtime.backend import (
+    Backend,
+    Capabilities,
+    Launch,
+    Outcome,
+    OutputSink,
+    Status,
+    Tail,
+    require_exec,
+)
 from orchestrator.runtime.broker import Broker
-from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
-from orchestrator.runtime.engine import EgressLog, Engine, Stream
+from orchestrator.runtime.engine import EgressLog, Stream
 from orchestrator.runtime.host_folders import make_host_folders, path_violations
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.secrets import RedactingSink, StreamRedactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
-from orchestrator.runtime.setid import SetidSweep, refuse_setid
+from orchestrator.runtime.setid import SetidSweep, refuse_setid, setid_reason
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +73,9 @@ __all__ = [
     "RunResult",
     "Staging",
     "Status",
-    "as_backend",
     "collect_garbage",
     "execute",
 ]
-
-
-def as_backend(target: Backend | Engine) -> Backend:
-    """A backend as given, or a Docker-shaped engine as the container backend over it."""
-    if hasattr(target, "launch"):
-        return target  # type: ignore[return-value]
-    return ContainerBackend(target)
 
 
 class Staging(Protocol):
@@ -125,7 +125,7 @@ class RunResult:
 
 
 def execute(
-    backend: Backend | Engine,
+    backend: Backend,
     prepared: Prepared,
     *,
     audit: AuditLog,
@@ -140,7 +140,7 @@ def execute(
     created, so a run that cannot be audited never starts; the end is recorded after the
     container is gone. ``secrets`` holds resolved values by name; the grant decides which of
     them this run gets, and every value is redacted from output, errors and the audit log.
-    ``backend`` is where it runs (an engine: a container on it). Library users go through
+    ``backend`` is where it runs. Library users go through
     :class:`orchestrator.Orchestrator`, which wires all of this.
     """
     run = Run(
@@ -166,7 +166,7 @@ class Run:
 
     def __init__(
         self,
-        backend: Backend | Engine,
+        backend: Backend,
         prepared: Prepared,
         *,
         audit: AuditLog,
@@ -177,7 +177,7 @@ class Run:
         gc: bool = True,
         output: bool = True,
     ) -> None:
-        self.backend = as_backend(backend)
+        self.backend = backend
         self.prepared = prepared
         self.spec = prepared.spec
         self.audit = audit
@@ -202,6 +202,8 @@ class Run:
         self._launched = False
         self._failed = False
         self._facts: dict[str, Any] = {}
+        self._capabilities = Capabilities()
+        """What the backend supports, read once by :meth:`open`."""
         self._asked: list[Any] = []
         self._egress: list[dict[str, Any]] = []
         self._flood: dict[str, int] | None = None
@@ -219,24 +221,13 @@ class Run:
         self._stack.callback(self._remove_folders)
         self._stack.push(self._end)
 
-    # -- the interactive capability (sessions, the warm pool) -----------------------------
-
     @property
-    def engine(self) -> Engine:
-        """The engine holding this run's container, for execs into it (a session's)."""
-        engine = self.backend.interactive
-        if engine is None:
-            raise OrchestratorError(
-                f"the {self.backend.name} backend cannot exec into a run: sessions, warm "
-                "pools and child workers need --engine docker"
-            )
-        return engine
-
-    @property
-    def container_id(self) -> str | None:
-        """The run's container once created (a container backend's), else None."""
-        launch = self.launch
-        return launch.container_id if isinstance(launch, ContainerLaunch) else None
+    def live(self) -> Launch:
+        """The launch of an opened run, through which a session execs into it and reads
+        files out of it (a backend with the ``exec`` capability)."""
+        if not self._created or self.launch is None:
+            raise RuntimeError("open() the run first")
+        return self.launch
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -293,17 +284,25 @@ class Run:
 
     def _check(self) -> None:
         """Before anything exists: what this backend cannot run, runs nothing."""
+        backend, spec = self.backend, self.spec
         try:
-            self._facts = self.backend.check(self.prepared)
-            refuse_image_user(self.spec)
+            self._facts = backend.check(self.prepared)
+            self._capabilities = capabilities = backend.capabilities
+            if self.prepared.grant.egress and not capabilities.credential_proxies:
+                raise OrchestratorError(
+                    f"the {backend.name} backend cannot run a credential proxy, which the egress "
+                    f"credentials of worker '{spec.worker}' need: use --engine docker"
+                )
+            refuse_image_user(spec)
         except OrchestratorError as exc:
             self.outcome.error = str(exc)
             raise
         for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
         if self.spec.image_user and not self.spec.run_as:  # the image's user, for its execs
-            user = self.engine.image_defaults(self.spec.image).user
-            self.spec = replace(self.spec, run_as=user)
+            if (defaults := self.backend.image(self.spec.image)) is None:
+                raise ImageMissing(self.spec.image)
+            self.spec = replace(self.spec, run_as=defaults.user)
             self.prepared = replace(self.prepared, spec=self.spec)
 
     def _new_launch(self) -> None:
@@ -322,10 +321,10 @@ class Run:
     def _prepare_host(self) -> None:
         """The run's folders (its ``ask`` copies), the set-id refusal, its inputs; what dead
         owners left is removed (unless the owner does it once for many runs)."""
-        prepared = self.prepared
+        prepared, spec, capabilities = self.prepared, self.spec, self._capabilities
         make_host_folders(prepared)
-        self._pin = os.geteuid() == 0 and bool(self.spec.mounts) and self.backend.pins_mounts()
-        if why := self.backend.setid_refusal(self.spec, pinned=self._pin):
+        self._pin = os.geteuid() == 0 and bool(spec.mounts) and capabilities.pinned_mounts
+        if why := setid_reason(capabilities.setid_refusal, spec, pinned=self._pin):
             refuse_setid(prepared, why=why)
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
@@ -372,7 +371,7 @@ class Run:
 
     def _deliver_secrets(self) -> None:
         """The worker's secrets as files in memory, when the backend mounts them."""
-        if self.backend.secret_files:
+        if self._capabilities.secret_files:
             prepared = self.prepared
             self._stack.enter_context(
                 delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
@@ -382,7 +381,7 @@ class Run:
         """The broker, serving the worker's requests for child runs (if its grant has any)."""
         if not self.prepared.grant.children:
             return
-        self.engine  # noqa: B018 - a backend without execs has no broker
+        require_exec(self.backend, "a child worker")  # a backend without execs: no broker
         broker = Broker(
             self.prepared,
             depth=self.depth,
@@ -401,7 +400,7 @@ class Run:
         self._stack.callback(self._remove)
         self.launch.create(
             self._engine_spec(),
-            {} if self.backend.secret_files else self.values,
+            {} if self._capabilities.secret_files else self.values,
             started=lambda: self._check_sources("once its container started"),
         )
 
@@ -427,7 +426,7 @@ class Run:
 
     def _bound(self) -> list[Mount]:
         """The plan's bind mounts whose host folders the backend mounts."""
-        if self.backend.secret_files:
+        if self._capabilities.secret_files:
             return list(self.spec.mounts)
         return [m for m in self.spec.mounts if m.target != SECRETS_DIR]
 
@@ -676,9 +675,9 @@ class Run:
         )
 
 
-def collect_garbage(backend: Backend | Engine, audit: AuditLog) -> None:
+def collect_garbage(backend: Backend, audit: AuditLog) -> None:
     """Remove what dead owners left on ``backend``, each audited as ``gc.removed``."""
-    for obj in as_backend(backend).collect_garbage().removed:
+    for obj in backend.collect_garbage().removed:
         audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
 
 

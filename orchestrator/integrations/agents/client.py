@@ -21,7 +21,6 @@ import posixpath
 import tarfile
 import threading
 import uuid
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -161,12 +160,9 @@ def _open(options: OrchestratorSandboxClientOptions, root: str) -> _Opened:
         if mapping.workspace_tmpfs(prepared.spec, root):
             folder = (posixpath.normpath(root), options.workspace_size)
             prepared = with_tmpfs(prepared, [folder], owned=True)
-        with ExitStack() as undo:
-            run = undo.enter_context(orch.open_keep_alive(prepared))  # closed on failure
-            session = orch.open_session(
-                run, idle_timeout=options.idle_timeout, max_lifetime=options.max_lifetime
-            )
-            undo.pop_all()  # the session holds it now
+        session = orch.open_session(
+            prepared, idle_timeout=options.idle_timeout, max_lifetime=options.max_lifetime
+        )
     except OrchestratorError as exc:
         raise ValueError(_one_line(exc)) from None
     spec = prepared.spec
