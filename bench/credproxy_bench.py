@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator import DockerEngine, Orchestrator
 from orchestrator.credproxy import proxy_ids
-from orchestrator.docker import credproxy as docker_credproxy
+from orchestrator.docker import credproxy_spares
 from orchestrator.docker.images import WORKER_IMAGE
 
 PROJECT = """zones: {}
@@ -89,19 +89,19 @@ def main() -> None:
             for _ in range(args.runs):
                 timed(times["raw"], lambda: raw_run(engine))
                 for kind in ("plain", "spare", "none"):
-                    docker_credproxy._BUNDLES.clear()  # as a new process
-                    docker_credproxy.wait_for_spares()  # as the run before left it
+                    engine.ca_bundles.clear()  # as a new process
+                    engine.spares.wait()  # as the run before left it
                     if kind == "none":
-                        os.environ[docker_credproxy.ENV_SPARES] = "0"
-                        docker_credproxy.remove_spares(engine, 0)
+                        os.environ[credproxy_spares.ENV_SPARES] = "0"
+                        credproxy_spares.remove_spares(engine, 0)
                     if kind == "spare":  # as a run a few seconds before left it
-                        docker_credproxy._keep_ready(engine, user, 1)
+                        credproxy_spares.SparePool.keep_ready(engine, user, 1)
                         time.sleep(3)
                     name = "plain" if kind == "plain" else "credential"
                     proxy_starts.clear()
                     result = timed(times[kind], lambda name=name: orch.run(name))
                     assert result.exit_code == 0, result.error
-                    os.environ.pop(docker_credproxy.ENV_SPARES, None)
+                    os.environ.pop(credproxy_spares.ENV_SPARES, None)
                     if kind != "plain":
                         starts[kind] += proxy_starts
             median = {name: statistics.median(seen) for name, seen in times.items()}

@@ -299,11 +299,12 @@ class Orchestrator:
         else:
             prepared = worker if isinstance(worker, Prepared) else self.prepare(worker, **options)
             run = self.open_keep_alive(prepared)
-        try:
+        # The run (a pool's too) is this session's: none is left open, as the with block
+        # closes it (failed) unless the session holds it.
+        with contextlib.ExitStack() as undo:
+            undo.enter_context(run)
             session = Session(run, idle_timeout=idle_timeout, max_lifetime=max_lifetime)
-        except BaseException:  # the run (a pool's too) is this session's: none is left open
-            run.close(failed=True)
-            raise
+            undo.pop_all()  # the session holds it now
         _OPEN_SESSIONS.add(session)
         return session
 
@@ -315,7 +316,8 @@ class Orchestrator:
         supervisor process, unless ``keep_alive`` is False: its container is then created,
         not started, and its worker runs as the container's own process (``run_worker``).
         ``gc`` and ``output`` are :class:`Run`'s. On failure everything it made is removed
-        before raising."""
+        before raising (:meth:`Run.open` undoes what it made). The run is a context
+        manager: ``with run:`` closes it at the block's end."""
         require_exec(self.backend, "a session or a warm pool")
         if keep_alive and prepared.spec.supervisor_user is None:  # no outbox: still idling
             image_user = prepared.spec.image_user
@@ -333,11 +335,7 @@ class Orchestrator:
             gc=gc,
             output=output,
         )
-        try:
-            run.open()
-        except BaseException:
-            run.close(failed=True)
-            raise
+        run.open()
         return run
 
     def pool(

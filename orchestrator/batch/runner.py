@@ -340,14 +340,11 @@ def _pooled(pool: WarmPool) -> RunOne:
         run = pool.take()
         run.staging = staging
         started(run.spec.run_id)
-        try:
+        with run:
             run.place_inputs([LinkFree(item.path)])  # recorded as run.inputs
             run.run_worker()
             run.collect()
-        except BaseException:
-            run.close(failed=True)
-            raise
-        return run.close()
+        return run.close()  # closed by the block: its result
 
     return one
 

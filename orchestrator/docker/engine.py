@@ -27,6 +27,7 @@ from orchestrator import labels
 from orchestrator.docker import (
     buildnames,
     credproxy,
+    credproxy_spares,
     execframes,
     execlimits,
     hostconfig,
@@ -34,6 +35,7 @@ from orchestrator.docker import (
     podman,
     runtimes,
 )
+from orchestrator.docker.cabundle import CaBundles
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
 from orchestrator.docker.hostpaths import (
     HostView,
@@ -135,6 +137,11 @@ class DockerEngine(DockerClient):
     #: remembered: a missing one is asked about again, so that setting it up while a
     #: long-lived process (a session server) runs is noticed.
     _seen_runtimes: ClassVar[set[tuple[str, str]]] = set()
+    #: Images' CA bundles read in this process (a run with egress credentials needs its
+    #: image's).
+    ca_bundles: ClassVar[CaBundles] = CaBundles()
+    #: This process's making of spare credential proxies for the next runs.
+    spares: ClassVar[credproxy_spares.SparePool] = credproxy_spares.SparePool()
 
     def runtime_for(self, spec: ContainerSpec) -> str:
         podman.check_spec(self, spec)  # what Podman cannot run, before its runtime names
@@ -509,11 +516,11 @@ class DockerEngine(DockerClient):
     # -- a run's credential proxy --------------------------------------------------------
 
     def image_ca_bundle(self, image: str) -> bytes:
-        return credproxy.image_bundle(self, image)
+        return self.ca_bundles.read(self, image)
 
     def start_credential_proxy(self, spec: ContainerSpec, state: Path, user: str) -> str:
         podman.check_spec(self, spec)
-        return credproxy.start_proxy(self, spec, state, user)
+        return credproxy.start_proxy(self, spec, state, user, spares=self.spares)
 
     def credential_proxy_log(self, container_id: str) -> str:
         return credproxy.proxy_log(self, container_id)
@@ -524,7 +531,7 @@ class DockerEngine(DockerClient):
         with engine_errors("listing the orchestrator's objects"):
             for c in self.api.containers(all=True, filters=label):
                 name = (c.get("Names") or [""])[0].lstrip("/")
-                tags = credproxy.owner_labels(name, c.get("Labels") or {})
+                tags = credproxy_spares.owner_labels(name, c.get("Labels") or {})
                 found.append(ManagedObject("container", c["Id"], name, tags))
             # Build steps' containers carry no labels (they would pass into the image):
             # their names say who owns them (docker/build.py).

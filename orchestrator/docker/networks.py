@@ -21,7 +21,7 @@ from orchestrator import labels
 from orchestrator.config.allowlist import validate_allowlist
 from orchestrator.docker import podman
 from orchestrator.docker.client import DockerClient, engine_errors, retrying
-from orchestrator.docker.credproxy import remove_spares
+from orchestrator.docker.credproxy_spares import remove_spares
 from orchestrator.docker.egress import (
     BRIDGE_PREFIX,
     EGRESS_ROLE,

@@ -7,14 +7,16 @@ access, the broker, the mount sources it holds, the audit log's start and end, a
 engine, through one :class:`Launch` per run:
 
 - before the start is recorded: :meth:`Backend.check` refuses what it cannot run (one line,
-  nothing made yet) and :meth:`Launch.prepare` readies what the run's network needs;
+  nothing made yet) and :meth:`Launch.prepare` readies what the run's network needs (the
+  container backend's starts the run's credential proxy there);
 - then :meth:`Launch.create` makes the worker's container (or service) from the plan with
   its held mount sources; :meth:`Launch.run_worker` runs the worker's own command to its
   end and says how it ended (:class:`Outcome`), streaming its output to the run's tails;
 - :meth:`Launch.collect` reads the outbox once the worker's processes are gone (from the
   container's tmpfs, or a host folder once the task is gone); :meth:`Launch.remove`
   removes the run's objects on every path; :meth:`Launch.decisions`
-  are the egress proxy's decisions; :meth:`Launch.release` drops the run's network.
+  are the egress proxy's decisions, :meth:`Launch.credential_events` what the credential
+  proxy did (the run audits both); :meth:`Launch.release` drops the run's network.
 
 A live run (a session's, a warm pool's) is driven through its :class:`Launch` too:
 :meth:`Launch.exec` runs a checked command in it (argv, cwd, env, stdin, a timeout that
@@ -40,10 +42,9 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
 
 if TYPE_CHECKING:
-    from orchestrator.audit import AuditLog
+    from orchestrator.credproxy import CredentialEvent
     from orchestrator.plan import ContainerSpec
     from orchestrator.prepare import Prepared
-    from orchestrator.runtime.credproxy import ProxyStart
     from orchestrator.runtime.engine import EgressLog, ImageDefaults, Stream
     from orchestrator.runtime.execs import ExecRequest, ExecResult
     from orchestrator.runtime.removal import Interrupted
@@ -153,8 +154,9 @@ class Capabilities:
     neither ``no-new-privileges`` nor ``nosuid`` binds); None: only when the plan has
     neither (:func:`orchestrator.runtime.setid.walk_needed`)."""
     credential_proxies: bool = False
-    """It runs a run's credential proxy (:meth:`Launch.credential_proxy`): egress
-    credentials need it."""
+    """Its launch runs a run's credential proxy with the egress credentials
+    (:meth:`Backend.launch`'s ``credentials``, its events through
+    :meth:`Launch.credential_events`): a plan with egress credentials needs it."""
 
 
 def require_exec(backend: Backend, wanted: str) -> None:
@@ -194,7 +196,9 @@ class Launch(Protocol):
     """One run on a backend, from before its start to its removal; see the module doc."""
 
     def prepare(self) -> None:
-        """Ready what the run needs before its start is recorded (its network)."""
+        """Ready what the run needs before its start is recorded (its network; the
+        container backend's starts the run's credential proxy here, serving before
+        :meth:`create` lets the worker start)."""
 
     def create(
         self, spec: ContainerSpec, secrets: Mapping[str, str], *, started: Callable[[], None]
@@ -227,8 +231,13 @@ class Launch(Protocol):
     def decisions(self, since: datetime) -> EgressLog:
         """The egress proxy's decisions on this run's requests (an allowlisted run)."""
 
+    def credential_events(self) -> Sequence[CredentialEvent]:
+        """What the run's credential proxy did (each substitution and block, values
+        redacted), read by :meth:`remove`; empty without one."""
+
     def release(self) -> None:
-        """Remove the run's own network (never raises: gc removes what this could not)."""
+        """Remove the run's own network, after its credential proxy is gone (raises only
+        when that proxy could not be removed: gc removes what this could not)."""
 
     def ended(self) -> dict[str, Any]:
         """What ``run.ended`` records of this backend's run, beyond the outcome."""
@@ -246,19 +255,6 @@ class Launch(Protocol):
     def archive(self, entries: Sequence[tuple[str, str]]) -> AbstractContextManager[IO[bytes]]:
         """A tar stream (hostile data) of ``entries``, each ``(folder, name)`` stored under
         its ``name`` alone, read in the run as the worker's user; closed on leaving."""
-
-    # -- egress credentials (a backend with the credential_proxies capability) ----------
-
-    @property
-    def starts_at_create(self) -> bool:
-        """Whether :meth:`create` may start the worker's processes (a credential proxy is
-        then ready before it; else while the worker's container is made)."""
-
-    def credential_proxy(
-        self, values: Mapping[str, str], audit: AuditLog
-    ) -> AbstractContextManager[ProxyStart]:
-        """Start the run's credential proxy with the egress credentials ``values`` (on the
-        network :meth:`prepare` made); it is removed, its events audited, on leaving."""
 
 
 class Backend(Protocol):
@@ -285,9 +281,19 @@ class Backend(Protocol):
         """Remove what dead owners left (``everything``: of any pid namespace too); say
         what went, what was kept and what could not be removed."""
 
-    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> Launch:
+    def launch(
+        self,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ) -> Launch:
         """A new run's :class:`Launch`; nothing is made yet. ``output``: whether the
-        worker's output is read; ``keep_alive``: whether its container idles."""
+        worker's output is read; ``keep_alive``: whether its container idles;
+        ``credentials``: the egress credentials' values (only a credential proxy gets
+        them; a backend without the ``credential_proxies`` capability never gets any: the
+        run refuses such a plan before anything is made)."""
 
     def cancel(self, run_id: str) -> None:
         """Remove a running run's objects (a batch that stops)."""

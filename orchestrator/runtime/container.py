@@ -2,11 +2,12 @@
 
 :class:`ContainerBackend` implements :class:`~orchestrator.runtime.backend.Backend` over the
 :class:`~orchestrator.runtime.engine.Engine` protocol (Docker, Podman through the same API,
-and the tests' fake): the run's network (an allowlist's, with its proxy) before the start is
-recorded; then create, attach, start and wait (the worker as the container's own process),
-or, for a keep-alive container, start it idling and run the worker by exec with its outbox
-read before the container goes (:mod:`orchestrator.runtime.supervised`). A live run's
-execs (:mod:`orchestrator.runtime.execs`) and archives are engine execs into its container.
+and the tests' fake): the run's network (an allowlist's, with its proxy) and its credential
+proxy (:mod:`orchestrator.runtime.credproxy`) before the start is recorded; then create,
+attach, start and wait (the worker as the container's own process), or, for a keep-alive
+container, start it idling and run the worker by exec with its outbox read before the
+container goes (:mod:`orchestrator.runtime.supervised`). A live run's execs
+(:mod:`orchestrator.runtime.execs`) and archives are engine execs into its container.
 Exits are read by type (:class:`~orchestrator.errors.StartFailure`, ``ExitState``), never
 from an engine's message.
 """
@@ -21,7 +22,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import IO, Any
 
-from orchestrator.audit import AuditLog
+from orchestrator.credproxy import CredentialEvent
 from orchestrator.errors import (
     ContainerStopped,
     EngineError,
@@ -33,7 +34,7 @@ from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime.backend import Capabilities, Outcome, OutputSink, Tail, pump
-from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
+from orchestrator.runtime.credproxy import CredentialProxy
 from orchestrator.runtime.engine import EgressLog, Engine, ImageDefaults, ManagedObject, Stream
 from orchestrator.runtime.execs import ExecRequest, ExecResult, exec_in
 from orchestrator.runtime.gc import GcReport, collect
@@ -88,8 +89,17 @@ class ContainerBackend:
     def collect_garbage(self, *, everything: bool = False) -> GcReport:
         return collect(self.engine, everything=everything)
 
-    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> ContainerLaunch:
-        return ContainerLaunch(self.engine, prepared, output=output, keep_alive=keep_alive)
+    def launch(
+        self,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ) -> ContainerLaunch:
+        return ContainerLaunch(
+            self.engine, prepared, output=output, keep_alive=keep_alive, credentials=credentials
+        )
 
     def cancel(self, run_id: str) -> None:
         remove_run(self.engine, run_id)
@@ -100,11 +110,22 @@ class ContainerBackend:
 
 
 class ContainerLaunch:
-    """One run's container; see :class:`~orchestrator.runtime.backend.Launch`."""
+    """One run's container, and its credential proxy when its plan has egress credentials
+    (:class:`~orchestrator.runtime.credproxy.CredentialProxy`: started by :meth:`prepare`,
+    serving before :meth:`create` lets the worker start, ended by :meth:`remove`, gone
+    before :meth:`release` removes the network); see
+    :class:`~orchestrator.runtime.backend.Launch`."""
 
-    def __init__(self, engine: Engine, prepared: Prepared, *, output: bool, keep_alive: bool):
+    def __init__(
+        self,
+        engine: Engine,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ):
         self.engine = engine
-        self.prepared = prepared
         self.spec = prepared.spec
         self.output = output
         self.keep_alive = keep_alive
@@ -112,15 +133,23 @@ class ContainerLaunch:
         self.network: ManagedObject | None = None
         self.worker_gone = False
         self._reader: threading.Thread | None = None
+        self.proxy: CredentialProxy | None = None
+        if prepared.grant.egress and self.spec.network.credentials:
+            self.proxy = CredentialProxy(engine, prepared, credentials)
+        self._events: list[CredentialEvent] = []
 
     def prepare(self) -> None:
         if self.spec.network.mode != "none":
             self.network = self.engine.set_up_network(self.spec)
+        if self.proxy is not None:  # on the run's network: starting while the run goes on
+            self.proxy.start()
 
     def create(
         self, spec: ContainerSpec, secrets: Mapping[str, str], *, started: Callable[[], None]
     ) -> None:
         self.container_id = self.engine.create(spec)
+        if self.proxy is not None:  # no worker starts without its proxy serving
+            self.proxy.ready()
         if self.keep_alive:
             self.engine.start(self.container_id)
             started()
@@ -247,19 +276,28 @@ class ContainerLaunch:
             removed = remove_container(self.engine, self.container_id)
         if self._reader is not None:
             self._reader.join(timeout=5)
+        if self.proxy is not None:
+            self._events = self.proxy.end()
         return removed
+
+    def credential_events(self) -> list[CredentialEvent]:
+        return self._events
 
     def decisions(self, since: datetime) -> EgressLog:
         return self.engine.network_decisions(self.spec, since)
 
     def release(self) -> None:
-        network, self.network = self.network, None
-        if network is None:
-            return
         try:
-            self.engine.remove_object(network)
-        except OrchestratorError as exc:
-            log.warning("could not remove the run's network %s: %s", network.name, exc)
+            if self.proxy is not None:  # the proxy goes first: it is on the network
+                self.proxy.end()  # (when the worker's container was never made)
+                self.proxy.removed()
+        finally:
+            network, self.network = self.network, None
+            if network is not None:
+                try:
+                    self.engine.remove_object(network)
+                except OrchestratorError as exc:
+                    log.warning("could not remove the run's network %s: %s", network.name, exc)
 
     def ended(self) -> dict[str, Any]:
         return {}
@@ -291,16 +329,3 @@ class ContainerLaunch:
             close = getattr(handle.frames, "close", None)
             if close is not None:
                 close()
-
-    # -- egress credentials ---------------------------------------------------------------
-
-    @property
-    def starts_at_create(self) -> bool:
-        # Only a one-shot container waits for run_worker to start; a keep-alive one
-        # starts (idling) at create.
-        return self.keep_alive
-
-    def credential_proxy(
-        self, values: Mapping[str, str], audit: AuditLog
-    ) -> AbstractContextManager[ProxyStart]:
-        return credential_proxy(self.engine, self.prepared, values, audit)

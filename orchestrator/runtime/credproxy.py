@@ -1,18 +1,19 @@
 """A run's credential proxy, serving before its worker starts and gone before its end.
 
-:func:`credential_proxy` is the one hook :class:`~orchestrator.runtime.run.Run` calls
-for a plan with egress credentials (``spec.network.credentials``), once the run's network
-exists: it makes the run's CA (:mod:`orchestrator.runca`), writes the proxy's state
+:class:`CredentialProxy` is a part of the container backend's launch
+(:class:`~orchestrator.runtime.container.ContainerLaunch`) for a plan with egress
+credentials (``spec.network.credentials``). Once the run's network exists (the launch's
+``prepare``) it makes the run's CA (:mod:`orchestrator.runca`), writes the proxy's state
 (configuration, each value as a 0400 file, the CA's key) into a private folder in the
 host's memory (``/dev/shm``) that only the proxy mounts, writes the worker's CA bundle
 (the image's own certificates plus the run's CA) where the plan mounts it, and starts the
 proxy through the engine. The proxy's start (its container, mitmproxy's start) runs in the
-background while the run creates the worker's container: :meth:`ProxyStart.ready` waits
-for it, and the run calls it before the worker's container can start, so nothing of the
-worker starts unless all of this succeeded (fails closed). When the run ends, the proxy's
-events (each substitution and block) go into the audit log, the folder with the values and
-the key is deleted and the proxy is removed (in the background: the run waits for it with
-:meth:`ProxyStart.removed` before removing its network).
+background while the run goes on and creates the worker's container; the launch's
+``create`` waits for it (:meth:`CredentialProxy.ready`) before the worker's container can
+start, so nothing of the worker starts unless all of this succeeded (fails closed). The
+launch's ``remove`` reads the proxy's events (each substitution and block: the run audits
+them), deletes the folder with the values and the key and starts removing the proxy in
+the background; its ``release`` waits for that before removing the network.
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.audit import AuditLog
 from orchestrator.credproxy import (
     CA_NAME,
     CONFIG_NAME,
@@ -47,7 +46,7 @@ from orchestrator.runca import make_run_ca
 from orchestrator.runtime.engine import Containers, CredentialProxies
 from orchestrator.runtime.secrets import is_tmpfs
 
-__all__ = ["ProxyStart", "credential_proxy", "state_dir"]
+__all__ = ["CredentialProxy", "state_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -59,48 +58,115 @@ TRUST_LIMIT = 1 << 20
 
 
 class _Engine(Containers, CredentialProxies, Protocol):
-    """What the hook needs of an engine."""
+    """What the proxy needs of an engine."""
 
 
-class ProxyStart:
-    """A run's credential proxy starting in the background (or none to start)."""
+class CredentialProxy:
+    """One run's credential proxy, a part of its container launch: :meth:`start` (the
+    launch's prepare), :meth:`ready` (its create, before the worker may start), :meth:`end`
+    (its remove: the events), :meth:`removed` (its release, before the network goes)."""
 
-    def __init__(self, start: Callable[[], str] | None = None) -> None:
+    def __init__(self, engine: _Engine, prepared: Prepared, values: Mapping[str, str]) -> None:
+        self.engine = engine
+        self.prepared = prepared
+        self.values = dict(values)
         self.container: str | None = None
-        self._error: BaseException | None = None
+        self._state: Path | None = None
+        self._ended = False
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self._removal: threading.Thread | None = None
         self._removal_error: BaseException | None = None
-        if start is not None:
-            self._thread = threading.Thread(
-                target=self._run, args=(start,), name="credproxy-start", daemon=True
-            )
-            self._thread.start()
 
-    def _run(self, start: Callable[[], str]) -> None:
+    def start(self) -> None:
+        """Check the values, write the proxy's state (in memory, for it only) and the
+        worker's CA bundle, and start the proxy in the background. What was written is
+        removed by :meth:`end`, also when this fails half-way."""
+        engine, spec = self.engine, self.prepared.spec
+        bindings = spec.network.credentials
+        missing = [b.name for b in bindings if not self.values.get(b.name)]
+        if missing:
+            raise OrchestratorError(
+                f"egress credential(s) {', '.join(missing)} for '{spec.worker}' were not "
+                "resolved; check the project's credentials"
+            )
+        state = state_dir(self.prepared)
+        if not is_tmpfs(state.parent):
+            raise OrchestratorError(
+                f"{state.parent} is not an in-memory filesystem; credential values are only "
+                "ever handed to the proxy from memory (mount a tmpfs there)"
+            )
+        hosts = [host.rpartition(":")[0] for b in bindings for host in b.hosts]
+        waits = KEEP_ALIVE_S if spec.supervisor_user is not None else 0.0
+        ca = make_run_ca(spec.run_id, hosts, lifetime_s=spec.limits.timeout_s + waits)
+        bundle = _bundle_source(spec)
+        trust = _trusted(spec.network.trust_ca)
+        state.mkdir(mode=0o700)
+        self._state = state
+        _write(state / CONFIG_NAME, json.dumps(proxy_config(bindings)).encode(), 0o400)
+        for index, binding in enumerate(bindings):
+            _write(state / value_file(index), self.values[binding.name].encode(), 0o400)
+        _write(state / CA_NAME, ca.key + ca.certificate, 0o400)
+        if trust:
+            _write(state / TRUST_NAME, trust, 0o400)
+        uid, gid = proxy_ids()
+        if os.geteuid() == 0:
+            for entry in (*state.iterdir(), state):
+                os.chown(entry, uid, gid)
+        user = f"{uid}:{gid}"
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        image_bundle = engine.image_ca_bundle(spec.image).rstrip(b"\n")
+        _write(bundle, image_bundle + b"\n" + ca.certificate, 0o644)
+        self._thread = threading.Thread(
+            target=self._start, args=(state, user), name="credproxy-start", daemon=True
+        )
+        self._thread.start()
+
+    def _start(self, state: Path, user: str) -> None:
         try:
-            self.container = start()
+            self.container = self.engine.start_credential_proxy(self.prepared.spec, state, user)
         except BaseException as exc:  # noqa: BLE001 - handed over: ready() raises it
             self._error = exc
 
-    def finish(self) -> str | None:
+    def ready(self) -> None:
+        """Return once the proxy accepts connections; raise why it does not (it is gone
+        then). Called before the worker's container may start."""
+        self._finish()
+        if self._error is not None:
+            raise self._error
+
+    def _finish(self) -> str | None:
         """Wait for the start to end, however it ends; the proxy's container, if any."""
         if self._thread is not None:
             self._thread.join()
         return self.container
 
-    def remove_in_background(self, remove: Callable[[], object]) -> None:
-        """Start removing the proxy (its events are read): the run's last steps go on
-        meanwhile, and :meth:`removed` waits for it before the run's network goes."""
+    def end(self) -> list[CredentialEvent]:
+        """The proxy's events (each substitution and block, values redacted); its removal
+        starts in the background (:meth:`removed` waits for it) and its state is deleted.
+        Once: later calls return nothing."""
+        if self._ended:
+            return []
+        self._ended = True
+        try:
+            container = self._finish()
+            if container is None:
+                return []
+            events = _events(self.engine, container, self.values)
+            self._removal = threading.Thread(
+                target=self._remove, args=(container,), name="credproxy-remove", daemon=True
+            )
+            self._removal.start()
+            return events
+        finally:
+            if self._state is not None:
+                shutil.rmtree(self._state, ignore_errors=True)
 
-        def run() -> None:
-            try:
-                remove()
-            except BaseException as exc:  # noqa: BLE001 - handed over: removed() raises it
-                self._removal_error = exc
-
-        self._removal = threading.Thread(target=run, name="credproxy-remove", daemon=True)
-        self._removal.start()
+    def _remove(self, container: str) -> None:
+        try:
+            self.engine.remove(container)
+        except BaseException as exc:  # noqa: BLE001 - handed over: removed() raises it
+            self._removal_error = exc
 
     def removed(self) -> None:
         """Return once the proxy is gone (at once if it never started); raise why it could
@@ -111,13 +177,6 @@ class ProxyStart:
         error, self._removal_error = self._removal_error, None
         if error is not None:
             raise error
-
-    def ready(self) -> None:
-        """Return once the proxy accepts connections; raise why it does not (it is gone
-        then). Call before the worker's container may start."""
-        self.finish()
-        if self._error is not None:
-            raise self._error
 
 
 def state_dir(prepared: Prepared) -> Path:
@@ -178,66 +237,6 @@ def _trusted(paths: list[str]) -> bytes:
     return found
 
 
-@contextmanager
-def credential_proxy(
-    engine: _Engine, prepared: Prepared, values: Mapping[str, str], audit: AuditLog
-) -> Iterator[ProxyStart]:
-    """Start the run's credential proxy for its egress credentials (in the background: the
-    block gets its :class:`ProxyStart`, whose ``ready()`` must return before the worker
-    starts); audit its events and remove it (and its state) when the block ends. Nothing to
-    start (``ready()`` returns at once) without egress credentials."""
-    spec = prepared.spec
-    bindings = spec.network.credentials
-    if not bindings:
-        yield ProxyStart()
-        return
-    missing = [b.name for b in bindings if not values.get(b.name)]
-    if missing:
-        raise OrchestratorError(
-            f"egress credential(s) {', '.join(missing)} for '{spec.worker}' were not "
-            "resolved; check the project's credentials"
-        )
-    state = state_dir(prepared)
-    if not is_tmpfs(state.parent):
-        raise OrchestratorError(
-            f"{state.parent} is not an in-memory filesystem; credential values are only ever "
-            "handed to the proxy from memory (mount a tmpfs there)"
-        )
-    hosts = [host.rpartition(":")[0] for b in bindings for host in b.hosts]
-    waits = KEEP_ALIVE_S if spec.supervisor_user is not None else 0.0
-    ca = make_run_ca(spec.run_id, hosts, lifetime_s=spec.limits.timeout_s + waits)
-    bundle = _bundle_source(spec)
-    trust = _trusted(spec.network.trust_ca)
-    starting: ProxyStart | None = None
-    state.mkdir(mode=0o700)
-    try:
-        _write(state / CONFIG_NAME, json.dumps(proxy_config(bindings)).encode(), 0o400)
-        for index, binding in enumerate(bindings):
-            _write(state / value_file(index), values[binding.name].encode(), 0o400)
-        _write(state / CA_NAME, ca.key + ca.certificate, 0o400)
-        if trust:
-            _write(state / TRUST_NAME, trust, 0o400)
-        uid, gid = proxy_ids()
-        if os.geteuid() == 0:
-            for entry in (*state.iterdir(), state):
-                os.chown(entry, uid, gid)
-        user = f"{uid}:{gid}"
-        bundle.parent.mkdir(parents=True, exist_ok=True)
-        image_bundle = engine.image_ca_bundle(spec.image).rstrip(b"\n")
-        _write(bundle, image_bundle + b"\n" + ca.certificate, 0o644)
-        starting = ProxyStart(lambda: engine.start_credential_proxy(spec, state, user))
-        yield starting
-    finally:
-        try:
-            container = starting.finish() if starting is not None else None
-            if starting is not None and container is not None:
-                events = _events(engine, container, values)
-                starting.remove_in_background(lambda: engine.remove(container))
-                _audit(audit, spec, events)
-        finally:
-            shutil.rmtree(state, ignore_errors=True)
-
-
 def _events(engine: _Engine, container: str, values: Mapping[str, str]) -> list[CredentialEvent]:
     try:
         text = engine.credential_proxy_log(container)
@@ -245,17 +244,3 @@ def _events(engine: _Engine, container: str, values: Mapping[str, str]) -> list[
         log.warning("could not read the credential proxy's events: %s", exc)
         return []
     return parse_events(text, redact=values.values())
-
-
-def _audit(audit: AuditLog, spec: ContainerSpec, events: list[CredentialEvent]) -> None:
-    for event in events:
-        audit.record(
-            "egress.credential",
-            allowed=event.event == "substituted",
-            reason=event.reason or None,
-            worker=spec.worker,
-            run_id=spec.run_id,
-            session_id=spec.session_id,
-            trust_level=spec.trust,
-            metadata=event.to_dict(),
-        )

@@ -3,13 +3,18 @@
 :class:`Run` is the one lifecycle of every run, one-shot or session, on every backend
 (:mod:`orchestrator.runtime.backend`: a container on Docker or Podman, a swarm service).
 ``open`` checks and makes everything on the host the plan names (folders, inputs, the
-worker's access, broker, secrets, held mount sources), records the start in the audit log
-and has the backend create the container; ``run_worker`` runs the worker's own command (a
-one-shot run), while a session execs commands of its own choosing; ``collect`` reads the
-outbox once the worker's processes are gone; ``close`` removes what the backend made,
-turns ``ask`` zone copies into change sets, reads the proxy's decisions and records the
-end. The container is removed whatever happens: success, the worker's failure, a timeout,
-Ctrl-C or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of an
+backend's launch, the worker's access, secrets, broker, held mount sources), records the
+start in the audit log and has the backend create the container; ``run_worker`` runs the
+worker's own command (a one-shot run), while a session execs commands of its own
+choosing; ``collect`` reads the outbox once the worker's processes are gone; ``close``
+removes what the backend made, turns ``ask`` zone copies into change sets, reads the
+proxy's decisions and records the end.
+
+Each part ``open`` makes is registered on one :class:`~contextlib.ExitStack` as it is
+made, with what undoes it; ``close`` is that stack unwinding, in reverse, on every path
+(a failed ``open`` unwinds it itself, and :class:`Run` is a context manager). So the
+container is removed whatever happens: success, the worker's failure, a timeout, Ctrl-C
+or SIGTERM to the orchestrator, or an engine error half-way. Leftovers of an
 orchestrator that could not even get that far (SIGKILL) are found by their owner labels
 and removed by ``orchestrator gc``.
 """
@@ -23,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import IO, Any, Protocol
+from types import TracebackType
+from typing import IO, Any, Protocol, Self
 
 from orchestrator.audit import AuditLog
 from orchestrator.egress import RUN_ALLOWED, RUN_DENIED
@@ -35,6 +41,7 @@ from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
 from orchestrator.runtime.backend import (
     Backend,
+    Capabilities,
     Launch,
     Outcome,
     OutputSink,
@@ -43,7 +50,6 @@ from orchestrator.runtime.backend import (
     require_exec,
 )
 from orchestrator.runtime.broker import Broker
-from orchestrator.runtime.credproxy import ProxyStart
 from orchestrator.runtime.engine import EgressLog, Stream
 from orchestrator.runtime.host_folders import make_host_folders, path_violations
 from orchestrator.runtime.inputs import InputInfo, place_inputs
@@ -146,19 +152,17 @@ def execute(
         depth=depth,
         on_output=on_output,
     )
-    try:
+    with run:
         run.open()
         run.run_worker()
         run.collect()
-    except BaseException:
-        run.close(failed=True)
-        raise
-    return run.close()
+    return run.close()  # closed by the block: its result
 
 
 class Run:
     """One run's life in steps: :meth:`open`, then :meth:`run_worker` or a session's own
-    execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice."""
+    execs, :meth:`collect`, :meth:`close`. ``close`` is safe on every path and twice; a
+    ``with`` block closes the run at its end (``failed`` when the block raised)."""
 
     def __init__(
         self,
@@ -195,20 +199,27 @@ class Run:
         self.launch: Launch | None = None
         """What the backend made for this run (from :meth:`open` on)."""
         self._created = False
-        self._broker: Broker | None = None
-        self._stack = ExitStack()
+        self._launched = False
+        self._failed = False
+        self._facts: dict[str, Any] = {}
+        self._capabilities = Capabilities()
+        """What the backend supports, read once by :meth:`open`."""
+        self._asked: list[Any] = []
+        self._egress: list[dict[str, Any]] = []
+        self._flood: dict[str, int] | None = None
         self._started = time.monotonic()
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
         self._opened = False
         self._collected = False
         self.inputs: list[InputInfo] = []
         """The inputs placed at /inputs (name, sha256, size, kind, source)."""
-        self._access: WorkerAccess | None = None
         self.sources = MountSources(self.spec.run_id, pin=False)
         """The bind mounts' host folders, held open (and pinned, as root) while it runs."""
         self._pin = False
-        self._setid: SetidSweep | None = None
-        self._proxy = ProxyStart()
+        self._stack = ExitStack()
+        """What :meth:`close` undoes: each part is registered as :meth:`open` makes it."""
+        self._stack.callback(self._remove_folders)
+        self._stack.push(self._end)
 
     @property
     def live(self) -> Launch:
@@ -242,16 +253,42 @@ class Run:
         """Check and make what the plan names, record the start, create the container.
 
         A keep-alive container is also started; any other waits for :meth:`run_worker`,
-        which attaches to its output first.
+        which attaches to its output first. Each part is registered to be undone as it is
+        made; when a step fails, what was made is undone (the run is closed, its end
+        recorded) before the error is raised.
         """
         if self._opened:
             raise RuntimeError("a Run is opened once")
         self._opened = True
-        backend, spec, prepared = self.backend, self.spec, self.prepared
-        try:  # before anything exists: what this backend cannot run, runs nothing
-            facts = backend.check(prepared)
-            capabilities = backend.capabilities
-            if prepared.grant.egress and not capabilities.credential_proxies:
+        try:
+            self._check()
+            self._new_launch()
+            self._prepare_host()
+            self._prepare_launch()
+            self._record_start()
+            try:
+                self._grant_access()
+                self._deliver_secrets()
+                self._start_broker()
+                self._hold_sources()  # last: every source exists now (the secrets folder too)
+                self._create()
+            except Interrupted as exc:
+                self.outcome.interrupted(exc)
+                raise
+            except OrchestratorError as exc:
+                self.outcome.error = self.outcome.error or str(exc)
+                raise
+        except BaseException:
+            self.close(failed=True)
+            raise
+
+    def _check(self) -> None:
+        """Before anything exists: what this backend cannot run, runs nothing."""
+        backend, spec = self.backend, self.spec
+        try:
+            self._facts = backend.check(self.prepared)
+            self._capabilities = capabilities = backend.capabilities
+            if self.prepared.grant.egress and not capabilities.credential_proxies:
                 raise OrchestratorError(
                     f"the {backend.name} backend cannot run a credential proxy, which the egress "
                     f"credentials of worker '{spec.worker}' need: use --engine docker"
@@ -262,11 +299,29 @@ class Run:
             raise
         for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
-        if spec.image_user and not spec.run_as:  # the image's user, for its execs too
-            if (defaults := backend.image(spec.image)) is None:
-                raise ImageMissing(spec.image)
-            spec = self.spec = replace(spec, run_as=defaults.user)
-            prepared = self.prepared = replace(prepared, spec=spec)
+        if self.spec.image_user and not self.spec.run_as:  # the image's user, for its execs
+            if (defaults := self.backend.image(self.spec.image)) is None:
+                raise ImageMissing(self.spec.image)
+            self.spec = replace(self.spec, run_as=defaults.user)
+            self.prepared = replace(self.prepared, spec=self.spec)
+
+    def _new_launch(self) -> None:
+        """The backend's launch of this run (nothing made yet). Its release (the network)
+        is registered first, so it comes after everything else is undone; just before it,
+        the ``ask`` zone copies become change sets and the proxy's decisions are read."""
+        self.launch = self.backend.launch(
+            self.prepared,
+            output=self.output,
+            keep_alive=self.keeps_alive,
+            credentials=self.egress_values,
+        )
+        self._stack.callback(self._release_launch)
+        self._stack.callback(self._gather)
+
+    def _prepare_host(self) -> None:
+        """The run's folders (its ``ask`` copies), the set-id refusal, its inputs; what dead
+        owners left is removed (unless the owner does it once for many runs)."""
+        prepared, spec, capabilities = self.prepared, self.spec, self._capabilities
         make_host_folders(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and capabilities.pinned_mounts
         if why := setid_reason(capabilities.setid_refusal, spec, pinned=self._pin):
@@ -274,72 +329,80 @@ class Run:
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
         if self.gc:
-            collect_garbage(backend, self.audit)
-        self.launch = backend.launch(prepared, output=self.output, keep_alive=self.keeps_alive)
+            collect_garbage(self.backend, self.audit)
+
+    def _prepare_launch(self) -> None:
+        """What the backend readies before the start is recorded (the run's network, its
+        credential proxy starting)."""
+        assert self.launch is not None
+        self._launched = True
         self.launch.prepare()
-        metadata = start_metadata(prepared, self.depth)
+
+    def _record_start(self) -> None:
+        """``run.started`` (and ``run.inputs``): a run that cannot be audited never starts."""
+        metadata = start_metadata(self.prepared, self.depth)
         metadata["inputs"] = [info.to_dict() for info in self.inputs]
-        metadata["engine"] = backend.name
-        metadata.update(facts)
+        metadata["engine"] = self.backend.name
+        metadata.update(self._facts)
         metadata["pinned_mounts"] = self._pin
-        self.audit.record("run.started", **run_context(spec), metadata=metadata)
+        self.audit.record("run.started", **run_context(self.spec), metadata=metadata)
         if self.inputs:
             self._record_inputs(self.inputs)
         self._wall_start = datetime.now(UTC) - timedelta(seconds=1)
         self._started = time.monotonic()
-        try:
-            self._access = WorkerAccess(prepared, self.audit)
-            if self._access.trees:  # root: the worker's uid gets what its grant says
-                self._access.grant()
-                for dead in self._access.swept:
-                    self.audit.record(
-                        "gc.access_restored",
-                        run_id=dead.file.parent.name,
-                        metadata={"uid": dead.uid, "entries": len(dead.saved)},
-                    )
+
+    def _grant_access(self) -> None:
+        """Root: the worker's uid gets what its grant says; then the set-id sweep's first
+        look (after the grant: what it changed is put back after ours)."""
+        spec, access = self.spec, WorkerAccess(self.prepared, self.audit)
+        self._stack.callback(self._release_access, access)
+        if access.trees:
+            access.grant()
+            for dead in access.swept:
                 self.audit.record(
-                    "access.granted", **run_context(spec), metadata=self._access.summary()
+                    "gc.access_restored",
+                    run_id=dead.file.parent.name,
+                    metadata={"uid": dead.uid, "entries": len(dead.saved)},
                 )
-            self._setid = SetidSweep(prepared)
-            self._setid.before()  # after the grant: what it changed is put back after ours
-            if prepared.grant.children:
-                require_exec(backend, "a child worker")  # a backend without execs: no broker
-                self._broker = Broker(
-                    prepared,
-                    depth=self.depth,
-                    run_child=self._run_child,
-                    cancel_child=backend.cancel,
-                    audit=self.audit,
-                )
-                self._broker.start()
-            proxy = self._proxy
-            if prepared.grant.egress:  # egress credentials: the proxy, on the run's network
-                proxy = self._proxy = self._stack.enter_context(
-                    self.launch.credential_proxy(self.egress_values, self.audit)
-                )
-            if capabilities.secret_files:
-                self._stack.enter_context(
-                    delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
-                )
-            self._hold_sources()  # last: every source exists now (the secrets folder too)
-            self._created = True
-            self.outcome.removed = False
-            # The credential proxy starts while the worker's container is made, unless the
-            # launch may start the worker at create: then it is ready before.
-            if self.launch.starts_at_create:
-                proxy.ready()
-            self.launch.create(
-                self._engine_spec(),
-                {} if capabilities.secret_files else self.values,
-                started=lambda: self._check_sources("once its container started"),
+            self.audit.record("access.granted", **run_context(spec), metadata=access.summary())
+        sweep = SetidSweep(self.prepared)
+        self._stack.callback(sweep.after, self.audit, **run_context(spec))
+        sweep.before()
+
+    def _deliver_secrets(self) -> None:
+        """The worker's secrets as files in memory, when the backend mounts them."""
+        if self._capabilities.secret_files:
+            prepared = self.prepared
+            self._stack.enter_context(
+                delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
             )
-            proxy.ready()  # before open returns: no worker starts without its proxy serving
-        except Interrupted as exc:
-            self.outcome.interrupted(exc)
-            raise
-        except OrchestratorError as exc:
-            self.outcome.error = self.outcome.error or str(exc)
-            raise
+
+    def _start_broker(self) -> None:
+        """The broker, serving the worker's requests for child runs (if its grant has any)."""
+        if not self.prepared.grant.children:
+            return
+        require_exec(self.backend, "a child worker")  # a backend without execs: no broker
+        broker = Broker(
+            self.prepared,
+            depth=self.depth,
+            run_child=self._run_child,
+            cancel_child=self.backend.cancel,
+            audit=self.audit,
+        )
+        self._stack.callback(lambda: broker.close(cancel=self._failed))
+        broker.start()
+
+    def _create(self) -> None:
+        """The worker's container, from the held sources (removed on every path)."""
+        assert self.launch is not None
+        self._created = True
+        self.outcome.removed = False
+        self._stack.callback(self._remove)
+        self.launch.create(
+            self._engine_spec(),
+            {} if self._capabilities.secret_files else self.values,
+            started=lambda: self._check_sources("once its container started"),
+        )
 
     def _hold_sources(self) -> None:
         """Open every mount source without following links (pinning them when the engine
@@ -347,6 +410,7 @@ class Run:
         secrets folder only when the backend delivers secrets as its files.)"""
         sources = [(m.source, m.read_only) for m in self._bound()]
         self.sources = MountSources(self.spec.run_id, pin=self._pin)
+        self._stack.callback(lambda: self.sources.release())
         try:
             try:
                 self.sources.hold(sources)
@@ -362,7 +426,7 @@ class Run:
 
     def _bound(self) -> list[Mount]:
         """The plan's bind mounts whose host folders the backend mounts."""
-        if self.backend.capabilities.secret_files:
+        if self._capabilities.secret_files:
             return list(self.spec.mounts)
         return [m for m in self.spec.mounts if m.target != SECRETS_DIR]
 
@@ -467,78 +531,99 @@ class Run:
             return
         self.launch.collect(self.outcome, self.staging)
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(failed=kind is not None)
+
     def close(self, *, failed: bool = False) -> RunResult:
-        """Remove the container and everything of this run; record the end. Never skipped:
-        call it on every path (it is idempotent and returns the same result again)."""
-        if self.result is not None:
-            return self.result
-        spec = self.spec
-        try:
-            launch = self.launch
-            if launch is not None and self._created:
-                self.outcome.removed = launch.remove()
-            if self._broker is not None:
-                self._broker.close(cancel=failed)
-            self._stack.close()  # secrets
-            self.sources.release()
-            self._strip_setid()
-            self._release_access()
-            asked = self.staging.zones(self.prepared) if self.staging is not None else []
-            egress, flood = self._egress_decisions()
-            self._proxy.removed()  # the credential proxy, before the network it is on
-            if launch is not None:
-                launch.release()
-            violations = self._after_run_violations()
-            tails = self.tails
-            self.result = RunResult(
-                run_id=spec.run_id,
-                worker=spec.worker,
-                exit_code=self.outcome.exit_code,
-                status=self.outcome.status,
-                duration_s=round(time.monotonic() - self._started, 3),
-                stdout=self.redactor.tail(
-                    tails["stdout"].buffer, truncated=tails["stdout"].truncated
-                ),
-                stderr=self.redactor.tail(
-                    tails["stderr"].buffer, truncated=tails["stderr"].truncated
-                ),
-                container_removed=self.outcome.removed,
-                error=self.redactor.text(self.outcome.error) if self.outcome.error else None,
-                outbox=self.outcome.collected,
-                asked=asked,
-                egress=egress,
-                egress_flood=flood,
-                violations=violations,
-                inputs=[info.to_dict() for info in self.inputs],
+        """Undo what :meth:`open` made, in reverse (the container first, the run's folder
+        last), turning ``ask`` zone copies into change sets and reading the proxy's
+        decisions on the way; record the end. Never skipped: a ``with`` block, or a failed
+        :meth:`open`, calls it on every path (it is idempotent and returns the same result
+        again). ``failed``: the run failed (the broker's children are cancelled)."""
+        if self.result is None:
+            self._failed = failed
+            self._stack.close()
+        assert self.result is not None  # the end step builds it on every path
+        return self.result
+
+    def _remove(self) -> None:
+        """The backend's objects of the run (its container, its credential proxy), then
+        what the proxy did with the egress credentials."""
+        assert self.launch is not None
+        self.outcome.removed = self.launch.remove()
+        for event in self.launch.credential_events():
+            self.audit.record(
+                "egress.credential",
+                allowed=event.event == "substituted",
+                reason=event.reason or None,
+                **run_context(self.spec),
+                metadata=event.to_dict(),
             )
-            if self._opened:
-                self.audit.record(
-                    "run.ended",
-                    allowed=self.result.status in ("exited", "closed", "unused"),
-                    reason=self.result.error,
-                    **run_context(spec),
-                    metadata={
-                        "exit_code": self.result.exit_code,
-                        "status": self.result.status,
-                        "duration_s": self.result.duration_s,
-                        "container_removed": self.result.container_removed,
-                        **(launch.ended() if launch is not None else {}),
-                    },
-                )
-            return self.result
-        finally:
-            self.sources.release()
-            self._strip_setid()
-            self._release_access()  # on every path, and before the record could go
-            # The run's own folder (broker socket, ask copies) never outlives the run; rmtree
-            # walks by directory descriptors and never follows a link the worker planted.
-            remove_run_dir(self.prepared.paths.run_dir)
-            if self.prepared.fresh_session and self.depth == 0:
-                remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
+
+    def _gather(self) -> None:
+        """What the run left outside its outbox: its ``ask`` zone copies as change sets,
+        the egress proxy's decisions."""
+        self._asked = self.staging.zones(self.prepared) if self.staging is not None else []
+        self._egress, self._flood = self._egress_decisions()
+
+    def _release_launch(self) -> None:
+        assert self.launch is not None
+        self.launch.release()
+
+    def _end(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """The result; ``run.ended`` (with the links found after the run) unless undoing
+        failed (the error is raised; ``gc`` removes what is left)."""
+        violations = self._after_run_violations() if kind is None else []
+        spec, tails, launch = self.spec, self.tails, self.launch
+        self.result = RunResult(
+            run_id=spec.run_id,
+            worker=spec.worker,
+            exit_code=self.outcome.exit_code,
+            status=self.outcome.status,
+            duration_s=round(time.monotonic() - self._started, 3),
+            stdout=self.redactor.tail(tails["stdout"].buffer, truncated=tails["stdout"].truncated),
+            stderr=self.redactor.tail(tails["stderr"].buffer, truncated=tails["stderr"].truncated),
+            container_removed=self.outcome.removed,
+            error=self.redactor.text(self.outcome.error) if self.outcome.error else None,
+            outbox=self.outcome.collected,
+            asked=self._asked,
+            egress=self._egress,
+            egress_flood=self._flood,
+            violations=violations,
+            inputs=[info.to_dict() for info in self.inputs],
+        )
+        if self._opened and kind is None:
+            self.audit.record(
+                "run.ended",
+                allowed=self.result.status in ("exited", "closed", "unused"),
+                reason=self.result.error,
+                **run_context(spec),
+                metadata={
+                    "exit_code": self.result.exit_code,
+                    "status": self.result.status,
+                    "duration_s": self.result.duration_s,
+                    "container_removed": self.result.container_removed,
+                    **(launch.ended() if launch is not None else {}),
+                },
+            )
+
+    def _remove_folders(self) -> None:
+        """The run's own folder (broker socket, ask copies) never outlives the run; rmtree
+        walks by directory descriptors and never follows a link the worker planted."""
+        remove_run_dir(self.prepared.paths.run_dir)
+        if self.prepared.fresh_session and self.depth == 0:
+            remove_if_empty(self.prepared.paths.session)  # a one-off session, left empty
 
     def _egress_decisions(self) -> tuple[list[dict[str, Any]], dict[str, int] | None]:
         """The proxy's decisions on this run, into the audit log and the result."""
-        if self.spec.network.mode != "allowlist" or self.launch is None:
+        if self.spec.network.mode != "allowlist" or self.launch is None or not self._launched:
             return [], None
         try:
             found = self.launch.decisions(self._wall_start)
@@ -553,18 +638,10 @@ class Run:
             return [], None
         return audit_decisions(found, self.spec, self.audit)
 
-    def _strip_setid(self) -> None:
-        """Strip the set-id bits the run left in its writable folders, each audited
-        (:mod:`orchestrator.runtime.setid`); before the worker's access is put back."""
-        sweep, self._setid = self._setid, None
-        if sweep is not None:
-            sweep.after(self.audit, **run_context(self.spec))
-
-    def _release_access(self) -> None:
+    def _release_access(self, access: WorkerAccess) -> None:
         """Put back what the worker's uid was given and hand its files to the project
         folder's owner (once the container is gone). A failure keeps the record for gc."""
-        access, self._access = self._access, None
-        if access is None or not access.trees:
+        if not access.trees:
             return
         problems = access.release()
         for problem in problems:

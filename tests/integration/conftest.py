@@ -67,10 +67,10 @@ def engine():
     # Spare credential proxies outlive runs by design (they exit when not taken); the ones
     # this process's runs left ready go with its tests (another test process may be using
     # its own).
-    from orchestrator.docker import credproxy as docker_credproxy
+    from orchestrator.docker.credproxy_spares import remove_spares
 
-    docker_credproxy.wait_for_spares()
-    docker_credproxy.remove_spares(eng, 0, made_by=os.getpid())
+    eng.spares.wait()
+    remove_spares(eng, 0, made_by=os.getpid())
     # The suite's last word: nothing labelled by this run of the tests is left.
     # Shared egress proxies and networks outlive runs by design (gc removes them when
     # idle); the egress tests remove their own. Everything else must be gone.

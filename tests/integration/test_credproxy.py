@@ -595,7 +595,7 @@ def test_a_proxy_that_does_not_serve_starts_no_worker(engine, world, project, mo
 
 def _spare_names(engine) -> dict[str, str]:
     """Free spares: id -> name."""
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     found = engine.api.containers(all=True, filters={"label": f"{dcp.ROLE_LABEL}={dcp.SPARE_ROLE}"})
     free = {c["Id"]: c["Names"][0].lstrip("/") for c in found}
@@ -604,11 +604,11 @@ def _spare_names(engine) -> dict[str, str]:
 
 def _one_spare(engine) -> str:
     """Exactly one fresh free spare, ready (made as a run makes it); its id."""
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
-    dcp.wait_for_spares()
+    engine.spares.wait()
     dcp.remove_spares(engine, 0)
-    dcp._keep_ready(engine, "{}:{}".format(*proxy_ids()), 1)
+    dcp.SparePool.keep_ready(engine, "{}:{}".format(*proxy_ids()), 1)
     (spare,) = _spare_names(engine)
     return spare
 
@@ -616,7 +616,7 @@ def _one_spare(engine) -> str:
 def test_a_spare_holds_nothing_and_reaches_nothing_until_a_run_takes_it(
     engine, world, project, monkeypatch
 ):
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
     _write_project(project, world, "runc")
@@ -649,7 +649,7 @@ def test_a_spare_holds_nothing_and_reaches_nothing_until_a_run_takes_it(
         engine.api.inspect_container(spare)
     assert not folder.exists()
     # and one is ready for the next run
-    dcp.wait_for_spares()
+    engine.spares.wait()
     (after,) = _spare_names(engine)
     assert after != spare
     _no_proxy_left(engine, {result.run_id})
@@ -660,7 +660,7 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
     the spare and its state moves in; the other gets none (and starts its own proxy)."""
     import threading
 
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     spare = _one_spare(engine)
     attached: list[str] = []
@@ -674,7 +674,7 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
 
     def take(n: int) -> None:
         barrier.wait()
-        got[n] = dcp._take_spare(engine, None, states[n], user)
+        got[n] = dcp.take_spare(engine, None, states[n], user, dcp.CREDPROXY_IMAGE)
 
     try:
         for n in range(2):
@@ -709,7 +709,7 @@ def test_two_takers_of_one_spare_take_it_once(engine, world, tmp_path, monkeypat
 def test_a_spare_that_dies_as_it_is_taken_gives_way_to_a_new_proxy(
     engine, world, project, monkeypatch
 ):
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
     _write_project(project, world, "runc")
@@ -735,7 +735,7 @@ def test_a_spare_that_dies_as_it_is_taken_gives_way_to_a_new_proxy(
 def test_gc_leaves_a_spare_that_is_being_taken(engine, world):
     """A spare whose folder a run has just claimed (renamed away), not yet renamed itself,
     is left to that run by gc, however old it is; an exited one goes."""
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     spare = _one_spare(engine)
     info = engine.api.inspect_container(spare)
@@ -762,7 +762,7 @@ def test_a_taken_spare_of_a_killed_orchestrator_is_removed_by_gc(
     import sys
 
     from orchestrator.cleanup import collect_all
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
     _write_project(project, world, "runc")
@@ -796,12 +796,12 @@ def test_a_taken_spare_of_a_killed_orchestrator_is_removed_by_gc(
 
 
 def test_an_untaken_spare_exits_by_itself_and_gc_removes_it(engine, world, monkeypatch):
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
-    dcp.wait_for_spares()
+    engine.spares.wait()
     dcp.remove_spares(engine, 0)
     monkeypatch.setattr(dcp, "SPARE_IDLE_S", 2)
-    dcp._start_spare(engine, "{}:{}".format(*proxy_ids()))
+    dcp._start_spare(engine, "{}:{}".format(*proxy_ids()), dcp.CREDPROXY_IMAGE)
     (spare,) = _spare_names(engine)
     folder = Path(engine.api.inspect_container(spare)["Config"]["Labels"][dcp.SPARE_STATE_LABEL])
     assert engine.api.wait(spare, timeout=30)["StatusCode"] == 0
@@ -814,11 +814,11 @@ def test_an_untaken_spare_exits_by_itself_and_gc_removes_it(engine, world, monke
 def test_no_spares_when_asked_and_a_bad_count_is_one_line(engine, world, project, monkeypatch):
     import subprocess
 
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     monkeypatch.setenv("CREDTEST_REAL_KEY", world["real"])
     _write_project(project, world, "runc")
-    dcp.wait_for_spares()
+    engine.spares.wait()
     dcp.remove_spares(engine, 0)
     url = f"https://{world['llm']}:8443"
     project.worker(
@@ -827,7 +827,7 @@ def test_no_spares_when_asked_and_a_bad_count_is_one_line(engine, world, project
     monkeypatch.setenv("ORCHESTRATOR_CREDPROXY_SPARES", "0")
     result = Orchestrator(project.root, engine=engine).run("call")
     assert result.exit_code == 0 and "STATUS 200" in result.stdout, result
-    dcp.wait_for_spares()
+    engine.spares.wait()
     assert not _spare_names(engine)  # a new proxy served the run, none was left ready
     import sys
 

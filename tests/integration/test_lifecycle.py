@@ -223,6 +223,75 @@ def test_runs_are_audited_start_and_end(engine, project):
     assert log.verify().ok
 
 
+#: The steps of Run.open, in order (a failure is injected after each in turn).
+OPEN_STEPS = [
+    "_check",
+    "_new_launch",
+    "_prepare_host",
+    "_prepare_launch",
+    "_record_start",
+    "_grant_access",
+    "_deliver_secrets",
+    "_start_broker",
+    "_hold_sources",
+    "_create",
+]
+
+
+def _xattrs(path: Path) -> dict[str, bytes]:
+    return {name: os.getxattr(path, name) for name in os.listxattr(path)}
+
+
+@pytest.mark.parametrize("step", OPEN_STEPS)
+def test_a_failure_after_any_open_step_leaves_nothing_behind(engine, project, monkeypatch, step):
+    """What a run opens is undone when a later step fails: the failure is injected right
+    after each step of ``Run.open`` (everything that step made exists then). Afterwards no
+    object of the run is on the engine, its folder, secrets and pins are gone, the zone's
+    access is as before, and the audit log has the run's end (its start once recorded)."""
+    from orchestrator import Orchestrator
+    from orchestrator.audit import AuditFilter, AuditLog
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime.run import Run
+
+    monkeypatch.setenv("API_TOKEN", "tok-open-steps-5521")
+    project.extra = "credentials:\n  api: {source: env, env: API_TOKEN}\n"
+    work = project.zone("work", "rw")
+    project.worker("child", 'command: ["true"]')
+    project.worker(
+        "w",
+        'command: ["true"]\ntrust: session\nsecrets: [api]\nchildren: [child]\n'
+        "network: {allow: [example.org]}\nsandbox: {zones: [{name: work, mode: rw}]}",
+    )
+    access_before = _xattrs(work)
+    original = getattr(Run, step)
+
+    def failing(self: Run) -> None:
+        original(self)
+        raise OrchestratorError(f"injected after {step}")
+
+    monkeypatch.setattr(Run, step, failing)
+    with Orchestrator(project.root, engine=engine) as orch:
+        prepared = orch.prepare("w")
+        with pytest.raises(OrchestratorError, match=f"injected after {step}"):
+            orch.open_keep_alive(prepared)
+        sandbox = orch.project.sandbox_root
+    run_id = prepared.spec.run_id
+    assert [o for o in engine.list_managed() if o.labels.get(labels.RUN_ID) == run_id] == []
+    assert not prepared.paths.run_dir.exists()
+    assert not prepared.paths.secrets_dir.exists()
+    assert not (PIN_ROOT / run_id).exists()
+    assert f"{PIN_ROOT}/{run_id}" not in Path("/proc/self/mountinfo").read_text()
+    assert _xattrs(work) == access_before
+    entries = AuditLog(sandbox / "audit.jsonl").query(AuditFilter(run=run_id))
+    operations = [e.operation for e in entries]
+    recorded = OPEN_STEPS.index(step) >= OPEN_STEPS.index("_record_start")
+    assert operations.count("run.started") == (1 if recorded else 0), operations
+    assert operations[-1] == "run.ended" and operations.count("run.ended") == 1, operations
+    assert entries[-1].allowed is False
+    if recorded and step != "_record_start":  # from the worker's access on, it says why
+        assert f"injected after {step}" in (entries[-1].reason or ""), entries[-1]
+
+
 @pytest.mark.serial
 def test_the_library_gc_removes_a_sigkilled_runs_container(engine, project):
     """``Orchestrator.gc()`` is ``orchestrator gc`` for its project (the CLI calls the same

@@ -56,7 +56,13 @@ class SeamOnly(Only):
     def capabilities(self) -> Capabilities:
         return replace(self._inner.capabilities, **self._capabilities)
 
-    def launch(self, prepared: Any, *, output: bool, keep_alive: bool) -> LaunchOnly:
-        made = LaunchOnly(self._inner.launch(prepared, output=output, keep_alive=keep_alive))
+    def launch(
+        self, prepared: Any, *, output: bool, keep_alive: bool, credentials: Any
+    ) -> LaunchOnly:
+        made = LaunchOnly(
+            self._inner.launch(
+                prepared, output=output, keep_alive=keep_alive, credentials=credentials
+            )
+        )
         self.launches.append(made)
         return made

@@ -588,7 +588,7 @@ def test_an_images_ca_bundle_is_read_once_and_kept_for_the_next_process(tmp_path
     import io
     import tarfile
 
-    from orchestrator.docker import credproxy as docker_credproxy
+    from orchestrator.docker.cabundle import CaBundles
 
     made: list[str] = []
     archive = io.BytesIO()
@@ -621,17 +621,16 @@ def test_an_images_ca_bundle_is_read_once_and_kept_for_the_next_process(tmp_path
             return extra
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
-    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
-    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})  # a new process
-    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    bundles = CaBundles()
+    assert bundles.read(Engine(), "img") == b"CERTS"
+    assert bundles.read(Engine(), "img") == b"CERTS"  # kept in memory
+    assert CaBundles().read(Engine(), "img") == b"CERTS"  # a new process
     assert len(made) == 1
     folder = tmp_path / "orchestrator" / "ca-bundles"
     assert folder.stat().st_mode & 0o777 == 0o700
     folder.chmod(0o770)  # another user's write would be trusted: not used
     (folder / ("ab" * 32 + ".pem")).write_bytes(b"PLANTED")
-    monkeypatch.setattr(docker_credproxy, "_BUNDLES", {})
-    assert docker_credproxy.image_bundle(Engine(), "img") == b"CERTS"
+    assert CaBundles().read(Engine(), "img") == b"CERTS"
     assert len(made) == 2
 
 
@@ -662,7 +661,7 @@ def test_the_proxy_wheels_are_downloaded_once_and_kept_in_the_users_cache(monkey
 
 def test_a_taken_spare_is_owned_by_the_process_its_name_gives_and_a_free_one_by_none():
     from orchestrator import labels
-    from orchestrator.docker import credproxy as dcp
+    from orchestrator.docker import credproxy_spares as dcp
 
     me = labels.current_owner()
     spare = {

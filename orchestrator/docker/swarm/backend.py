@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from orchestrator.audit import AuditLog
+from orchestrator.credproxy import CredentialEvent
 from orchestrator.docker.engine import DockerEngine, start_failure_code
 from orchestrator.docker.swarm import nodes, render
 from orchestrator.docker.swarm.egress import proxy_task_template
@@ -34,7 +34,6 @@ from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.backend import Capabilities, Outcome, OutputSink, Tail, pump
-from orchestrator.runtime.credproxy import ProxyStart
 from orchestrator.runtime.engine import EgressDecision, EgressLog, ImageDefaults, Stream
 from orchestrator.runtime.execs import ExecRequest, ExecResult
 
@@ -123,7 +122,14 @@ class SwarmBackend:
     def collect_garbage(self, *, everything: bool = False) -> SwarmGc:
         return collect(self.engine, everything=everything)
 
-    def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> SwarmLaunch:
+    def launch(
+        self,
+        prepared: Prepared,
+        *,
+        output: bool,
+        keep_alive: bool,
+        credentials: Mapping[str, str],
+    ) -> SwarmLaunch:
         # The task is its worker's own process (never idling: sessions and pools are refused
         # by their owner); its outbox is a host folder, read once the task is gone.
         return SwarmLaunch(self.engine, prepared)
@@ -298,23 +304,19 @@ class SwarmLaunch:
     def release(self) -> None:
         return None  # the run's networks went with remove()
 
+    def credential_events(self) -> list[CredentialEvent]:
+        return []  # egress credentials are refused on a swarm (check)
+
     def ended(self) -> dict[str, Any]:
         return {"engine": "swarm", "node": self.node}
 
     # -- what a swarm run cannot do (its capabilities say so; refused before this) --------
-
-    starts_at_create = True
 
     def exec(self, request: ExecRequest, on_output: OutputSink | None = None) -> ExecResult:
         self._cannot("exec into its task")
 
     def archive(self, entries: Sequence[tuple[str, str]]) -> AbstractContextManager[IO[bytes]]:
         self._cannot("read files out of its task")
-
-    def credential_proxy(
-        self, values: Mapping[str, str], audit: AuditLog
-    ) -> AbstractContextManager[ProxyStart]:
-        self._cannot("run a credential proxy")
 
     @staticmethod
     def _cannot(what: str) -> NoReturn:
