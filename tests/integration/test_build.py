@@ -7,12 +7,14 @@ are refused or contained, and leave no step container behind. See docs/build.md.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import labels
+from orchestrator.build.builder import TMP_MARKER
 from orchestrator.docker import buildnames
 from orchestrator.docker.images import WORKER_IMAGE
 from tests.integration.conftest import cli, require_gvisor, wait_until
@@ -398,6 +401,45 @@ def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
                    "cat /app/keep /app/data.txt /named.txt /copied/a /copied/b; "
                    "stat -c %h /copied/a")  # fmt: skip
     assert shown.stdout.split() == ["keep", "data", "data", "x", "x", "2"], shown.stderr
+
+
+KEEPS_TMP = """\
+FROM @BASE@
+LABEL test.mark=@MARK@
+USER worker
+RUN echo worker > /tmp/kept.txt
+USER root
+RUN cat /tmp/kept.txt && echo root >> /tmp/kept.txt && stat -c %a /tmp > /tmp/mode.txt
+COPY data.txt /tmp/copied.txt
+RUN cat /tmp/copied.txt >> /tmp/kept.txt
+RUN --mount=type=tmpfs,target=/tmp echo scratch > /tmp/scratch.txt
+"""
+
+
+def test_what_a_run_step_writes_to_tmp_is_kept_as_docker_build_keeps_it(builds):
+    """gVisor mounts a tmpfs of its own over an empty /tmp, lost with the sandbox: a step
+    writing to /tmp must still see it committed, with no trace of how."""
+    (builds.context / "data.txt").write_text("copied\n")
+    tag = f"orchestrator-test/build-{builds.marker}:tmp"
+    done = builds(KEEPS_TMP, tag=tag)
+    assert done.returncode == 0, done.stderr
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                   "ls -A /tmp; cat /tmp/kept.txt /tmp/mode.txt; stat -c %a /tmp")  # fmt: skip
+    assert shown.stdout.split() == ["copied.txt", "kept.txt", "mode.txt",
+                                    "worker", "root", "copied", "1777", "1777"], shown.stderr  # fmt: skip
+    saved = subprocess.run(["docker", "save", tag], capture_output=True, check=True,
+                           timeout=300).stdout  # fmt: skip
+    names: list[str] = []
+    with tarfile.open(fileobj=io.BytesIO(saved)) as image:
+        for member in image.getmembers():
+            if member.name.endswith("layer.tar"):
+                layer = image.extractfile(member)
+                assert layer is not None
+                with tarfile.open(fileobj=layer) as files:
+                    names += files.getnames()
+    tmp = [n for n in names if n.startswith("tmp/")]
+    assert not [n for n in tmp if TMP_MARKER in n or ".wh." in n], tmp
+    assert "tmp/kept.txt" in tmp and "tmp/scratch.txt" not in tmp
 
 
 @pytest.fixture
