@@ -74,7 +74,7 @@ from orchestrator.labels import PREFIX
 log = logging.getLogger(__name__)
 
 #: Part of every cache key: a builder that builds differently never reuses older layers.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 CACHE_LABEL = f"{PREFIX}.build.key"
 PROVENANCE = {
     "dockerfile": f"{PREFIX}.build.dockerfile-digest",
@@ -92,7 +92,7 @@ CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
               "/etc/ssl/cert.pem")  # fmt: skip
 #: Bytes of a fetch container's output kept (its answer is the last line).
 _FETCH_OUTPUT = 64 << 10
-#: A file put into an empty ``/tmp`` before a ``RUN`` step starts (see ``_keep_tmp``).
+#: A file put into an empty /tmp before a ``RUN`` step starts (see ``_step_container``).
 TMP_MARKER = ".orchestrator-build-keeps-tmp"
 
 Say = Callable[[str], None]
@@ -459,10 +459,7 @@ class Builder:
                 return key, "cached"
         if spec.network is not None:
             spec = replace(spec, network=self._open_network())
-        if instruction.keyword == "RUN":
-            container = self._run_container(spec)
-        else:
-            container = self.engine.create(spec, self.limits)
+        container = self._step_container(spec, instruction)
         try:
             apply(container)
             image = self.engine.commit(container, self.commit_config(state.config, key))
@@ -520,8 +517,9 @@ class Builder:
         spec = self._spec(state, argv, tuple(scratch))
         return replace(spec, network="allowlist") if self.allow else spec
 
-    def _run_container(self, spec: StepSpec) -> str:
-        """A ``RUN`` step's container whose /tmp reaches its layer, as in ``docker build``.
+    def _step_container(self, spec: StepSpec, instruction: Instruction) -> str:
+        """A step's container; a ``RUN`` step's has its /tmp reach its layer, as in
+        ``docker build``.
 
         gVisor mounts a tmpfs of its own on /tmp when nothing is mounted there and the
         image's /tmp is an empty folder; the tmpfs goes with the sandbox, and what the step
@@ -531,12 +529,15 @@ class Builder:
         no trace in the commit. Where that cannot be done (/tmp not empty, or mounted,
         or not writable by the step's user; no ``/bin/sh`` or ``rm`` in the image) the
         step runs its command as it is."""
-        if "/tmp" in {posixpath.normpath(p) for p in spec.scratch}:  # a mount: gVisor keeps off
+        mounted = "/tmp" in {posixpath.normpath(p) for p in spec.scratch}  # gVisor keeps off
+        if instruction.keyword != "RUN" or mounted:
             return self.engine.create(spec, self.limits)
         marker = f"/tmp/{TMP_MARKER}"
-        pwd = "" if any(e.startswith("PWD=") for e in spec.env) else "unset PWD\n"
+        # What the shell itself exports is unset (unless the step's environment has it).
+        given = {e.partition("=")[0] for e in spec.env}
+        unset = "".join(f"unset {name}\n" for name in ("PWD", "SHLVL") if name not in given)
         script = (f"/bin/rm -f -- {marker} 2>/dev/null || /usr/bin/rm -f -- {marker} || "
-                  f'exit 125\n{pwd}exec "$@"')  # fmt: skip
+                  f'exit 125\n{unset}exec "$@"')  # fmt: skip
         wrapped = replace(spec, command=["/bin/sh", "-c", script, "sh", *spec.command])
         container = self.engine.create(wrapped, self.limits)
         try:
