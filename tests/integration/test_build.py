@@ -406,7 +406,7 @@ KEEPS_TMP = """\
 FROM @BASE@
 LABEL test.mark=@MARK@
 USER worker
-RUN true
+RUN ["env"]
 RUN echo worker > /tmp/kept.txt
 USER root
 RUN cat /tmp/kept.txt && echo root >> /tmp/kept.txt && stat -c %a /tmp > /tmp/mode.txt
@@ -438,11 +438,14 @@ def test_what_a_run_step_writes_to_tmp_is_kept_as_docker_build_keeps_it(builds):
     tag = f"orchestrator-test/build-{builds.marker}:tmp"
     done = builds(KEEPS_TMP, tag=tag)
     assert done.returncode == 0, done.stderr
+    said = done.stderr.splitlines()
+    assert "  | HOME=/home/worker" in said  # the step's own environment, no shell's in it
+    assert not [line for line in said if line.startswith(("  | PWD=", "  | SHLVL="))]
     shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
                    "ls -A /tmp; cat /tmp/kept.txt /tmp/mode.txt; stat -c %a /tmp")  # fmt: skip
     assert shown.stdout.split() == ["copied.txt", "kept.txt", "mode.txt",
                                     "worker", "root", "copied", "1777", "1777"], shown.stderr  # fmt: skip
-    # Four steps wrote files; `RUN true` and the step with /tmp mounted added no layer.
+    # Four steps wrote files; `env` and the step with /tmp mounted added no layer.
     layers = [json.loads(docker("image", "inspect", ref).stdout)[0]["RootFS"]["Layers"]
               for ref in (WORKER_IMAGE, tag)]  # fmt: skip
     assert len(layers[1]) == len(layers[0]) + 4
