@@ -74,7 +74,7 @@ from orchestrator.labels import PREFIX
 log = logging.getLogger(__name__)
 
 #: Part of every cache key: a builder that builds differently never reuses older layers.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 CACHE_LABEL = f"{PREFIX}.build.key"
 PROVENANCE = {
     "dockerfile": f"{PREFIX}.build.dockerfile-digest",
@@ -92,6 +92,8 @@ CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
               "/etc/ssl/cert.pem")  # fmt: skip
 #: Bytes of a fetch container's output kept (its answer is the last line).
 _FETCH_OUTPUT = 64 << 10
+#: A file put into an empty /tmp before a ``RUN`` step starts (see ``_step_container``).
+TMP_MARKER = ".orchestrator-build-keeps-tmp"
 
 Say = Callable[[str], None]
 
@@ -457,7 +459,7 @@ class Builder:
                 return key, "cached"
         if spec.network is not None:
             spec = replace(spec, network=self._open_network())
-        container = self.engine.create(spec, self.limits)
+        container = self._step_container(spec, instruction)
         try:
             apply(container)
             image = self.engine.commit(container, self.commit_config(state.config, key))
@@ -514,6 +516,64 @@ class Builder:
             scratch.append(posixpath.join(state.config.get("WorkingDir") or "/", target or ""))
         spec = self._spec(state, argv, tuple(scratch))
         return replace(spec, network="allowlist") if self.allow else spec
+
+    def _step_container(self, spec: StepSpec, instruction: Instruction) -> str:
+        """A step's container; a ``RUN`` step's has its /tmp reach its layer, as in
+        ``docker build``.
+
+        gVisor mounts a tmpfs of its own on /tmp when nothing is mounted there and the
+        image's /tmp is an empty folder; the tmpfs goes with the sandbox, and what the step
+        wrote there with it. So an empty /tmp is given a file (:data:`TMP_MARKER`, owned
+        by the step's user) before the step starts, and the step's command is run by a
+        shell that removes it first: made and removed in the step's own layer, it leaves
+        no trace in the commit. Where that cannot be done (/tmp not empty, or mounted,
+        or not writable by the step's user; no ``/bin/sh`` or ``rm`` in the image) the
+        step runs its command as it is."""
+        mounted = "/tmp" in {posixpath.normpath(p) for p in spec.scratch}  # gVisor keeps off
+        if instruction.keyword != "RUN" or mounted:
+            return self.engine.create(spec, self.limits)
+        marker = f"/tmp/{TMP_MARKER}"
+        # What the shell itself exports is unset (unless the step's environment has it).
+        given = {e.partition("=")[0] for e in spec.env}
+        unset = "".join(f"unset {name}\n" for name in ("PWD", "SHLVL") if name not in given)
+        script = (f"/bin/rm -f -- {marker} 2>/dev/null || /usr/bin/rm -f -- {marker} || "
+                  f'exit 125\n{unset}exec "$@"')  # fmt: skip
+        wrapped = replace(spec, command=["/bin/sh", "-c", script, "sh", *spec.command])
+        container = self.engine.create(wrapped, self.limits)
+        try:
+            owner = self._tmp_owner(container, spec.user)
+            if owner is not None:
+                with tempfile.SpooledTemporaryFile(_SPOOL) as out:
+                    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                        info = tarfile.TarInfo(marker.lstrip("/"))
+                        info.mode, info.uid, info.gid = 0o600, owner, 0
+                        tar.addfile(info)
+                    out.seek(0)
+                    self.engine.put_archive(container, out)
+                return container
+        except BaseException:
+            self.engine.remove(container)
+            raise
+        self.engine.remove(container)
+        return self.engine.create(spec, self.limits)
+
+    def _tmp_owner(self, container: str, user: str) -> int | None:
+        """The step's uid, when its /tmp is an empty folder it can remove a file from and
+        the image has the shell and ``rm`` the step's wrapper needs; else None."""
+        folder = self.engine.folder(container, "/tmp")
+        if folder is None or not folder.empty or not self.engine.exists(container, "/bin/sh"):
+            return None
+        if not any(self.engine.exists(container, rm) for rm in ("/bin/rm", "/usr/bin/rm")):
+            return None
+        name = user.partition(":")[0]
+        if not name or name.isdigit():
+            uid = int(name or 0)
+        else:
+            try:
+                uid = int(self._entry(container, "/etc/passwd", name, "USER")[2])
+            except BuildRefused:  # the engine refuses to start it, in its own words
+                return None
+        return uid if uid == 0 or folder.mode & 0o002 else None
 
     def _run(self, container: str, instruction: Instruction) -> None:
         def show(chunk: bytes) -> None:

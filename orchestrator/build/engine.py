@@ -74,6 +74,15 @@ class StepOutcome:
 Output = Callable[[bytes], None]
 
 
+@dataclass(frozen=True)
+class Folder:
+    """A folder of a step's container (not a link to one)."""
+
+    mode: int
+    """Its permission bits (``0o777`` at most)."""
+    empty: bool
+
+
 class StepEngine(Protocol):
     """The engine calls a build makes."""
 
@@ -103,6 +112,14 @@ class StepEngine(Protocol):
 
     def get_archive(self, container: str, path: str) -> Iterator[bytes]:
         """``path`` of the container as a tar stream."""
+        ...
+
+    def exists(self, container: str, path: str) -> bool:
+        """Whether ``path`` is in the container (its last part not followed if a link)."""
+        ...
+
+    def folder(self, container: str, path: str) -> Folder | None:
+        """``path`` of the container when it is a folder (a link is not), else None."""
         ...
 
     def run(

@@ -34,7 +34,14 @@ from docker import errors as docker_errors
 from docker.types import LogConfig, Ulimit
 
 from orchestrator import labels
-from orchestrator.build.engine import STEP_CAPABILITIES, Output, StepLimits, StepOutcome, StepSpec
+from orchestrator.build.engine import (
+    STEP_CAPABILITIES,
+    Folder,
+    Output,
+    StepLimits,
+    StepOutcome,
+    StepSpec,
+)
 from orchestrator.docker import networks, runtimes, seccomp
 from orchestrator.docker.buildnames import container_name
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
@@ -184,17 +191,45 @@ class DockerStepEngine:
                 raise EngineError("Docker refused the files of a build step")
 
     def is_folder(self, container: str, path: str) -> bool:
+        mode = self._stat_mode(container, path)
+        return mode is not None and bool(mode & GO_MODE_DIR)
+
+    def _stat_mode(self, container: str, path: str) -> int | None:
+        """Go's mode bits of ``path`` (the engine does not follow its last part), or None."""
         api: Any = self.api
         with engine_errors(f"looking at {path} in a build step"):
             answer = api.head(api._url("/containers/{0}/archive", container), params={"path": path})
         if answer.status_code == 404:
-            return False
+            return None
         if answer.status_code != 200:
             raise EngineError(
                 f"Docker refused looking at {path} in a build step ({answer.status_code})"
             )
         found = json.loads(base64.b64decode(answer.headers.get("X-Docker-Container-Path-Stat", "")))
-        return bool(int(found.get("mode", 0)) & GO_MODE_DIR)
+        return int(found.get("mode", 0))
+
+    def exists(self, container: str, path: str) -> bool:
+        return self._stat_mode(container, path) is not None
+
+    def folder(self, container: str, path: str) -> Folder | None:
+        mode = self._stat_mode(container, path)
+        if mode is None or not mode & GO_MODE_DIR:
+            return None
+        # Its archive, read up to its second member (the first is the folder itself).
+        api: Any = self.api
+        with engine_errors(f"reading {path} in a build step"):
+            answer = api._get(api._url("/containers/{0}/archive", container),
+                              params={"path": path}, stream=True)  # fmt: skip
+            try:
+                api._raise_for_status(answer)
+                answer.raw.decode_content = True  # (the engine may send it gzipped)
+                with tarfile.open(fileobj=answer.raw, mode="r|") as tar:
+                    first, second = tar.next(), tar.next()
+            except tarfile.TarError as exc:
+                raise EngineError(f"Docker sent an unreadable archive of {path}: {exc}") from None
+            finally:
+                answer.close()
+        return Folder(mode=mode & 0o777, empty=first is not None and second is None)
 
     def get_archive(self, container: str, path: str) -> Iterator[bytes]:
         with engine_errors(f"reading {path} of an image"):

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import labels
+from orchestrator.build.builder import TMP_MARKER
 from orchestrator.docker import buildnames
 from orchestrator.docker.images import WORKER_IMAGE
 from tests.integration.conftest import cli, require_gvisor, wait_until
@@ -398,6 +400,60 @@ def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
                    "cat /app/keep /app/data.txt /named.txt /copied/a /copied/b; "
                    "stat -c %h /copied/a")  # fmt: skip
     assert shown.stdout.split() == ["keep", "data", "data", "x", "x", "2"], shown.stderr
+
+
+KEEPS_TMP = """\
+FROM @BASE@
+LABEL test.mark=@MARK@
+USER worker
+RUN ["env"]
+RUN echo worker > /tmp/kept.txt
+USER root
+RUN cat /tmp/kept.txt && echo root >> /tmp/kept.txt && stat -c %a /tmp > /tmp/mode.txt
+COPY data.txt /tmp/copied.txt
+RUN cat /tmp/copied.txt >> /tmp/kept.txt
+RUN --mount=type=tmpfs,target=/tmp echo scratch > /tmp/scratch.txt
+"""
+
+
+def layer_names(image: str) -> list[list[str]]:
+    """The names in each layer of ``image`` (``docker save``, read as a stream)."""
+    layers: list[list[str]] = []
+    with (
+        subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE) as saving,
+        tarfile.open(fileobj=saving.stdout, mode="r|") as saved,
+    ):
+        for member in saved:
+            if member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=saved.extractfile(member), mode="r|") as layer:
+                    layers.append([m.name for m in layer])
+    assert saving.returncode == 0
+    return layers
+
+
+def test_what_a_run_step_writes_to_tmp_is_kept_as_docker_build_keeps_it(builds):
+    """gVisor mounts a tmpfs of its own over an empty /tmp, lost with the sandbox: what a
+    step writes there is still committed, and how leaves no trace in any layer."""
+    (builds.context / "data.txt").write_text("copied\n")
+    tag = f"orchestrator-test/build-{builds.marker}:tmp"
+    done = builds(KEEPS_TMP, tag=tag)
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.splitlines()
+    assert "  | HOME=/home/worker" in said  # the step's own environment, no shell's in it
+    assert not [line for line in said if line.startswith(("  | PWD=", "  | SHLVL="))]
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                   "ls -A /tmp; cat /tmp/kept.txt /tmp/mode.txt; stat -c %a /tmp")  # fmt: skip
+    assert shown.stdout.split() == ["copied.txt", "kept.txt", "mode.txt",
+                                    "worker", "root", "copied", "1777", "1777"], shown.stderr  # fmt: skip
+    # Four steps wrote files; `env` and the step with /tmp mounted added no layer.
+    layers = [json.loads(docker("image", "inspect", ref).stdout)[0]["RootFS"]["Layers"]
+              for ref in (WORKER_IMAGE, tag)]  # fmt: skip
+    assert len(layers[1]) == len(layers[0]) + 4
+    names = [name for names in layer_names(tag) for name in names]
+    assert not [name for name in names if TMP_MARKER in name]
+    # No marker, no whiteout: only what the steps wrote.
+    assert sorted(n for n in names if n.startswith("tmp")) == [
+        *["tmp"] * 4, "tmp/copied.txt", *["tmp/kept.txt"] * 3, "tmp/mode.txt"]  # fmt: skip
 
 
 @pytest.fixture
