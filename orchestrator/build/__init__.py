@@ -23,8 +23,11 @@ from orchestrator.build.builder import BuildResult, StepFailed, StepRecord
 from orchestrator.build.dockerfile import BuildRefused
 
 if TYPE_CHECKING:
+    from orchestrator.audit import AuditLog
     from orchestrator.build.context import Context
     from orchestrator.build.engine import StepEngine
+    from orchestrator.build.secrets import BuildSecrets
+    from orchestrator.config import Project
 
 __all__ = [
     "DEFAULT_DISK",
@@ -95,12 +98,27 @@ def build_image(
             builder = Builder(engine, audit, folder, parsed, step_limits,
                               build_args=build_args, no_cache=no_cache, allow=settings.allow,
                               services=[s.network for s in loaded.config.network.services],
-                              say=say)  # fmt: skip
+                              secrets=_secrets(loaded, audit), say=say)  # fmt: skip
             return builder.build(target, tag)
         finally:
             folder.close()
     finally:
         audit.close()
+
+
+def _secrets(project: Project, audit: AuditLog) -> BuildSecrets:
+    """The project's ``build.secrets``, each read from its credential's source (and
+    registered with the audit log's redaction) when a step first mounts it."""
+    from orchestrator.build.secrets import BuildSecrets
+    from orchestrator.credentials import resolve
+
+    credentials = project.config.credentials
+
+    def reader(name: str) -> Callable[[], str]:
+        return lambda: resolve(name, credentials[name], audit=audit, base=project.root).reveal()
+
+    names = project.config.build.secrets
+    return BuildSecrets({name: reader(name) for name in names}, str(project.file))
 
 
 def _dockerfile(context: Context, named: str | os.PathLike[str] | None) -> tuple[Path, str]:

@@ -42,9 +42,13 @@ from orchestrator.build.dockerfile import (
     BuildRefused,
     Dockerfile,
     Instruction,
+    SecretMount,
     Stage,
+    mount_options,
+    secret_mounts,
 )
 from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
+from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_part
 from orchestrator.build.words import WordError, expand
 from orchestrator.egress import network_env
 from orchestrator.errors import OrchestratorError
@@ -149,6 +153,7 @@ class Builder:
         no_cache: bool = False,
         allow: list[str] | None = None,
         services: list[str] | None = None,
+        secrets: BuildSecrets | None = None,
         say: Say | None = None,
     ) -> None:
         self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
@@ -167,6 +172,8 @@ class Builder:
         self.services = list(services or [])
         """The project's local service networks the egress proxy joins."""
         self.network: str | None = None
+        self.secrets = secrets or BuildSecrets({}, "the project file")
+        """What ``RUN --mount=type=secret`` may mount (the project's ``build.secrets``)."""
 
     # -- the whole build -----------------------------------------------------------------
 
@@ -187,6 +194,7 @@ class Builder:
             self.global_args = self._args(self.file.global_args, {})
             stages = self.file.needed(self.file.target(target), self.global_args)
             self._check_images(stages)
+            self._check_secrets(stages)
             state = _State("", {})
             for stage in stages:
                 state = self._stage(stage)
@@ -250,6 +258,21 @@ class Builder:
                         if source.lower() in names:
                             raise self.file.refuse(instruction, f"--from={source}: a later stage")
                         self._local_image(source, instruction.line, "COPY")
+
+    def _check_secrets(self, stages: list[Stage]) -> None:
+        """Every secret a step mounts is declared for builds, before any step runs."""
+        for stage in stages:
+            for instruction in stage.instructions:
+                if instruction.keyword != "RUN":
+                    continue
+                for mount in secret_mounts(self.file, instruction):
+                    if mount.id not in self.secrets.names:
+                        raise self.file.refuse(
+                            instruction,
+                            f"--mount=type=secret,id={mount.id}: the project does not declare "
+                            f"'{mount.id}' for builds; add it to build.secrets in "
+                            f"{self.secrets.declared_in} (one of its credentials)",
+                        )
 
     def _local_image(self, ref: str, line: int, keyword: str) -> tuple[str, dict[str, Any]]:
         found = self.engine.image(ref)
@@ -407,9 +430,12 @@ class Builder:
         return hashlib.sha256(json.dumps(body).encode()).hexdigest()
 
     def _layer(self, state: _State, instruction: Instruction) -> tuple[str, str]:
+        mounts: list[tuple[SecretMount, str]] = []
         if instruction.keyword == "RUN":
-            spec = self._run_spec(state, instruction)
-            key = self._key(state, instruction, [json.dumps([spec.command, spec.scratch])])
+            spec, mounts = self._run_spec(state, instruction)
+            parts = [json.dumps([spec.command, spec.scratch])]
+            parts += [key_part(mount, target) for mount, target in mounts]
+            key = self._key(state, instruction, parts)
             apply: Callable[[str], None] = lambda c: self._run(c, instruction)  # noqa: E731
         else:
             key, apply, spec = self._copy_plan(state, instruction)
@@ -424,12 +450,14 @@ class Builder:
             if self.network is None:
                 self.network = self.engine.open_network(self.build_id, self.allow, self.services)
             spec = replace(spec, network=self.network)
-        container = self.engine.create(spec, self.limits)
-        try:
-            apply(container)
-            image = self.engine.commit(container, self.commit_config(state.config, key))
-        finally:
-            self.engine.remove(container)
+        with self._secret_files(instruction, mounts) as files:
+            spec = replace(spec, secrets=tuple((f.source, f.target) for f in files))
+            container = self.engine.create(spec, self.limits)
+            try:
+                apply(container)
+                image = self.engine.commit(container, self.commit_config(state.config, key))
+            finally:
+                self.engine.remove(container)
         self.committed.append(image)
         state.image, state.pending = image, []
         return key, "built"
@@ -450,7 +478,40 @@ class Builder:
                         env=list(config.get("Env") or []), workdir=config.get("WorkingDir") or "",
                         scratch=scratch, build_id=self.build_id)  # fmt: skip
 
-    def _run_spec(self, state: _State, instruction: Instruction) -> StepSpec:
+    @contextlib.contextmanager
+    def _secret_files(
+        self, instruction: Instruction, mounts: list[tuple[SecretMount, str]]
+    ) -> Iterator[list[Delivered]]:
+        """The step's secret files, on the host for as long as its container exists."""
+        if not mounts:
+            yield []
+            return
+        where = f"{self.file.where(instruction.line)}: RUN"
+        files = []
+        for mount, target in mounts:
+            try:
+                value = self.secrets.value(mount.id)
+            except OrchestratorError as exc:
+                if mount.required:
+                    raise BuildRefused(
+                        f"{where}: --mount=type=secret,id={mount.id}: {exc}"
+                    ) from None
+                self.say(f"  (secret '{mount.id}' not mounted: {exc})")
+                continue
+            self.audit.record(
+                "credential.used",
+                run_id=self.build_id,
+                worker="build",
+                metadata={"credential": mount.id, "use": "build secret",
+                          "line": instruction.line, "target": target},
+            )  # fmt: skip
+            files.append((mount, target, value))
+        with delivered(self.build_id, files) as made:
+            yield made
+
+    def _run_spec(
+        self, state: _State, instruction: Instruction
+    ) -> tuple[StepSpec, list[tuple[SecretMount, str]]]:
         env_names = {e.partition("=")[0] for e in state.config.get("Env") or []}
         args = {k: v for k, v in state.args.items() if k not in env_names}
         if self.allow:  # the proxy, like a build argument: never in the image's environment
@@ -469,25 +530,46 @@ class Builder:
                 assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(args.items()))
                 text = f"export {assign}\n{text}"
             argv = [*shell, text]
+        workdir = state.config.get("WorkingDir") or "/"
         scratch = []
         for mount in instruction.flag_values("mount"):
-            options = dict(part.partition("=")[::2] for part in mount.split(","))
+            options = mount_options(mount)
+            if options.get("type") == "secret":
+                continue
             target = options.get("target") or options.get("dst") or options.get("destination")
-            scratch.append(posixpath.join(state.config.get("WorkingDir") or "/", target or ""))
+            scratch.append(posixpath.join(workdir, target or ""))
+        secrets = [
+            (found, posixpath.normpath(posixpath.join(workdir, found.target)))
+            for found in secret_mounts(self.file, instruction)
+        ]
         spec = self._spec(state, argv, tuple(scratch))
-        return replace(spec, network="allowlist") if self.allow else spec
+        return (replace(spec, network="allowlist") if self.allow else spec), secrets
 
     def _run(self, container: str, instruction: Instruction) -> None:
-        def show(chunk: bytes) -> None:
+        values = self.secrets.read()
+        redactor = None
+        if values:  # the output of any step after a secret was read: a step may keep it
+            from orchestrator.runtime.secrets import Redactor
+
+            redactor = Redactor(values)
+
+        def say(chunk: bytes) -> None:
             for line in chunk.decode("utf-8", errors="replace").splitlines():
                 self.say(f"  | {line}")
+
+        def show(chunk: bytes) -> None:
+            say(redactor.feed(chunk) if redactor else chunk)
 
         since = datetime.now(UTC)
         try:
             outcome = self.engine.run(container, self.limits, self.deadline, show)
         finally:
+            if redactor:
+                say(redactor.flush())
             if self.network is not None:
                 self._record_egress(instruction, since)
+        if redactor:
+            outcome = replace(outcome, tail=redactor.tail(outcome.tail.encode(), truncated=True))
         if outcome.clipped:
             self.say(f"  (output clipped at {self.limits.output >> 10} KiB)")
         where = f"{self.file.where(instruction.line)}: RUN"
