@@ -460,3 +460,22 @@ def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
                    "cat /app/keep /app/data.txt /named.txt /copied/a /copied/b; "
                    "stat -c %h /copied/a")  # fmt: skip
     assert shown.stdout.split() == ["keep", "data", "data", "x", "x", "2"], shown.stderr
+
+
+def test_the_doctor_reads_the_build_runtimes_and_their_flags_from_the_engine(engine):
+    require_gvisor(engine)
+    from orchestrator.docker.inspection import engine_facts
+    from orchestrator.docker.runtimes import BUILD_RUNTIMES, GVISOR_ARGS, setup_command
+    from orchestrator.doctor.checks import build_runtimes_check
+
+    facts = engine_facts(engine)
+    wanted = {name: GVISOR_ARGS[name] for name in BUILD_RUNTIMES}
+    check = build_runtimes_check(facts, wanted=wanted, needed=True, setup=setup_command())
+    assert check.status == "pass", check.detail
+    assert "orchestrator-runsc-build (--network=none --oci-seccomp --overlay2=none)" in check.detail
+    # The same engine asked for a flag its build runtime lacks: the one-line fix.
+    stricter = {**wanted, "orchestrator-runsc-build": [*wanted["orchestrator-runsc-build"],
+                                                      "--not-a-flag"]}  # fmt: skip
+    check = build_runtimes_check(facts, wanted=stricter, needed=True, setup=setup_command())
+    assert check.status == "fail" and check.fix == "sudo orchestrator engine setup --gvisor"
+    assert check.detail.startswith("orchestrator-runsc-build runs without --not-a-flag: ")
