@@ -538,10 +538,13 @@ class Builder:
                 continue
             target = options.get("target") or options.get("dst") or options.get("destination")
             scratch.append(posixpath.join(workdir, target or ""))
-        secrets = [
-            (found, posixpath.normpath(posixpath.join(workdir, found.target)))
-            for found in secret_mounts(self.file, instruction)
-        ]
+        secrets = []
+        for found in secret_mounts(self.file, instruction):
+            target = posixpath.normpath(posixpath.join(workdir, found.target))
+            if target == "/":
+                raise self.file.refuse(instruction, f"--mount=type=secret,id={found.id}: "
+                                       "target=/: name a file")  # fmt: skip
+            secrets.append((found, target))
         spec = self._spec(state, argv, tuple(scratch))
         return (replace(spec, network="allowlist") if self.allow else spec), secrets
 
