@@ -56,12 +56,16 @@ def build_image(
     pids: int | None = None,
     timeout: float | None = None,
     disk: int | None = None,
+    allow: list[str] | None = None,
     say: Callable[[str], None] | None = None,
     engine: StepEngine | None = None,
 ) -> BuildResult:
     """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
     ``context`` with the project's limits (``memory``... override them for this build),
-    audited in the project's log; tag the image ``tag``. Raises :class:`BuildRefused`
+    audited in the project's log; tag the image ``tag``. ``allow``: destinations this
+    build's steps may reach too, on top of the project's ``build.allow`` (given at run
+    time, never written into a file: the host's apt archives for ``orchestrator images
+    build``). Raises :class:`BuildRefused`
     (one line: ``FILE:LINE: INSTRUCTION: why``) or :class:`StepFailed` (a ``RUN`` failed:
     its exit code is ``exit_code``)."""
     from orchestrator.build.builder import Builder
@@ -72,6 +76,13 @@ def build_image(
     from orchestrator.policy.grant import resolve_limits
     from orchestrator.runtime import open_audit
 
+    if allow:
+        from orchestrator.config.allowlist import validate_allowlist
+
+        try:
+            validate_allowlist(allow)
+        except ValueError as exc:
+            raise BuildRefused(f"the build's allowlist: {exc}") from None
     loaded = load_project(Path(project))
     settings = loaded.config.build
     overrides = Resources(memory=memory, cpus=cpus, pids=pids, timeout=timeout)
@@ -96,7 +107,8 @@ def build_image(
 
                 engine = DockerStepEngine()
             builder = Builder(engine, audit, folder, parsed, step_limits,
-                              build_args=build_args, no_cache=no_cache, allow=settings.allow,
+                              build_args=build_args, no_cache=no_cache,
+                              allow=[*settings.allow, *(allow or [])],
                               services=[s.network for s in loaded.config.network.services],
                               secrets=_secrets(loaded, audit), say=say)  # fmt: skip
             return builder.build(target, tag)
