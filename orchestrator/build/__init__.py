@@ -9,7 +9,9 @@
 
 See docs/build.md. The modules: :mod:`.dockerfile` (parse, check, stages; pure),
 :mod:`.words` (quotes and ``$VAR``; pure), :mod:`.context` (the context as hostile input),
-:mod:`.engine` (the engine seam), :mod:`.builder` (the steps, the cache, the audit).
+:mod:`.engine` (the engine seam), :mod:`.secrets` (``RUN --mount=type=secret``: the
+project's declared build secrets, a file for one step), :mod:`.builder` (the steps, the
+cache, the audit).
 """
 
 from __future__ import annotations
