@@ -42,7 +42,7 @@ from orchestrator.docker import DockerEngine
 from orchestrator.policy import worker_identity
 from orchestrator.prepare import prepare
 from orchestrator.runtime.execs import run_exec
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 
 TARGET_RATIO = 1.3
 MB = 1 << 20
@@ -72,7 +72,7 @@ def main() -> None:
         loaded = load_project(root)
         prepared = prepare(loaded, load_worker(loaded, "w"))
         spec = prepared.spec
-        prepare_filesystem(prepared)
+        make_host_folders(prepared)
         container_id = engine.create(spec)
         engine.start(container_id)
         cid = container_id

@@ -39,7 +39,8 @@ def backend_class(name: str) -> type[ContainerBackend] | type[SwarmBackend]:
 def make_backend(name: str, *, engine: Engine | None = None) -> Backend:
     """The backend called ``name``; ``engine``: the container engine of the docker
     backend (default: Docker's, connected on first use)."""
-    if backend_class(name).name == "swarm":
+    backend_class(name)  # an unknown name is refused here
+    if name == "swarm":
         from orchestrator.docker.swarm import SwarmBackend
 
         return SwarmBackend()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config import load_project
 from orchestrator.config.loader import PROJECT_FILE
 from orchestrator.runtime.engine import ManagedObject
-from orchestrator.runtime.preparation import open_audit
+from orchestrator.runtime.host_folders import open_audit
 from orchestrator.runtime.run_folders import FolderSweep
 from orchestrator.runtime.session_folders import SessionPrune
 

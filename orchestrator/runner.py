@@ -34,8 +34,8 @@ from orchestrator.config import Project, Worker, load_project
 from orchestrator.errors import ConfigError, OrchestratorError, PolicyError
 from orchestrator.plan import supervisor_for
 from orchestrator.prepare import Prepared, load_and_prepare, prepare
+from orchestrator.runtime.host_folders import open_audit
 from orchestrator.runtime.outbox import StagingReader
-from orchestrator.runtime.preparation import open_audit
 from orchestrator.runtime.run import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_LIFETIME,
@@ -100,7 +100,8 @@ class Orchestrator:
         self.staging = StagingReader(self.project, self.audit)
         self._engine = engine
         self._backend: Backend | None = None if isinstance(backend, str) else backend
-        self._backend_name = backend if isinstance(backend, str) else backend.name
+        # A given backend's name is not asked for now: the container backend's asks its engine.
+        self._backend_name = backend if isinstance(backend, str) else ""
 
     def close(self) -> None:
         """Release the audit log's descriptors (it reopens them if used again)."""
@@ -133,7 +134,7 @@ class Orchestrator:
                 self._engine = DockerEngine()
             else:
                 raise OrchestratorError(
-                    f"the {self._backend_name} backend cannot hold a session, a warm pool or "
+                    f"the {self.backend.name} backend cannot hold a session, a warm pool or "
                     "a child worker: use the docker backend (--engine docker)"
                 )
         return self._engine

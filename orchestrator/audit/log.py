@@ -40,7 +40,7 @@ from orchestrator.audit.files import (
 )
 from orchestrator.audit.filters import AuditFilter, LineMatcher
 from orchestrator.audit.prune import PruneResult, prune_locked
-from orchestrator.audit.redact import Redactor
+from orchestrator.audit.redact import TextRedactor
 from orchestrator.audit.timeutil import format_timestamp, utc_now
 from orchestrator.hostfs.paths import open_path
 
@@ -93,7 +93,7 @@ class AuditLog:
         """Use the log at ``path``, redacting every value of ``redact``."""
         self.path = Path(path)
         self.lock_path = lock_path_for(self.path)
-        self._redactor = Redactor(redact)
+        self._redactor = TextRedactor(redact)
         self._mutex = threading.Lock()
         self._handles = _Handles()
         self._finalizer = weakref.finalize(self, self._handles.close)

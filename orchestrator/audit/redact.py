@@ -1,12 +1,12 @@
 """Keep secret values out of the audit log.
 
-A :class:`Redactor` holds the secret values registered so far and replaces every literal
+A :class:`TextRedactor` holds the secret values registered so far and replaces every literal
 occurrence of any of them, in every string of an entry (field values, nested metadata
 values and dict keys alike), with :data:`REDACTED`. Occurrences that overlap are merged so
 no fragment of a secret survives. Values shorter than :data:`MIN_SECRET_LENGTH` characters
 are ignored: redacting ``"a"`` or ``"on"`` would mangle every entry and hide nothing.
 
-:meth:`Redactor.clean` also turns any value into plain JSON data (paths, dates, enums,
+:meth:`TextRedactor.clean` also turns any value into plain JSON data (paths, dates, enums,
 sets and other objects become strings or lists) so every entry can be written and hashed,
 and every string of it into valid UTF-8 (:func:`~orchestrator.escaping.escape_surrogates`:
 a worker's undecodable file name ``bad\xff.txt`` is recorded as that text).
@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrator.escaping import escape_surrogates
 
-__all__ = ["MIN_SECRET_LENGTH", "REDACTED", "Redactor"]
+__all__ = ["MIN_SECRET_LENGTH", "REDACTED", "TextRedactor"]
 
 #: What a secret is replaced with.
 REDACTED = "[REDACTED]"
@@ -34,7 +34,7 @@ MIN_SECRET_LENGTH = 4
 _CYCLE = "[cycle]"
 
 
-class Redactor:
+class TextRedactor:
     """Replace registered secret values in strings and nested JSON data."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:

@@ -10,13 +10,13 @@
 
 See ``docs/batch.md``: inputs (:mod:`.inputs`), the batch folder and ``results.jsonl``
 (:mod:`.folder`), the single change set keyed by input (:mod:`.staging`), threads,
-retries, fail-fast and interruption (:mod:`.engine`), resume (:mod:`.runner`).
+retries, fail-fast and interruption (:mod:`.scheduler`), resume (:mod:`.runner`).
 """
 
-from orchestrator.batch.engine import ATTEMPTS, DONE, WORKER_FAILED, BatchResult
 from orchestrator.batch.folder import BATCHES_FOLDER, BatchFolder, BatchLocked
 from orchestrator.batch.inputs import BatchInput, expand
 from orchestrator.batch.runner import run_batch, worker_hash
+from orchestrator.batch.scheduler import ATTEMPTS, DONE, WORKER_FAILED, BatchResult
 from orchestrator.batch.staging import MANIFEST_NAME, BatchOutbox, BatchStaging
 
 __all__ = [

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.batch.engine import DONE, Batch, BatchResult, Event, RunOne
 from orchestrator.batch.folder import BatchFolder
 from orchestrator.batch.inputs import BatchInput, expand, file_sha256
+from orchestrator.batch.scheduler import DONE, BatchResult, BatchScheduler, Event, RunOne
 from orchestrator.batch.staging import BatchStaging, make_change_set
 from orchestrator.errors import ConfigError
 from orchestrator.prepare.inputs import LinkFree, shown
@@ -126,7 +126,7 @@ def run_batch(
         pool = _pool(orch, worker, todo, concurrency, use_pool, run_one, options)
         try:
             one = run_one or (_pooled(pool) if pool else _cold(orch, worker, options))
-            batch = Batch(
+            batch = BatchScheduler(
                 folder,
                 todo,
                 one,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.audit.redact import Redactor
+from orchestrator.audit.redact import TextRedactor
 from orchestrator.clearance.checks import (
     check_base,
     check_work_tree,
@@ -41,7 +41,7 @@ from orchestrator.clearance.gitrepo import GitFailure, GitRepo
 from orchestrator.clearance.paths import check_paths
 from orchestrator.clearance.push import plan_push
 from orchestrator.clearance.scan import ScanOutcome, scan
-from orchestrator.clearance.steps import Run, ask, mark, push, summarise
+from orchestrator.clearance.steps import Clearing, ask, mark, push, summarise
 from orchestrator.clearance.store import (
     ChangeSet,
     ChangeStore,
@@ -103,7 +103,7 @@ def clear(
     :class:`PushFailed` when the commit is made and marked but the push failed.
     """
     events = Events(audit, change_id, repo)
-    redactor = Redactor()
+    redactor = TextRedactor()
     if credential is not None and credential.explicit:
         redactor.add(credential.reveal())
         if audit is not None:
@@ -115,7 +115,7 @@ def clear(
         events.bind(changeset)
         git_repo = _open(repo, change_id, redactor)
         try:
-            run = Run(
+            clearing = Clearing(
                 store=store,
                 change_id=change_id,
                 repo=git_repo,
@@ -129,7 +129,7 @@ def clear(
                 scanners=scanners,
                 protected=_inside(git_repo.root, [store.root, *protected]),
             )
-            return _clear(run, changeset, branch)
+            return _clear(clearing, changeset, branch)
         except GitFailure as exc:
             raise git_repo.error(f"git {exc.command} failed: {one_line(exc.detail)}") from None
         finally:
@@ -144,8 +144,8 @@ def clear(
         raise
 
 
-def _clear(run: Run, changeset: ChangeSet, branch: str | None) -> ClearResult:
-    repo = run.repo
+def _clear(clearing: Clearing, changeset: ChangeSet, branch: str | None) -> ClearResult:
+    repo = clearing.repo
     status = status_of(changeset)
     kind, zone = target_of(changeset)
     if kind != "repo":
@@ -158,52 +158,57 @@ def _clear(run: Run, changeset: ChangeSet, branch: str | None) -> ClearResult:
     problems = repo.config_problems()
     if problems:
         raise repo.error(problems[0])
-    run.current = repo.current_branch()
-    target = branch or run.current
+    clearing.current = repo.current_branch()
+    target = branch or clearing.current
     if target is None:
         raise repo.error("HEAD is detached; check out a branch or name one with --branch NAME")
     if not repo.valid_branch(target):
         raise repo.error(f"'{target}' is not a valid branch name; pick another --branch")
-    run.branch = target
-    found = repo.find_trailer(run.change_id)
+    clearing.branch = target
+    found = repo.find_trailer(clearing.change_id)
     if status == "committed" or found is not None:
-        return _already_committed(run, changeset, status, found)
-    return _apply_and_commit(run, changeset, status)
+        return _already_committed(clearing, changeset, status, found)
+    return _apply_and_commit(clearing, changeset, status)
 
 
 def _already_committed(
-    run: Run, changeset: ChangeSet, status: str, found: str | None
+    clearing: Clearing, changeset: ChangeSet, status: str, found: str | None
 ) -> ClearResult:
     """A commit with the trailer exists (or the store says committed): never apply again."""
-    repo, count = run.repo, len(changeset.files)
+    repo, count = clearing.repo, len(changeset.files)
     if found is None:
-        if run.push:
+        if clearing.push:
             raise repo.error(
                 "it is marked committed, but no local branch holds a commit with its "
                 "Staged-Id trailer; there is nothing to push"
             )
-        return ClearResult(run.change_id, None, run.branch, count, already=True)
+        return ClearResult(clearing.change_id, None, clearing.branch, count, already=True)
     if status != "committed":
-        mark(run, status, found, {"recovered": True})
-    if not run.push:
-        return ClearResult(run.change_id, found, run.branch, count, already=True)
-    tip = repo.commit_of(f"refs/heads/{run.branch}")
+        mark(clearing, status, found, {"recovered": True})
+    if not clearing.push:
+        return ClearResult(clearing.change_id, found, clearing.branch, count, already=True)
+    tip = repo.commit_of(f"refs/heads/{clearing.branch}")
     ancestor = tip is not None and (
         repo.run_full("merge-base", "--is-ancestor", found, tip, ok=(0, 1))[0] == 0
     )
     if not ancestor:
         raise repo.error(
-            f"its commit {found[:12]} is not on branch {run.branch}; name the branch holding "
+            f"its commit {found[:12]} is not on branch {clearing.branch}; name the branch holding "
             "it with --branch NAME"
         )
-    plan = plan_push(repo, run.remote, run.credential)
-    ask(run, summarise(run, changeset, [], ScanOutcome((), ()), new_branch=False, commit=found))
-    push(run, plan, found)
-    return ClearResult(run.change_id, found, run.branch, count, True, run.remote, already=True)
+    plan = plan_push(repo, clearing.remote, clearing.credential)
+    ask(
+        clearing,
+        summarise(clearing, changeset, [], ScanOutcome((), ()), new_branch=False, commit=found),
+    )
+    push(clearing, plan, found)
+    return ClearResult(
+        clearing.change_id, found, clearing.branch, count, True, clearing.remote, already=True
+    )
 
 
-def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResult:
-    repo, change_id = run.repo, run.change_id
+def _apply_and_commit(clearing: Clearing, changeset: ChangeSet, status: str) -> ClearResult:
+    repo, change_id = clearing.repo, clearing.change_id
     try:
         changes = file_changes(changeset)
         trailers = {"Worker": trailer_value("worker", changeset.worker)}
@@ -214,44 +219,47 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
         raise repo.error(f"the manifest is unusable: {exc}; stage the change set again") from None
     if not changes:
         raise repo.error("it lists no files; there is nothing to commit")
-    parts = check_paths(change_id, changes, run.protected)
-    verify_blobs(repo, run.store, change_id)
-    outcome = scan(run.scanners, changeset, run.store)
-    _check_acknowledged(run, outcome.sensitive)
-    if outcome.blocking and not run.override_scanners:
+    parts = check_paths(change_id, changes, clearing.protected)
+    verify_blobs(repo, clearing.store, change_id)
+    outcome = scan(clearing.scanners, changeset, clearing.store)
+    _check_acknowledged(clearing, outcome.sensitive)
+    if outcome.blocking and not clearing.override_scanners:
         more = len(outcome.blocking) - 1
         raise repo.error(
             f"scanners block it: {outcome.blocking[0]}{f' (and {more} more)' if more else ''}; "
             "review the findings, then reject it or pass --override-scanners"
         )
     others = repo.branches_in_other_worktrees()
-    if run.branch in others:
+    if clearing.branch in others:
         raise repo.error(
-            f"branch {run.branch} is checked out in another work tree ({others[run.branch]}); "
-            "clear onto another --branch"
+            f"branch {clearing.branch} is checked out in another work tree "
+            f"({others[clearing.branch]}); clear onto another --branch"
         )
-    checked_out = run.branch == run.current
-    old = repo.commit_of(f"refs/heads/{run.branch}")
+    checked_out = clearing.branch == clearing.current
+    old = repo.commit_of(f"refs/heads/{clearing.branch}")
     base = old if old is not None or checked_out else repo.commit_of("HEAD")
     if old is None and not checked_out and base is None:
         raise repo.error("the repository has no commit to start a new branch from")
     base_tree = repo.tree_entries(base, [change.path for change in changes])
-    check_base(repo, run.branch, changes, base_tree, contents=not checked_out)
-    blobs = {c.path: run.store.blob_path(change_id, c.sha256) for c in changes if c.sha256}
+    check_base(repo, clearing.branch, changes, base_tree, contents=not checked_out)
+    blobs = {c.path: clearing.store.blob_path(change_id, c.sha256) for c in changes if c.sha256}
     targets = entries(repo, changes, blobs, write=False)
     resume = checked_out and check_work_tree(repo, changes, parts, base_tree, targets)
-    plan = plan_push(repo, run.remote, run.credential) if run.push else None
-    ask(run, summarise(run, changeset, changes, outcome, new_branch=old is None, resume=resume))
+    plan = plan_push(repo, clearing.remote, clearing.credential) if clearing.push else None
+    ask(
+        clearing,
+        summarise(clearing, changeset, changes, outcome, new_branch=old is None, resume=resume),
+    )
     if checked_out:  # the prompt may have waited a long time: look again before writing
         check_work_tree(repo, changes, parts, base_tree, targets)
     if outcome.sensitive:
-        run.events.record(
+        clearing.events.record(
             "clearance.acknowledged",
             reason="files that run code by themselves acknowledged by name",
             metadata={"paths": list(outcome.sensitive)},
         )
     if outcome.blocking:
-        run.events.record(
+        clearing.events.record(
             "clearance.override",
             reason="blocking scanner findings overridden",
             metadata={"findings": list(outcome.blocking)},
@@ -277,11 +285,11 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
             )
     _checkpoint("commit-written")
     if checked_out:
-        _apply(run, changes, parts, blobs)
+        _apply(clearing, changes, parts, blobs)
         _checkpoint("applied")
         repo.update_index(written)
         _checkpoint("index-updated")
-    current = run.store.get(change_id).status
+    current = clearing.store.get(change_id).status
     if current != status:  # rejected or discarded by someone else while this ran
         raise repo.error(
             f"change set {change_id} became {current} while clearing; the branch was not "
@@ -289,48 +297,48 @@ def _apply_and_commit(run: Run, changeset: ChangeSet, status: str) -> ClearResul
             "checkout -- <paths>` undoes them)"
         )
     try:
-        repo.update_ref(run.branch, commit, old, f"clearance: change set {change_id}")
+        repo.update_ref(clearing.branch, commit, old, f"clearance: change set {change_id}")
     except GitFailure as exc:
         raise repo.error(
-            f"branch {run.branch} moved while clearing ({one_line(exc.detail)}); "
+            f"branch {clearing.branch} moved while clearing ({one_line(exc.detail)}); "
             "run the command again"
         ) from None
     _checkpoint("ref-updated")
-    mark(run, status, commit, {"files": len(changes), "new_branch": old is None})
+    mark(clearing, status, commit, {"files": len(changes), "new_branch": old is None})
     _checkpoint("marked")
     if checked_out:
         tree = WorkTree(repo.root)
         for change in changes:
             tree.remove_temp(parts[change.path], temp_name(change_id, change.path))
     if plan is not None:
-        push(run, plan, commit)
-    remote = run.remote if plan is not None else None
+        push(clearing, plan, commit)
+    remote = clearing.remote if plan is not None else None
     return ClearResult(
-        change_id, commit, run.branch, len(changes), plan is not None, remote, resumed=resume
+        change_id, commit, clearing.branch, len(changes), plan is not None, remote, resumed=resume
     )
 
 
-def _check_acknowledged(run: Run, sensitive: tuple[str, ...]) -> None:
+def _check_acknowledged(clearing: Clearing, sensitive: tuple[str, ...]) -> None:
     """Every path that runs code by itself must be acknowledged by name, and only those."""
-    missing = [path for path in sensitive if path not in run.acknowledged]
+    missing = [path for path in sensitive if path not in clearing.acknowledged]
     if missing:
         flags = " ".join(f"--ack-sensitive {shlex.quote(path)}" for path in missing[:10])
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
-        raise run.repo.error(
+        raise clearing.repo.error(
             f"it changes {len(missing)} file(s) that run code by themselves at the next "
             f"build, test or CI run: {', '.join(missing[:10])}{more}; read them in "
-            f"`orchestrator staged show {run.change_id}`, then pass {flags}{more}"
+            f"`orchestrator staged show {clearing.change_id}`, then pass {flags}{more}"
         )
-    unknown = [path for path in run.acknowledged if path not in sensitive]
+    unknown = [path for path in clearing.acknowledged if path not in sensitive]
     if unknown:
         listed = ", ".join(sensitive) or "none"
-        raise run.repo.error(
+        raise clearing.repo.error(
             f"--ack-sensitive {shlex.quote(unknown[0])} names no file of it that runs code "
             f"by itself (those are: {listed}); fix the path"
         )
 
 
-def _open(repo: Path, change_id: str, redactor: Redactor) -> GitRepo:
+def _open(repo: Path, change_id: str, redactor: TextRedactor) -> GitRepo:
     try:
         return GitRepo(repo, change_id=change_id, redactor=redactor)
     except GitFailure as exc:
@@ -356,22 +364,22 @@ def _load(store: ChangeStore, change_id: str) -> ChangeSet:
 
 
 def _apply(
-    run: Run,
+    clearing: Clearing,
     changes: list[FileChange],
     parts: dict[str, tuple[str, ...]],
     blobs: dict[str, Path],
 ) -> None:
-    work_tree = WorkTree(run.repo.root)
+    work_tree = WorkTree(clearing.repo.root)
     for change in changes:
         where = parts[change.path]
         try:
             if change.sha256 is None or change.mode is None:
                 work_tree.delete(where)
             else:
-                tmp = temp_name(run.change_id, change.path)
+                tmp = temp_name(clearing.change_id, change.path)
                 work_tree.write(where, blobs[change.path], change.sha256, change.mode, tmp)
         except (UnsafePath, OSError) as exc:
-            raise run.repo.error(
+            raise clearing.repo.error(
                 f"{change.path} could not be written: {exc}; the files written so far hold "
                 "this change set's content, so fix the cause and run the command again"
             ) from None

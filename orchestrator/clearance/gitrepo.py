@@ -28,7 +28,7 @@ from typing import Any
 
 import git
 
-from orchestrator.audit.redact import Redactor
+from orchestrator.audit.redact import TextRedactor
 from orchestrator.clearance.errors import ClearanceError
 
 __all__ = ["SAFE_CONFIG", "GitFailure", "GitRepo", "TreeEntry"]
@@ -74,9 +74,9 @@ class TreeEntry:
 class GitRepo:
     """One work tree and its repository; every command runs with :data:`SAFE_CONFIG`."""
 
-    def __init__(self, path: Path, *, change_id: str, redactor: Redactor | None = None) -> None:
+    def __init__(self, path: Path, *, change_id: str, redactor: TextRedactor | None = None) -> None:
         self.change_id = change_id
-        self.redactor = redactor or Redactor()
+        self.redactor = redactor or TextRedactor()
         for name in REDIRECTING_ENV:
             if os.environ.get(name):
                 raise self.error(

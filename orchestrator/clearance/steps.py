@@ -1,4 +1,4 @@
-"""The steps of a clearance that more than one path through it shares: the run's state,
+"""The steps of a clearance that more than one path through it shares: the clearing's state,
 marking the change set, pushing, asking, and the summary shown before anything changes."""
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from orchestrator.errors import OrchestratorError
 if TYPE_CHECKING:
     from orchestrator.credentials import Credential
 
-__all__ = ["STORE_ERRORS", "Run", "ask", "mark", "push", "summarise"]
+__all__ = ["STORE_ERRORS", "Clearing", "ask", "mark", "push", "summarise"]
 
 #: What a store may raise when it cannot do what was asked.
 STORE_ERRORS = (OrchestratorError, LookupError, OSError, ValueError)
 
 
 @dataclass
-class Run:
+class Clearing:
     """One call of :func:`clear`: its arguments and what was found on the way."""
 
     store: ChangeStore
@@ -47,72 +47,72 @@ class Run:
     current: str | None = None
 
 
-def mark(run: Run, status: str, commit: str, metadata: dict[str, object]) -> None:
+def mark(clearing: Clearing, status: str, commit: str, metadata: dict[str, object]) -> None:
     """Mark the change set committed (compare-and-set from ``status``) and audit it."""
     recovered = bool(metadata.get("recovered"))
-    reason = f"commit {commit} on {run.branch}"
+    reason = f"commit {commit} on {clearing.branch}"
     if recovered:
         reason += " (found after an interrupted clearance)"
     try:
-        run.store.set_status(run.change_id, "committed", reason=reason, expect=status)
+        clearing.store.set_status(clearing.change_id, "committed", reason=reason, expect=status)
     except STORE_ERRORS as exc:
-        raise run.repo.error(
-            f"committed as {commit[:12]} on {run.branch}, but the store could not be updated "
+        raise clearing.repo.error(
+            f"committed as {commit[:12]} on {clearing.branch}, but the store could not be updated "
             f"({one_line(str(exc))}); run the command again to mark it"
         ) from None
-    run.events.record(
+    clearing.events.record(
         "clearance.committed",
         reason=reason,
-        metadata={"commit": commit, "branch": run.branch, **metadata},
+        metadata={"commit": commit, "branch": clearing.branch, **metadata},
     )
 
 
-def push(run: Run, plan: PushPlan, commit: str) -> None:
+def push(clearing: Clearing, plan: PushPlan, commit: str) -> None:
     """Push the branch; a failure keeps the commit and raises :class:`PushFailed`."""
-    if run.credential is not None:
-        run.events.record(
+    if clearing.credential is not None:
+        clearing.events.record(
             "credential.used",
-            reason=f"push to '{run.remote}'",
+            reason=f"push to '{clearing.remote}'",
             metadata={
-                "credential": run.credential.name,
-                "mode": run.credential.mode,
-                "remote": run.remote,
+                "credential": clearing.credential.name,
+                "mode": clearing.credential.mode,
+                "remote": clearing.remote,
             },
         )
     try:
-        report = run_push(run.repo, plan, run.branch)
+        report = run_push(clearing.repo, plan, clearing.branch)
     except GitFailure as exc:
         raise PushFailed(
-            f"change set {run.change_id}: committed as {commit[:12]} on {run.branch}, but the "
-            f"push to '{run.remote}' failed: {one_line(exc.detail)}; the commit is safe, "
-            f"retry with `orchestrator clear {run.change_id} --push`",
-            change_id=run.change_id,
+            f"change set {clearing.change_id}: committed as {commit[:12]} on {clearing.branch}, "
+            f"but the push to '{clearing.remote}' failed: {one_line(exc.detail)}; the commit is "
+            f"safe, retry with `orchestrator clear {clearing.change_id} --push`",
+            change_id=clearing.change_id,
             commit=commit,
-            remote=run.remote,
+            remote=clearing.remote,
         ) from None
-    run.events.record(
+    clearing.events.record(
         "clearance.pushed",
-        reason=f"pushed {run.branch} to '{run.remote}'",
+        reason=f"pushed {clearing.branch} to '{clearing.remote}'",
         metadata={
             "commit": commit,
-            "branch": run.branch,
-            "remote": run.remote,
+            "branch": clearing.branch,
+            "remote": clearing.remote,
             "report": one_line(report),
         },
     )
 
 
-def ask(run: Run, summary: Summary) -> None:
+def ask(clearing: Clearing, summary: Summary) -> None:
     """Show ``summary`` through the confirm callback; a no raises ClearanceDeclined."""
-    if run.confirm is not None and not run.confirm(summary):
+    if clearing.confirm is not None and not clearing.confirm(summary):
         raise ClearanceDeclined(
-            f"change set {run.change_id}: not confirmed; nothing was cleared or pushed",
-            change_id=run.change_id,
+            f"change set {clearing.change_id}: not confirmed; nothing was cleared or pushed",
+            change_id=clearing.change_id,
         )
 
 
 def summarise(
-    run: Run,
+    clearing: Clearing,
     changeset: ChangeSet,
     changes: list[FileChange],
     outcome: ScanOutcome,
@@ -123,23 +123,23 @@ def summarise(
 ) -> Summary:
     """What is about to happen, for the confirm callback."""
     return Summary(
-        change_id=run.change_id,
+        change_id=clearing.change_id,
         worker=str(changeset.worker),
         run_id=str(changeset.run_id or "-"),
         trust=str(getattr(changeset.trust, "value", changeset.trust)),
         message=clean_message(changeset.message, str(changeset.worker)),
-        repo=run.repo.root,
-        branch=run.branch,
+        repo=clearing.repo.root,
+        branch=clearing.branch,
         new_branch=new_branch,
-        work_tree=run.branch == run.current,
+        work_tree=clearing.branch == clearing.current,
         files=tuple(SummaryFile(c.path, c.operation, c.size, c.mode) for c in changes),
         scans=outcome.findings,
         blocking=outcome.blocking,
         passed=outcome.passed,
-        override_scanners=run.override_scanners,
-        push=run.push,
-        remote=run.remote if run.push else None,
-        credential=run.credential.name if run.credential is not None else None,
+        override_scanners=clearing.override_scanners,
+        push=clearing.push,
+        remote=clearing.remote if clearing.push else None,
+        credential=clearing.credential.name if clearing.credential is not None else None,
         resume=resume,
         commit=commit,
         acknowledged=outcome.sensitive,

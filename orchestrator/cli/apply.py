@@ -34,8 +34,8 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
     """
     from orchestrator.config import load_project, load_worker
     from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime.host_folders import open_audit
     from orchestrator.runtime.outbox import change_store, zone_limits
-    from orchestrator.runtime.preparation import open_audit
     from orchestrator.staging import scanners_for
     from orchestrator.staging.apply import apply_to_zone
 

@@ -56,7 +56,7 @@ def open_store(project_dir: Path) -> tuple[Project, ChangeStore]:
 
 
 def _record(project: Project, operation: str, change: ChangeSet, **extra: Any) -> None:
-    from orchestrator.runtime.preparation import open_audit
+    from orchestrator.runtime.host_folders import open_audit
     from orchestrator.staging import record_change
 
     with open_audit(project) as audit:

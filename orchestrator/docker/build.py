@@ -83,7 +83,7 @@ class DockerStepEngine:
         """An internal network of the build's own (owner-labelled: ``gc`` removes it after
         a crash) with the shared egress proxy attached, as an allowlisted run gets."""
         spec = self._network_spec(build_id, allow, services)
-        networks.prepare_network(self.client, spec)
+        networks.set_up_network(self.client, spec)
         return network_name(spec)
 
     def close_network(self, network: str) -> None:

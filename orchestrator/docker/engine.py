@@ -489,14 +489,17 @@ class DockerEngine(DockerClient):
             sock.close()
             raw.close()
 
+    def flavour(self) -> str:
+        return podman.engine_kind(self).flavour
+
     # The networks module (and the egress proxy's, which it imports) is loaded only when
     # a run needs a network: a ``none`` run does not pay for importing it.
-    def prepare_network(self, spec: ContainerSpec) -> ManagedObject | None:
+    def set_up_network(self, spec: ContainerSpec) -> ManagedObject | None:
         if spec.network.mode == "none":
             return None
         from orchestrator.docker import networks
 
-        return networks.prepare_network(self, spec)
+        return networks.set_up_network(self, spec)
 
     def network_decisions(self, spec: ContainerSpec, since: datetime) -> EgressLog:
         from orchestrator.docker import networks

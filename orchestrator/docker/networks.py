@@ -52,7 +52,7 @@ _RUN_SUBNETS: dict[str, list[ipaddress.IPv4Network]] = {}
 _FOLLOWED: dict[str, DecisionLog] = {}
 
 
-def prepare_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObject | None:
+def set_up_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObject | None:
     """Create or reuse what ``spec``'s network mode needs; return the run's own network
     (an allowlist's), which the run removes at its end."""
     if spec.network.mode == "allowlist":

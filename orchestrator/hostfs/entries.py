@@ -1,6 +1,6 @@
 """One entry of a host folder a worker may have changed: open it, read its bits, name it.
 
-Shared by the preparation of zones, the placing of per-run inputs, staging and the
+Shared by the making of a run's host folders, the placing of per-run inputs, staging and the
 host-side file API: all of them look at entries whose names can be swapped for links
 between a listing and an open. What an entry is comes from one table, :data:`KINDS`, in
 the words each kind of message uses.

@@ -2,7 +2,7 @@
 
 :func:`prepare` is pure (no engine, no zone I/O beyond looking for ``.git``), so ``plan``
 shows exactly what ``run`` will do. The host folders a run mounts are made later, just
-before its container is created (:func:`orchestrator.runtime.preparation.prepare_filesystem`).
+before its container is created (:func:`orchestrator.runtime.host_folders.make_host_folders`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
 from orchestrator.review.changes import audit_entries, change_rows, change_view
 from orchestrator.review.guard import ASGIApp, Secrets, guard
-from orchestrator.runtime.preparation import open_audit
+from orchestrator.runtime.host_folders import open_audit
 from orchestrator.staging import ChangeStore, record_change
 
 __all__ = ["STATUSES", "Shown", "make_app"]

@@ -12,7 +12,7 @@ from orchestrator.runtime.engine import (
     Networks,
 )
 from orchestrator.runtime.gc import GcReport, collect
-from orchestrator.runtime.preparation import open_audit
+from orchestrator.runtime.host_folders import open_audit
 from orchestrator.runtime.run import Interrupted, RunResult, execute
 
 __all__ = [

@@ -183,8 +183,10 @@ class Launch(Protocol):
 class Backend(Protocol):
     """Where runs run; see the module docstring. Chosen once, by its owner."""
 
-    name: str
-    """Recorded as ``engine`` in ``run.started``."""
+    @property
+    def name(self) -> str:
+        """Recorded as ``engine`` in ``run.started``: ``docker`` or ``podman`` for the
+        container backend (the engine that answers), ``swarm``."""
 
     secret_files: bool
     """Whether the worker's secrets reach it as files in the run's secrets folder, written

@@ -50,11 +50,15 @@ __all__ = ["ContainerBackend", "ContainerLaunch"]
 class ContainerBackend:
     """Runs as containers on ``engine``; see the module docstring."""
 
-    name = "docker"
     secret_files = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    @property
+    def name(self) -> str:
+        """The engine's own name (``docker`` or ``podman``), asked when a run records it."""
+        return self.engine.flavour()
 
     @property
     def interactive(self) -> Engine:
@@ -104,7 +108,7 @@ class ContainerLaunch:
 
     def prepare(self) -> None:
         if self.spec.network.mode != "none":
-            self.network = self.engine.prepare_network(self.spec)
+            self.network = self.engine.set_up_network(self.spec)
 
     def create(
         self, spec: ContainerSpec, secrets: Mapping[str, str], *, started: Callable[[], None]

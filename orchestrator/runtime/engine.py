@@ -157,7 +157,7 @@ class Containers(Protocol):
 class Networks(Protocol):
     """The network a run's plan names, and the egress proxy behind an allowlist."""
 
-    def prepare_network(self, spec: ContainerSpec) -> ManagedObject | None:
+    def set_up_network(self, spec: ContainerSpec) -> ManagedObject | None:
         """Create or reuse the network (and egress proxy) ``spec``'s network mode needs.
         Return the run's own network, which the run removes when it ends (None: nothing
         of the run's own, e.g. a network shared by a project's runs)."""
@@ -202,3 +202,7 @@ class Engine(Containers, Networks, CredentialProxies, Inventory, Protocol):
 
     def ping(self) -> None:
         """Raise EngineUnreachable unless the engine answers."""
+
+    def flavour(self) -> str:
+        """Which engine answers: ``docker`` or ``podman`` (a run records it as its
+        ``engine``)."""

@@ -21,7 +21,7 @@ from orchestrator.config import Project
 from orchestrator.config.models import OutboxLimits
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
-from orchestrator.runtime.preparation import pristine_of
+from orchestrator.runtime.host_folders import pristine_of
 
 if TYPE_CHECKING:
     from orchestrator.staging import ChangeStore, Collected

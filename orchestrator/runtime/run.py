@@ -38,11 +38,11 @@ from orchestrator.runtime.broker import Broker
 from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
 from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
 from orchestrator.runtime.engine import EgressLog, Engine, Stream
+from orchestrator.runtime.host_folders import make_host_folders, path_violations
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
-from orchestrator.runtime.preparation import path_violations, prepare_filesystem
 from orchestrator.runtime.removal import Interrupted
-from orchestrator.runtime.secrets import RedactingSink, Redactor, delivered
+from orchestrator.runtime.secrets import RedactingSink, StreamRedactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
 from orchestrator.runtime.setid import SetidSweep, refuse_setid
 
@@ -183,7 +183,7 @@ class Run:
         self.values = _granted_secrets(prepared, secrets or {})
         self.egress_values = {n: (secrets or {}).get(n, "") for n in prepared.grant.egress}
         """Egress credentials: only the run's credential proxy gets them."""
-        self.redactor = Redactor([*self.values.values(), *self.egress_values.values()])
+        self.redactor = StreamRedactor([*self.values.values(), *self.egress_values.values()])
         self.on_output = on_output
         self.gc = gc
         """Whether :meth:`open` first removes what dead owners left (a batch does it once)."""
@@ -271,7 +271,7 @@ class Run:
         if spec.image_user and not spec.run_as:  # the image's user, for its execs too
             spec = self.spec = replace(spec, run_as=self.engine.image_defaults(spec.image).user)
             prepared = self.prepared = replace(prepared, spec=spec)
-        prepare_filesystem(prepared)
+        make_host_folders(prepared)
         self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
         if why := backend.setid_refusal(spec, pinned=self._pin):
             refuse_setid(prepared, why=why)

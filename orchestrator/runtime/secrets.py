@@ -3,7 +3,7 @@
 Values are written to a private folder on the host's ``/dev/shm`` (a tmpfs: never on disk),
 readable only by the worker's uid, mounted read-only at ``/run/secrets``, and removed when
 the run ends. They are never placed in the environment. Anything the orchestrator captures
-or logs passes through :class:`Redactor` first.
+or logs passes through :class:`StreamRedactor` first.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def delivered(folder: Path, values: Mapping[str, str], uid: int, gid: int) -> It
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class Redactor:
+class StreamRedactor:
     """Replaces secret values in a byte stream, also across chunk boundaries."""
 
     def __init__(self, values: Mapping[str, str] | list[str]) -> None:
@@ -113,9 +113,9 @@ class RedactingSink:
 
     def __init__(self, sink: Callable[[Stream, bytes], None], values: Mapping[str, str]) -> None:
         self.sink = sink
-        self.redactors: dict[Stream, Redactor] = {
-            "stdout": Redactor(values),
-            "stderr": Redactor(values),
+        self.redactors: dict[Stream, StreamRedactor] = {
+            "stdout": StreamRedactor(values),
+            "stderr": StreamRedactor(values),
         }
 
     def __call__(self, stream: Stream, chunk: bytes) -> None:

@@ -109,7 +109,7 @@ def refuse_setid(prepared: Prepared, *, why: str) -> None:
 def _mounted(prepared: Prepared) -> list[tuple[str, Path, frozenset[Ident]]]:
     """What a run mounts from the host: ``(label, path, idents not to enter)``. Not the
     outbox (a tmpfs, or an empty results folder) nor ``ask`` copies (made without set-id
-    bits, see :func:`~orchestrator.runtime.preparation.private_copy`)."""
+    bits, see :func:`~orchestrator.runtime.host_folders.private_copy`)."""
     grant, paths = prepared.grant, prepared.paths
     hidden = [paths.sandbox_root]
     for zone in grant.zones:

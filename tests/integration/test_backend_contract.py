@@ -4,8 +4,8 @@ A run's host side (folders, access, set-id sweep, staging, the audit log's start
 is :class:`orchestrator.runtime.run.Run`, once; a backend only launches, waits, reads and
 removes (:mod:`orchestrator.runtime.backend`). These cases run the same workers through an
 :class:`~orchestrator.Orchestrator` on each backend and assert the same outcome, result and
-audit operations: on the tests' fake engine and the real one (Docker, or Podman with
-``--engine=podman``), and on Docker against a swarm.
+audit operations, each with the same metadata keys: on the tests' fake engine and the
+real one (Docker, or Podman with ``--engine=podman``), and on Docker against a swarm.
 """
 
 from __future__ import annotations
@@ -31,11 +31,29 @@ sys.exit(3)
 """
 
 
-def operations(project, run_id: str) -> list[str]:
-    """The audit log's operations about one run, in order."""
+#: What a swarm run records beyond a Docker run's keys: what the service does not enforce
+#: (start), the backend and the node the task ran on (end). Nothing a Docker run records
+#: may be missing.
+SWARM_ONLY = {"run.started": {"not_enforced"}, "run.ended": {"engine", "node"}}
+
+
+def entries(project, run_id: str) -> list[dict]:
+    """The audit log's entries about one run, in order."""
     lines = (project.root / ".sandbox" / "audit.jsonl").read_text().splitlines()
-    entries = [json.loads(line) for line in lines]
-    return [e["operation"] for e in entries if e.get("run_id") == run_id]
+    return [e for e in map(json.loads, lines) if e.get("run_id") == run_id]
+
+
+def keys(project, run_id: str) -> list[tuple[str, set[str]]]:
+    """Each of those entries' operation and the keys of its metadata."""
+    return [(e["operation"], set(e.get("metadata") or {})) for e in entries(project, run_id)]
+
+
+def assert_same_keys(docker, swarm) -> None:
+    """The swarm run's entries have the Docker run's metadata keys, plus :data:`SWARM_ONLY`."""
+    assert [op for op, _ in docker] == [op for op, _ in swarm]
+    for (op, ours), (_, theirs) in zip(docker, swarm, strict=True):
+        assert ours - theirs == set(), (op, "missing on the swarm", ours - theirs)
+        assert theirs - ours == SWARM_ONLY.get(op, set()), (op, "only on the swarm", theirs - ours)
 
 
 @pytest.fixture
@@ -50,16 +68,16 @@ def test_docker_and_swarm_run_the_same_lifecycle(engine, swarm, runc_project):
 
     script_worker(runc_project, REPORTS)
     seen = {}
-    for backend in (ContainerBackend(engine), SwarmBackend(swarm)):
+    for kind, backend in (("docker", ContainerBackend(engine)), ("swarm", SwarmBackend(swarm))):
         with Orchestrator(runc_project.root, backend=backend) as orch:
             result = orch.run("w")
-        assert result.exit_code == 3 and result.status == "exited", (backend.name, result)
+        assert result.exit_code == 3 and result.status == "exited", (kind, result)
         assert result.container_removed
         assert "to stdout" in result.stdout and "to stderr" in result.stderr
-        assert result.outbox.files == 1, (backend.name, result.outbox)
-        seen[backend.name] = operations(runc_project, result.run_id)
-    assert seen["docker"] == seen["swarm"]
-    ops = seen["docker"]
+        assert result.outbox.files == 1, (kind, result.outbox)
+        seen[kind] = keys(runc_project, result.run_id)
+    assert_same_keys(seen["docker"], seen["swarm"])
+    ops = [op for op, _ in seen["docker"]]
     assert ops[0] == "run.started" and ops[-1] == "run.ended", ops
     assert "outbox.staged" in ops or any(op.startswith("change") for op in ops), ops
 
@@ -69,14 +87,37 @@ def test_a_timeout_ends_the_same_on_docker_and_swarm(engine, swarm, runc_project
 
     script_worker(runc_project, "import time; time.sleep(60)", "sandbox: {}\nresources: {}")
     seen = {}
-    for backend in (ContainerBackend(engine), SwarmBackend(swarm)):
+    for kind, backend in (("docker", ContainerBackend(engine)), ("swarm", SwarmBackend(swarm))):
         with Orchestrator(runc_project.root, backend=backend) as orch:
             result = orch.run("w", timeout=3)
-        assert result.exit_code == 124 and result.status == "timeout", (backend.name, result)
+        assert result.exit_code == 124 and result.status == "timeout", (kind, result)
         assert result.container_removed and "3" in (result.error or "")
-        seen[backend.name] = operations(runc_project, result.run_id)
-    assert seen["docker"] == seen["swarm"]
-    assert seen["docker"][-1] == "run.ended"
+        seen[kind] = keys(runc_project, result.run_id)
+    assert_same_keys(seen["docker"], seen["swarm"])
+    assert seen["docker"][-1][0] == "run.ended"
+
+
+def test_a_swarm_run_records_the_engine_and_its_default_runtime(engine, swarm, runc_project):
+    """``run.started`` names the backend and the runtime the task got: a service cannot
+    name one, so it is the engine's default (a Docker run records the one it asked for)."""
+    from orchestrator.docker.swarm import SwarmBackend
+
+    runc_project.worker("w", 'command: ["true"]')
+    started = {}
+    for kind, backend in (("docker", ContainerBackend(engine)), ("swarm", SwarmBackend(swarm))):
+        with Orchestrator(runc_project.root, backend=backend) as orch:
+            result = orch.run("w")
+        assert result.exit_code == 0, (kind, result)
+        [started[kind]] = [
+            e["metadata"]
+            for e in entries(runc_project, result.run_id)
+            if e["operation"] == "run.started"
+        ]
+    default = str(swarm.api.info().get("DefaultRuntime") or "runc")
+    assert started["swarm"]["engine"] == "swarm"
+    assert started["swarm"]["runtime"] == default
+    assert started["docker"]["engine"] == engine.flavour()
+    assert started["docker"]["runtime"] == "runc"  # what isolation: runc asks for
 
 
 PRINTS = ["sh", "-c", "printf out; exit 4"]
@@ -93,6 +134,6 @@ def test_the_fake_engine_runs_the_lifecycle_as_the_real_one_does(engine, runc_pr
             result = orch.run("w")
         assert (result.exit_code, result.status, result.stdout) == (4, "exited", "out"), name
         assert result.container_removed, name
-        seen[name] = operations(runc_project, result.run_id)
-    assert seen["fake"] == seen["real"]
-    assert seen["real"][0] == "run.started" and seen["real"][-1] == "run.ended"
+        seen[name] = keys(runc_project, result.run_id)
+    assert seen["fake"] == seen["real"]  # the same operations, each with the same keys
+    assert seen["real"][0][0] == "run.started" and seen["real"][-1][0] == "run.ended"

@@ -936,7 +936,7 @@ def test_a_child_through_the_broker_gets_its_own_network(engine, internet, proje
 
 @docker
 def test_a_full_network_made_without_icc_off_is_replaced_or_refused(engine, project):
-    from orchestrator.docker.networks import NO_ICC, prepare_network
+    from orchestrator.docker.networks import NO_ICC, set_up_network
 
     key = project_key(project.root)
     name = full_network(key)
@@ -945,7 +945,7 @@ def test_a_full_network_made_without_icc_off_is_replaced_or_refused(engine, proj
         name, driver="bridge", labels=eg.shared_labels("full")
     )
     try:
-        prepare_network(engine, spec)  # unused: replaced
+        set_up_network(engine, spec)  # unused: replaced
         options = engine.api.inspect_network(name)["Options"]
         assert options.items() >= NO_ICC.items()
         release_network(engine, name)
@@ -953,7 +953,7 @@ def test_a_full_network_made_without_icc_off_is_replaced_or_refused(engine, proj
         user = engine.create(dataclasses.replace(spec, command=["true"]))
         try:
             with pytest.raises(EngineError, match="enable_icc=false and is used by"):
-                prepare_network(engine, spec)
+                set_up_network(engine, spec)
         finally:
             engine.remove(user)
     finally:
@@ -1114,12 +1114,12 @@ KILLED = """
 import dataclasses, os, signal, sys
 from orchestrator.docker import DockerEngine
 from orchestrator.plan import ContainerSpec, Limits, Network
-from orchestrator.docker.networks import prepare_network
+from orchestrator.docker.networks import set_up_network
 spec = ContainerSpec(
     image="x", command=None, uid=1, gid=1, limits=Limits(memory=1, cpus=1, pids=1, timeout_s=1),
     network=Network("allowlist", allow=["allowed.test"]), run_id=sys.argv[1], worker="killed",
 )
-prepare_network(DockerEngine(), spec)
+set_up_network(DockerEngine(), spec)
 print("ready", flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """

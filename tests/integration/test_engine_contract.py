@@ -139,6 +139,13 @@ def test_a_run_without_a_network_needs_no_proxy(contract):
     engine = contract.engine
     spec = contract.spec(RUNS_ON)
     since = datetime.now(UTC)
-    assert engine.prepare_network(spec) is None  # nothing of the run's own to remove
+    assert engine.set_up_network(spec) is None  # nothing of the run's own to remove
     assert engine.network_decisions(spec, since) == EgressLog()
     assert engine.image_argv(spec.image, ["a", "b"])[-2:] == ["a", "b"]
+
+
+def test_an_engine_names_itself(contract, pytestconfig):
+    """Docker says ``docker`` (as does the fake that stands in for it), Podman ``podman``:
+    a run records it as its ``engine``."""
+    real = not isinstance(contract.engine, FakeEngine)
+    assert contract.engine.flavour() == (pytestconfig.getoption("engine") if real else "docker")

@@ -10,7 +10,7 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import PolicyError
 from orchestrator.prepare import prepare
 from orchestrator.runtime.execs import run_exec
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 from tests.conftest import ProjectDir
 
 pytestmark = pytest.mark.docker
@@ -32,7 +32,7 @@ def live(engine, tmp_path_factory):
     prepared = prepare(loaded, load_worker(loaded, "w"))
     spec = prepared.spec
     assert spec.supervisor_user is not None
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     container_id = engine.create(spec)
     try:
         engine.start(container_id)

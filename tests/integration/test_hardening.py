@@ -19,7 +19,7 @@ import pytest
 from orchestrator.config import load_project, load_worker
 from orchestrator.docker.podman import engine_kind
 from orchestrator.prepare import prepare
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 from tests.integration.conftest import cli
 from tests.integration.test_zones import git_init
 
@@ -86,7 +86,7 @@ def test_every_exec_gets_the_plans_open_file_limit_under_load(engine, project):
     prepared = prepare(loaded, load_worker(loaded, "w"))
     spec = prepared.spec
     assert (spec.isolation, spec.supervisor_user is not None) == ("runc", True)  # runs by exec
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     container_id = engine.create(spec)
     try:
         engine.start(container_id)

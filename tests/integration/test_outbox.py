@@ -122,8 +122,8 @@ def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project, is
     from orchestrator.config import load_project, load_worker
     from orchestrator.prepare import prepare
     from orchestrator.runtime import execute
+    from orchestrator.runtime.host_folders import open_audit
     from orchestrator.runtime.outbox import StagingReader
-    from orchestrator.runtime.preparation import open_audit
 
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))

@@ -206,7 +206,7 @@ def test_restricting_a_child_to_a_planted_symlink_is_refused(engine, project, tm
     loaded = load_project(project.root)
     from orchestrator.policy import RunPaths, restrict
     from orchestrator.prepare import compile_prepared
-    from orchestrator.runtime.preparation import prepare_filesystem
+    from orchestrator.runtime.host_folders import make_host_folders
 
     parent = prepare(loaded, load_worker(loaded, "main"))
     paths = RunPaths.of(loaded, session_id=parent.session_id, workspace="default", run_id="c1")
@@ -215,7 +215,7 @@ def test_restricting_a_child_to_a_planted_symlink_is_refused(engine, project, tm
         loaded, load_worker(loaded, "leaf"), grant, paths, run_id="c1", session_id=parent.session_id
     )
     with pytest.raises(OrchestratorError, match=r"/data/sub is a symbolic link \(to "):
-        prepare_filesystem(child)
+        make_host_folders(child)
 
 
 def chain_project(project):

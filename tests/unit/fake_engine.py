@@ -126,6 +126,9 @@ class FakeEngine:
     def ping(self) -> None:
         self._answer("ping")
 
+    def flavour(self) -> str:
+        return "docker"  # it stands in for a Docker-shaped engine
+
     def image_exists(self, image: str) -> bool:
         return True
 
@@ -235,7 +238,7 @@ class FakeEngine:
             return FakeExec(iter([("stdout", str(failure).encode())]), self.exit_code, failure)
         return FakeExec(iter([("stdout", b"out\n")]), self.exit_code)
 
-    def prepare_network(self, spec: ContainerSpec) -> ManagedObject | None:
+    def set_up_network(self, spec: ContainerSpec) -> ManagedObject | None:
         self._answer("network")
         if spec.network.mode != "allowlist":
             return None

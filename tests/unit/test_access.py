@@ -24,7 +24,7 @@ from orchestrator.prepare import prepare
 from orchestrator.runtime import acl
 from orchestrator.runtime.access import RECORD, WorkerAccess, project_folders, sweep
 from orchestrator.runtime.access_record import Record
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="giving another uid access needs root")
@@ -192,7 +192,7 @@ def root_project(project):
     )
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     return prepared, data, secret
 
 
@@ -293,7 +293,7 @@ def test_two_runs_sharing_a_folder_keep_it_open_until_the_last_ends(project):
     first, data, _ = root_project(project)
     loaded = load_project(project.root)
     second = prepare(loaded, load_worker(loaded, "w"))
-    prepare_filesystem(second)
+    make_host_folders(second)
     one, two = WorkerAccess(first), WorkerAccess(second)
     one.grant()
     two.grant()

@@ -24,7 +24,7 @@ from orchestrator.audit import (
     AuditFilter,
     AuditLog,
 )
-from orchestrator.audit.redact import Redactor
+from orchestrator.audit.redact import TextRedactor
 from orchestrator.errors import AuditError, OrchestratorError
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -228,7 +228,7 @@ def test_short_secrets_are_ignored(log_path: Path) -> None:
 
 
 def test_overlapping_secrets_leave_no_fragment() -> None:
-    redactor = Redactor(["abcd1234", "1234wxyz", "zzzz"])
+    redactor = TextRedactor(["abcd1234", "1234wxyz", "zzzz"])
     assert redactor.redact_text("<abcd1234wxyz>") == f"<{REDACTED}>"
     assert redactor.redact_text("zzzzzz") == REDACTED
     assert redactor.redact_text("zzzz-abcd1234") == f"{REDACTED}-{REDACTED}"
@@ -244,7 +244,7 @@ def test_overlapping_secrets_leave_no_fragment() -> None:
 )
 @settings(max_examples=300)
 def test_redaction_removes_every_occurrence(secrets: list[str], text: str) -> None:
-    redactor = Redactor(secrets)
+    redactor = TextRedactor(secrets)
     result = redactor.redact_text(text)
     for secret in secrets:
         assert secret not in result

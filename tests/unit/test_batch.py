@@ -1,4 +1,4 @@
-"""The batch engine over a fake runner: results, resume, retries, fail-fast, change set."""
+"""The batch scheduler over a fake runner: results, resume, retries, fail-fast, change set."""
 
 from __future__ import annotations
 

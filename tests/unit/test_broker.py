@@ -14,7 +14,7 @@ from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.prepare import prepare
 from orchestrator.runtime.broker import Broker
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 from orchestrator.runtime.run import RunResult
 
 
@@ -25,7 +25,7 @@ def broker(project):
     project.worker("kid", "sandbox: {zones: [{name: data}]}")
     loaded = load_project(project.root)
     parent = prepare(loaded, load_worker(loaded, "main"))
-    prepare_filesystem(parent)
+    make_host_folders(parent)
     calls = []
     b_cancelled: list[str] = []
     gate = threading.Event()

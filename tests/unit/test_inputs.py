@@ -14,8 +14,8 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.prepare import prepare
 from orchestrator.prepare.inputs import safe_name
+from orchestrator.runtime.host_folders import make_host_folders
 from orchestrator.runtime.inputs import place_inputs
-from orchestrator.runtime.preparation import prepare_filesystem
 
 
 def prepared_for(project, **options):
@@ -199,7 +199,7 @@ def test_place_inputs_links_or_copies_and_hashes(project, tmp_path):
     single = tmp_path / "one.bin"
     single.write_bytes(b"\x00\x01" * 1000)
     prepared = prepared_for(project, inputs=[single, data])
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     placed = place_inputs(prepared, prepared.inputs)
     folder = prepared.paths.inputs_dir
     assert (folder / "one.bin").read_bytes() == single.read_bytes()
@@ -217,7 +217,7 @@ def test_place_inputs_links_or_copies_and_hashes(project, tmp_path):
     (data / "b.txt").unlink()
     (data / "b.txt").symlink_to("/etc/passwd")
     prepared = prepared_for(project, inputs=[single])
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     with pytest.raises(ConfigError, match="holds a symbolic link at b.txt"):
         place_inputs(prepared, [data])
 
@@ -231,7 +231,7 @@ def test_place_inputs_needs_an_inputs_folder(project, tmp_path):
     prepared = prepared_for(project, input_slot=True)
     with pytest.raises(OrchestratorError, match="open the run before placing its inputs"):
         place_inputs(prepared, [tmp_path / "a"])
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     assert [i.name for i in place_inputs(prepared, [tmp_path / "a"])] == ["a"]
 
 
@@ -250,7 +250,7 @@ def test_only_files_nobody_else_can_change_are_linked_and_copies_keep_holes(proj
         out.write(b"tail")
     sparse.chmod(0o600)  # unreadable by the worker's uid: copied
     prepared = prepared_for(project, inputs=[mine, shared, sparse])
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     placed = {i.name: i for i in place_inputs(prepared, prepared.inputs)}
     folder = prepared.paths.inputs_dir
     assert (folder / "mine.txt").stat().st_ino == mine.stat().st_ino  # linked

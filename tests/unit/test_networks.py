@@ -125,7 +125,7 @@ def _spec() -> ContainerSpec:
 
 
 def test_decisions_are_filtered_by_the_run_network(engine: DockerClient) -> None:
-    networks.prepare_network(engine, _spec())
+    networks.set_up_network(engine, _spec())
     hosts = [d.host for d in networks.network_decisions(engine, _spec(), SINCE).decisions]
     assert hosts == ["mine.test"]
     assert networks.release_network(engine, RUN)
@@ -134,7 +134,7 @@ def test_decisions_are_filtered_by_the_run_network(engine: DockerClient) -> None
 def test_a_network_gone_before_decisions_are_read_keeps_them_the_runs_own(
     engine: DockerClient,
 ) -> None:
-    networks.prepare_network(engine, _spec())
+    networks.set_up_network(engine, _spec())
     engine.api.remove_network(f"id-{RUN}")  # removed under the run (gc, a user)
     hosts = [d.host for d in networks.network_decisions(engine, _spec(), SINCE).decisions]
     assert hosts == ["mine.test"]  # the subnet remembered at set-up, not everyone's
@@ -151,7 +151,7 @@ def test_decisions_followed_during_the_run_survive_the_log_being_rotated(
     """The proxy's log loses its first lines (rotated) before the run ends: the run keeps
     what it followed, and reads nothing twice."""
     api = engine.api
-    networks.prepare_network(engine, _spec())
+    networks.set_up_network(engine, _spec())
     _wait_for(lambda: api.reads >= 1)  # the follower read the log as it was
     later = api.now + timedelta(seconds=1)
     api.log = [_line(later, "10.9.0.2", "after.test", "-")]  # the first lines rotated away
@@ -182,7 +182,7 @@ def test_a_run_keeps_a_bounded_number_of_decisions_and_counts_the_rest(
     ]
     ended = f"{(last + timedelta(seconds=1)).strftime('%Y-%m-%dT%H:%M:%S.%f')}000Z"
     end = f"{ended} {FLOOD_MARK} {api.now.timestamp() + 1:.3f} 10.9.0.2 0 0 0\n".encode()
-    networks.prepare_network(engine, _spec())
+    networks.set_up_network(engine, _spec())
     threading.Timer(1.0, lambda: api.log.append(end)).start()  # the proxy reports its end
     started = time.monotonic()
     found = networks.network_decisions(engine, _spec(), SINCE)

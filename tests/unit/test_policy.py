@@ -489,7 +489,7 @@ def test_workers_folder_never_shows_the_sandbox(tmp_path):
 def test_private_copy_never_follows_links_or_opens_fifos(tmp_path):
     import os
 
-    from orchestrator.runtime.preparation import private_copy
+    from orchestrator.runtime.host_folders import private_copy
 
     zone = tmp_path / "zone"
     (zone / "sub").mkdir(parents=True)

@@ -161,6 +161,24 @@ def test_missing_image_creates_nothing(prepared):
     assert "remove" not in engine.calls
 
 
+@pytest.mark.parametrize("flavour", ["docker", "podman"])
+def test_a_run_records_the_engine_that_ran_it(prepared, flavour):
+    """``run.started`` says ``engine: podman`` on Podman (the container backend is named
+    after the engine that answers), ``engine: docker`` on Docker."""
+    from orchestrator.runtime.container import ContainerBackend
+
+    class Answering(FakeEngine):
+        def flavour(self) -> str:
+            return flavour
+
+    engine = Answering()
+    assert ContainerBackend(engine).name == flavour
+    run_audited(engine, prepared)
+    run = prepared.spec.run_id
+    [started] = open_audit(prepared.project).query(AuditFilter(operation="run.started", run=run))
+    assert started.metadata["engine"] == flavour
+
+
 def test_gc_removes_only_objects_of_dead_owners():
     me = labels.current_owner()
     alive = ManagedObject("container", "a", "alive", me.labels())

@@ -17,7 +17,7 @@ from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.errors import AuditError, PolicyError
 from orchestrator.prepare import prepare
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 from orchestrator.sandbox import (
     BinaryContent,
     ImageContent,
@@ -43,7 +43,7 @@ ASK = "approval: {write: ask, delete: blocked}"
 def build(project, **kwargs):
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     audit = AuditLog(project.root / "audit.jsonl")
     files = SandboxFiles(
         prepared.grant,

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from orchestrator.audit import AuditLog
 from orchestrator.config import load_project, load_worker
 from orchestrator.prepare import prepare
-from orchestrator.runtime.preparation import prepare_filesystem
+from orchestrator.runtime.host_folders import make_host_folders
 from orchestrator.sandbox import SandboxFiles
 from orchestrator.tools import Toolset
 
@@ -79,7 +79,7 @@ def toolset_for(project):
     )
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))
-    prepare_filesystem(prepared)
+    make_host_folders(prepared)
     audit = AuditLog(project.root / "audit.jsonl")
     files = SandboxFiles(
         prepared.grant,

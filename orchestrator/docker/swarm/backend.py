@@ -82,7 +82,8 @@ class SwarmBackend:
         if key not in self._nodes_checked:
             self.check_nodes(prepared)
             self._nodes_checked.add(key)
-        return {"not_enforced": render.not_enforced(spec)}
+        # The same keys as a Docker run's start: the runtime is the engine's default.
+        return {"runtime": self.engine.default_runtime(), "not_enforced": render.not_enforced(spec)}
 
     @staticmethod
     def refusal(prepared: Prepared) -> str | None:

@@ -81,6 +81,13 @@ class SwarmEngine(DockerClient):
                 "`docker swarm join` adds nodes), or use --engine docker"
             )
 
+    def default_runtime(self) -> str:
+        """The runtime this engine gives a container that names none: a service cannot name
+        one, so its task runs on its node's default (this manager's is the one recorded)."""
+        with engine_errors("asking the engine for its default runtime"):
+            info = self.api.info() or {}
+        return str(info.get("DefaultRuntime") or "runc")
+
     def all_nodes(self) -> list[dict[str, Any]]:
         with engine_errors("listing the swarm's nodes"):
             return list(self.api.nodes())

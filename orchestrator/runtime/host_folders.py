@@ -1,5 +1,5 @@
 """The host folders a prepared run will mount (:mod:`orchestrator.prepare` checks and
-compiles it, touching nothing). :func:`prepare_filesystem` runs just before the
+compiles it, touching nothing). :func:`make_host_folders` runs just before the
 container is created: it makes the run's own folders, checks every zone can be used by the
 worker's uid, and refuses any mount source that leads through a symlink.
 """
@@ -28,7 +28,7 @@ from orchestrator.runtime.state_root import checked_state_root
 AUDIT_FILE = "audit.jsonl"
 
 
-def prepare_filesystem(prepared: Prepared) -> None:
+def make_host_folders(prepared: Prepared) -> None:
     """Create the run's folders and check every mount source before the container exists."""
     uid, gid, paths = prepared.uid, prepared.gid, prepared.paths
     checked_state_root(prepared.project)

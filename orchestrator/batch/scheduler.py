@@ -111,8 +111,9 @@ def status_of(result: RunResult) -> str:
     return "error"
 
 
-class Batch:
-    """The threads of one batch invocation (see :func:`run_inputs`)."""
+class BatchScheduler:
+    """The threads of one batch invocation: N at a time, retries, fail-fast and halting
+    (see :func:`~orchestrator.batch.runner.run_batch`)."""
 
     def __init__(
         self,
