@@ -552,9 +552,9 @@ class Builder:
         values = self.secrets.read()
         redactor = None
         if values:  # the output of any step after a secret was read: a step may keep it
-            from orchestrator.runtime.secrets import Redactor
+            from orchestrator.runtime.secrets import StreamRedactor
 
-            redactor = Redactor(values)
+            redactor = StreamRedactor(values)
 
         def say(chunk: bytes) -> None:
             for line in chunk.decode("utf-8", errors="replace").splitlines():
