@@ -306,7 +306,9 @@ def images() -> None:
     "--with-agent",
     is_flag=True,
     help="Also build orchestrator/agent, the image for agent workers: the worker image with "
-    "git, curl, jq, ripgrep, procps, less, patch, unzip, pip and venv (docs/agents-sandbox.md).",
+    "git, curl, jq, ripgrep, procps, less, patch, unzip, pip and venv, built by the "
+    "orchestrator's own builder under gVisor, its apt step reaching only the host's apt "
+    "archives (docs/agents-sandbox.md, docs/build.md).",
 )
 def images_build(
     base: str | None,
