@@ -11,7 +11,7 @@ See docs/build.md. The modules: :mod:`.dockerfile` (parse, check, stages; pure),
 :mod:`.words` (quotes and ``$VAR``; pure), :mod:`.context` (the context as hostile input),
 :mod:`.engine` (the engine seam), :mod:`.secrets` (``RUN --mount=type=secret``: the
 project's declared build secrets, a file for one step), :mod:`.builder` (the steps, the
-cache, the audit).
+cache, the audit); :mod:`.agent` builds the agent image with it.
 """
 
 from __future__ import annotations

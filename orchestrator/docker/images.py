@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from docker import errors as docker_errors
 
 from orchestrator import labels
 from orchestrator.credproxy import CREDPROXY_IMAGE
-from orchestrator.docker.aptsources import Source, carried_over, host_sources
+from orchestrator.docker.aptsources import carried_over, host_sources
 from orchestrator.docker.cache import user_cache
 from orchestrator.docker.client import DockerClient, engine_errors
 from orchestrator.egress import PROXY_IMAGE
@@ -40,9 +39,6 @@ Progress = Callable[[str], None]
 WORKER_IMAGE = "orchestrator/worker:latest"
 #: The image for agent workers: the worker image plus git, curl, jq, ripgrep and the like.
 AGENT_IMAGE = "orchestrator/agent:latest"
-#: What the agent image's build may use (its apt step): per step, and the whole build.
-AGENT_BUILD_MEMORY = 2 << 30
-AGENT_BUILD_TIMEOUT_S = 1800.0
 ORCHESTRATOR_IMAGE = "orchestrator/orchestrator:latest"
 BASE_REPOSITORY = "orchestrator/base"
 BASE_PACKAGES = ("python3", "ca-certificates")
@@ -207,57 +203,6 @@ def build_image(
             engine.api.remove_image(previous)
 
 
-def apt_allowlist(sources: list[Source]) -> list[str]:
-    """``host:port`` of each archive the apt ``sources`` name over HTTP or HTTPS."""
-    allow = []
-    for source in sources:
-        parsed = urllib.parse.urlsplit(source.uri)
-        if parsed.scheme in ("http", "https") and parsed.hostname:
-            port = parsed.port or (443 if parsed.scheme == "https" else 80)
-            allow.append(f"{parsed.hostname}:{port}")
-    return sorted(set(allow))
-
-
-def build_agent_image(
-    progress: Progress, *, tag: str = AGENT_IMAGE, sources: list[Source] | None = None
-) -> str:
-    """Build ``images/agent`` as ``tag`` with the orchestrator's own builder (each ``RUN``
-    under gVisor, see :mod:`orchestrator.build`); its apt steps reach the host's apt
-    archives (``sources``, default: read from the host's /etc/apt now) through an allowlist
-    made for this build only, and nothing else. Returns the image id.
-
-    There is no project: the build runs in a throw-away one (the default limits; its audit
-    log goes with it), and the archives' addresses are handed to the build as an
-    allowlist and a build argument, never written into a file."""
-    from orchestrator.build import build_image as build_dockerfile
-    from orchestrator.config import PROJECT_FILE
-
-    sources = host_sources() if sources is None else sources
-    allow = apt_allowlist(sources)
-    if not allow:
-        raise ImageBuildError(
-            "the host's apt sources (/etc/apt/sources.list, sources.list.d) name no http or "
-            "https archive: the agent image's packages come from them; add one, or build "
-            "images/agent yourself"
-        )
-    reachable = [s for s in sources if s.uri.startswith(("http://", "https://"))]
-    progress(f"building {tag} with the orchestrator's builder (apt through {', '.join(allow)})")
-    with tempfile.TemporaryDirectory(prefix="orchestrator-agent-") as project:
-        Path(project, PROJECT_FILE).write_text("{}\n")
-        result = build_dockerfile(
-            images_dir() / "agent",
-            tag=tag,
-            project=project,
-            build_args={"WORKER": WORKER_IMAGE,
-                        "APT_SOURCES": "\n".join(s.line() for s in reachable)},
-            allow=allow,
-            memory=AGENT_BUILD_MEMORY,
-            timeout=AGENT_BUILD_TIMEOUT_S,
-            say=progress,
-        )  # fmt: skip
-    return result.image_id
-
-
 def _image_id(engine: DockerClient, tag: str) -> str | None:
     with engine_errors(f"looking up image '{tag}'"):
         try:
@@ -274,13 +219,13 @@ def build_all(
     rebuild_base: bool = False,
     with_orchestrator: bool = False,
     with_credproxy: bool = True,
-    with_agent: bool = False,
     progress: Progress = lambda _: None,
 ) -> BuildResult:
     """Make sure the base exists (bootstrapping it if needed), then build the worker and
     proxy images, the credential proxy's (on its own trixie base) unless
-    ``with_credproxy`` is False, with ``with_agent`` the agent image (on the worker
-    image), and with ``with_orchestrator`` the orchestrator's own."""
+    ``with_credproxy`` is False, and with ``with_orchestrator`` the orchestrator's own.
+    The agent image is built by the orchestrator's own builder
+    (:func:`orchestrator.build.agent.build_agent_image`)."""
     engine.ping()
     base_built = False
     if base is None:
@@ -299,9 +244,6 @@ def build_all(
     build_image(engine, "worker", WORKER_IMAGE, base, progress)
     build_image(engine, "proxy", PROXY_IMAGE, base, progress)
     built = [WORKER_IMAGE, PROXY_IMAGE]
-    if with_agent:
-        build_agent_image(progress)
-        built.append(AGENT_IMAGE)
     if with_credproxy:
         build_credproxy_image(engine, rebuild_base=rebuild_base, progress=progress)
         built.append(CREDPROXY_IMAGE)

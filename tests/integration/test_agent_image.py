@@ -10,8 +10,9 @@ import subprocess
 
 import pytest
 
+from orchestrator.build.agent import build_agent_image
 from orchestrator.build.builder import PROVENANCE
-from orchestrator.docker.images import AGENT_IMAGE, build_agent_image
+from orchestrator.docker.images import AGENT_IMAGE
 from tests.integration.conftest import cli, require_gvisor
 
 pytestmark = pytest.mark.docker

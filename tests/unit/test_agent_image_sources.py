@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.build.agent import apt_allowlist, build_agent_image
 from orchestrator.docker.aptsources import Source
-from orchestrator.docker.images import apt_allowlist, build_agent_image
 from orchestrator.errors import ImageBuildError
 
 
