@@ -34,6 +34,7 @@ from orchestrator.config import Project, Worker, load_project
 from orchestrator.errors import ConfigError, OrchestratorError, PolicyError
 from orchestrator.plan import supervisor_for
 from orchestrator.prepare import Prepared, load_and_prepare, prepare
+from orchestrator.runtime.backend import require_exec
 from orchestrator.runtime.host_folders import open_audit
 from orchestrator.runtime.outbox import StagingReader
 from orchestrator.runtime.run import (
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from orchestrator.cleanup import GcSummary
     from orchestrator.clearance import ClearResult, Credential, Summary
     from orchestrator.runtime.backend import Backend
-    from orchestrator.runtime.engine import Engine
+    from orchestrator.runtime.engine import Engine, ImageDefaults
     from orchestrator.runtime.pool import WarmPool
     from orchestrator.runtime.session import Session
 
@@ -123,21 +124,28 @@ class Orchestrator:
 
     @property
     def engine(self) -> Engine:
-        """The container engine: the backend's, for sessions, pools and execs (Docker's
-        unless given)."""
+        """The Docker-shaped engine the docker backend runs containers on (Docker's unless
+        given). Runs, sessions and pools need none of it: they go through :attr:`backend`."""
         if self._engine is None:
-            if self._backend is not None and self._backend.interactive is not None:
-                self._engine = self._backend.interactive
-            elif self._backend_name == "docker":
+            from orchestrator.runtime.container import ContainerBackend
+
+            if isinstance(self._backend, ContainerBackend):
+                self._engine = self._backend.engine
+            elif self._backend is None and self._backend_name == "docker":
                 from orchestrator.docker import DockerEngine
 
                 self._engine = DockerEngine()
             else:
                 raise OrchestratorError(
-                    f"the {self.backend.name} backend cannot hold a session, a warm pool or "
-                    "a child worker: use the docker backend (--engine docker)"
+                    f"the {self.backend.name} backend runs no container engine of its own "
+                    "here: use the docker backend (--engine docker)"
                 )
         return self._engine
+
+    def image(self, image: str) -> ImageDefaults | None:
+        """The user and working folder ``image`` gives its processes where this
+        orchestrator's runs run, or None when the image is not there (build or pull it)."""
+        return self.backend.image(image)
 
     def gc(
         self, *, everything: bool = False, idle: float = 600, sessions_age: float | None = None
@@ -291,7 +299,11 @@ class Orchestrator:
         else:
             prepared = worker if isinstance(worker, Prepared) else self.prepare(worker, **options)
             run = self.open_keep_alive(prepared)
-        session = Session(run, idle_timeout=idle_timeout, max_lifetime=max_lifetime)
+        try:
+            session = Session(run, idle_timeout=idle_timeout, max_lifetime=max_lifetime)
+        except BaseException:  # the run (a pool's too) is this session's: none is left open
+            run.close(failed=True)
+            raise
         _OPEN_SESSIONS.add(session)
         return session
 
@@ -304,7 +316,7 @@ class Orchestrator:
         not started, and its worker runs as the container's own process (``run_worker``).
         ``gc`` and ``output`` are :class:`Run`'s. On failure everything it made is removed
         before raising."""
-        self.engine  # noqa: B018 - refused here when the backend cannot hold a run idling
+        require_exec(self.backend, "a session or a warm pool")
         if keep_alive and prepared.spec.supervisor_user is None:  # no outbox: still idling
             image_user = prepared.spec.image_user
             spec = replace(
@@ -328,16 +340,26 @@ class Orchestrator:
             raise
         return run
 
-    def pool(self, worker: str | Worker, *, size: int = 2, **options: Any) -> WarmPool:
+    def pool(
+        self,
+        worker: str | Worker,
+        *,
+        size: int = 2,
+        tailor: Callable[[Prepared], Prepared] | None = None,
+        **options: Any,
+    ) -> WarmPool:
         """A single-use warm pool: ``size`` runs of ``worker`` opened ahead of need, each
         handed out once by :meth:`WarmPool.take` (or as a session by
         :meth:`WarmPool.open_session`) and never reused. ``options`` are :meth:`prepare`'s;
-        every pooled run gets a fresh run id, session and folders. Close it (or use it as a
+        every pooled run gets a fresh run id, session and folders. ``tailor`` changes each
+        pooled run's prepared plan before it opens (a harness's extra tmpfs folder, say:
+        :func:`orchestrator.integrations.tmpfs.with_tmpfs`). Close it (or use it as a
         context manager) to remove what was never handed out.
         """
         from orchestrator.runtime.pool import WarmPool
 
-        return WarmPool(self, worker, size=size, **options)
+        require_exec(self.backend, "a session or a warm pool")  # before any run is prepared
+        return WarmPool(self, worker, size=size, tailor=tailor, **options)
 
     def batch(
         self,

@@ -314,7 +314,7 @@ def _pool(
 ) -> WarmPool | None:
     if run_one is not None or use_pool is False or not todo or options.get("session_id"):
         return None
-    if orch.backend.interactive is None:
+    if not orch.backend.capabilities.exec:
         return None  # a backend that cannot hold a run idling: cold starts
     if importlib.util.find_spec("orchestrator.runtime.inputs") is None:
         return None  # inputs cannot be placed into a pooled run: cold starts

@@ -7,7 +7,9 @@ in order. Instructions that only change the image's configuration (``ENV``, ``WO
 ``USER``...) are applied to it as data; each ``RUN``, ``COPY`` and ``ADD`` is a container
 made from the parent image (see :mod:`orchestrator.docker.build`): ``RUN`` runs in it under
 gVisor, ``COPY``/``ADD`` put a tar into it; then its layer is committed with the image's
-whole configuration, and the container removed on every path.
+whole configuration, and the container removed on every path. ``ADD <url>`` fetches its
+file first, in a container of its own through the build allowlist's egress proxy
+(:mod:`.fetch`), and reads it back to take its digest.
 
 The cache: a step's key is the sha256 of (the builder's version, the parent image's id, the
 configuration instructions since the last layer, the instruction as expanded, the digests
@@ -15,13 +17,16 @@ of the context files it reads). Each committed image carries its key as a label,
 whose key is found is not run again. ``--no-cache`` runs every step.
 
 The audit log gets ``build.started``, one ``build.step`` per instruction (its key, its
-outcome, whether it came from the cache) and ``build.ended`` (the image's id, or why not).
+outcome, whether it came from the cache), the egress proxy's decisions on each step's
+requests (``build.egress``, and ``build.egress.flood`` for what went past the budget) and
+``build.ended`` (the image's id, or why not).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import posixpath
@@ -33,7 +38,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from email.utils import parsedate_to_datetime
+from typing import IO, Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.build.context import Context, Item, Placed, is_archive, unpack_members, write_tar
@@ -44,13 +50,28 @@ from orchestrator.build.dockerfile import (
     Instruction,
     SecretMount,
     Stage,
+    is_url,
     mount_options,
     secret_mounts,
 )
 from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
+from orchestrator.build.fetch import (
+    CA_FILE,
+    DOWNLOAD,
+    FETCH_USER,
+    FOLDER,
+    SCRIPT,
+    URL_MODE,
+    Answer,
+    answer_of,
+    check_url,
+    file_name,
+    next_url,
+    parse_checksum,
+)
 from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_part
 from orchestrator.build.words import WordError, expand
-from orchestrator.egress import network_env
+from orchestrator.egress import PROXY_IMAGE, PROXY_URL, network_env
 from orchestrator.errors import OrchestratorError
 from orchestrator.labels import PREFIX
 
@@ -70,6 +91,11 @@ DEFAULT_SHELL = ["/bin/sh", "-c"]
 CONFIG_FIELDS = ("Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts",
                  "Volumes", "Shell", "StopSignal", "Healthcheck")  # fmt: skip
 _SPOOL = 32 << 20
+#: The host's trusted certificates, for an https ``ADD <url>`` (the first one found).
+CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+              "/etc/ssl/cert.pem")  # fmt: skip
+#: Bytes of a fetch container's output kept (its answer is the last line).
+_FETCH_OUTPUT = 64 << 10
 
 Say = Callable[[str], None]
 
@@ -172,6 +198,8 @@ class Builder:
         self.services = list(services or [])
         """The project's local service networks the egress proxy joins."""
         self.network: str | None = None
+        self.downloads = contextlib.ExitStack()
+        """The files ``ADD <url>`` fetched, closed at the end of the build."""
         self.secrets = secrets or BuildSecrets({}, "the project file")
         """What ``RUN --mount=type=secret`` may mount (the project's ``build.secrets``)."""
 
@@ -209,6 +237,7 @@ class Builder:
             if tag:
                 self.engine.tag(image, tag)
         except BaseException as exc:
+            self.downloads.close()
             self._close_network()
             self._ended(None, started, exc)
             if self.no_cache:
@@ -216,6 +245,7 @@ class Builder:
                     with contextlib.suppress(OrchestratorError):
                         self.engine.remove_image(made)
             raise
+        self.downloads.close()
         self._close_network()
         self._ended(image, started, None)
         labels = {k: v for k, v in (state.config.get("Labels") or {}).items()}
@@ -250,6 +280,11 @@ class Builder:
             if base.lower() != "scratch" and not (earlier and earlier.index < stage.index):
                 self._local_image(base, stage.line, "FROM")
             for instruction in stage.instructions:
+                if instruction.keyword == "ADD":  # a URL as written: checked before any step
+                    where = f"{self.file.where(instruction.line)}: ADD"
+                    for word in instruction.words[:-1]:
+                        if is_url(word) and "$" not in word:
+                            check_url(word, self.allow, where)
                 source = instruction.flag("from")
                 if instruction.keyword == "COPY" and source is not None:
                     source = self._expand(source, self.global_args, instruction)
@@ -447,9 +482,7 @@ class Builder:
                 state.image, state.pending = cached, []
                 return key, "cached"
         if spec.network is not None:
-            if self.network is None:
-                self.network = self.engine.open_network(self.build_id, self.allow, self.services)
-            spec = replace(spec, network=self.network)
+            spec = replace(spec, network=self._open_network())
         with self._secret_files(instruction, mounts) as files:
             spec = replace(spec, secrets=tuple((f.source, f.target) for f in files))
             container = self.engine.create(spec, self.limits)
@@ -461,6 +494,11 @@ class Builder:
         self.committed.append(image)
         state.image, state.pending = image, []
         return key, "built"
+
+    def _open_network(self) -> str:
+        if self.network is None:
+            self.network = self.engine.open_network(self.build_id, self.allow, self.services)
+        return self.network
 
     def commit_config(self, config: Mapping[str, Any], key: str) -> dict[str, Any]:
         """The whole image configuration for a commit. Docker fills fields a commit leaves
@@ -570,7 +608,7 @@ class Builder:
             if redactor:
                 say(redactor.flush())
             if self.network is not None:
-                self._record_egress(instruction, since)
+                self._record_egress(instruction.line, since)
         if redactor:
             outcome = replace(outcome, tail=redactor.tail(outcome.tail.encode(), truncated=True))
         if outcome.clipped:
@@ -596,19 +634,39 @@ class Builder:
                 f"{where}: exited {outcome.exit_code}{memory}{said}", outcome.exit_code
             )
 
-    def _record_egress(self, instruction: Instruction, since: datetime) -> None:
-        for decision in self.engine.egress_decisions(
-            self.build_id, self.allow, self.services, since
-        ):
+    def _record_egress(self, line: int, since: datetime) -> None:
+        """The step's requests through the egress proxy: one ``build.egress`` each, up to
+        the budget a run keeps; what went beyond (a flood) one ``build.egress.flood``."""
+        found = self.engine.egress_decisions(self.build_id, self.allow, self.services, since)
+        for decision in found.decisions:
             self.audit.record(
                 "build.egress",
                 run_id=self.build_id,
                 worker="build",
                 allowed=decision.allowed,
                 reason=None if decision.allowed else "not on the project's build allowlist",
-                metadata={"line": instruction.line, "host": decision.host,
+                metadata={"line": line, "host": decision.host,
                           "port": decision.port, "method": decision.method},
             )  # fmt: skip
+        if not found.flooded:
+            return
+        kept = {True: 0, False: 0}
+        for decision in found.decisions:
+            kept[decision.allowed] += 1
+        denied, allowed = found.unlisted_denied, found.unlisted_allowed
+        self.audit.record(
+            "build.egress.flood",
+            run_id=self.build_id,
+            worker="build",
+            allowed=False,
+            reason=f"{denied} denied and {allowed} allowed requests beyond the log budget "
+            "were counted, not logged one by one",
+            metadata={"line": line, "denied": denied, "allowed": allowed,
+                      "bytes": found.unlisted_bytes, "logged_denied": kept[False],
+                      "logged_allowed": kept[True]},
+        )  # fmt: skip
+        self.say(f"  egress FLOOD: {denied} denied and {allowed} allowed requests counted "
+                 "(build.egress.flood)")  # fmt: skip
 
     # -- COPY and ADD --------------------------------------------------------------------
 
@@ -645,7 +703,15 @@ class Builder:
         """A file copied to ``dest``, and where it goes when ``dest`` is a folder."""
         archives: list[tuple[Item, str]] = []
         digests: list[str] = []
+        urls: list[_UrlSource] = []
+        checksum = instruction.flag("checksum")
         for source in sources:
+            if instruction.keyword == "ADD" and is_url(source):
+                url = self._url_source(source, checksum, dest_path, into_folder, instruction,
+                                       where)  # fmt: skip
+                urls.append(url)
+                digests.append(f"url:{source}:sha256:{url.digest()}")
+                continue
             if source.startswith("<<") and source.lstrip("<-").strip("\"'") in heredocs:
                 content = heredocs[source.lstrip("<-").strip("\"'")]
                 target = posixpath.join(dest_path, source) if into_folder else dest_path
@@ -679,7 +745,10 @@ class Builder:
         def apply(container: str) -> None:
             owner = self._owner(container, chown, where)
             chosen = list(placed)
-            if retarget and self.engine.is_folder(container, dest_path):  # as Docker does
+            folder = bool(retarget or (urls and not into_folder)) and self.engine.is_folder(
+                container, dest_path
+            )
+            if retarget and folder:  # as Docker does
                 for index, target in retarget:
                     chosen[index] = replace(chosen[index], target=target)
             with tempfile.SpooledTemporaryFile(_SPOOL) as out:
@@ -688,8 +757,151 @@ class Builder:
                 self.engine.put_archive(container, out)
             for item, target in archives:
                 self._unpack(container, item, target, owner if chown else None, where)
+            for url in urls:
+                self._put_download(container, url, instruction, folder, owner, chmod, where)
 
         return self._key(state, instruction, parts), apply, self._spec(state, [])
+
+    # -- ADD <url> -------------------------------------------------------------------------
+
+    def _url_source(
+        self, url: str, checksum: str | None, dest: str, into_folder: bool,
+        instruction: Instruction, where: str,
+    ) -> _UrlSource:  # fmt: skip
+        """An ``ADD`` URL: checked against the allowlist, and fetched now unless
+        ``--checksum`` names its content (then the cache key needs no download)."""
+        check_url(url, self.allow, where)
+        if into_folder:
+            file_name(url, where)  # refused now, before anything is fetched
+        source = _UrlSource(url=url, dest=dest, into_folder=into_folder)
+        if checksum is not None:
+            source.expected = parse_checksum(checksum, where)
+        else:
+            source.download = self._download(url, instruction.line, where)
+        return source
+
+    def _put_download(
+        self, container: str, source: _UrlSource, instruction: Instruction, folder: bool,
+        owner: tuple[int, int], chmod: int | None, where: str,
+    ) -> None:  # fmt: skip
+        """The file a URL gave, into the step's layer: mode 0600 (``--chmod``), never
+        unpacked; into ``dest`` when that is a folder (``dest/``, or one in the image)."""
+        download = source.download or self._download(source.url, instruction.line, where)
+        source.download = download
+        if source.expected is not None and download.digest != source.expected:
+            raise BuildRefused(
+                f"{where}: {source.url}: checksum mismatch: --checksum=sha256:{source.expected}"
+                f", the download is sha256:{download.digest}"
+            )
+        target = source.dest
+        if source.into_folder or folder:  # as Docker does
+            target = posixpath.join(source.dest, file_name(source.url, where))
+        info = tarfile.TarInfo(target.lstrip("/"))
+        info.size, info.mtime = download.size, download.mtime
+        info.mode = chmod if chmod is not None else URL_MODE
+        info.uid, info.gid = owner
+        download.data.seek(0)
+        with tempfile.SpooledTemporaryFile(_SPOOL) as out:
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                tar.addfile(info, download.data)
+            out.seek(0)
+            self.engine.put_archive(container, out)
+
+    def _download(self, url: str, line: int, where: str) -> _Download:
+        """``url`` fetched through the egress proxy, redirects checked against the
+        allowlist one by one; the body read back and its digest taken here."""
+        current, hops = url, 0
+        while True:
+            answer, download = self._fetch_once(current, line, where)
+            if download is not None:
+                return download
+            if answer.status in (301, 302, 303, 307, 308):
+                current = next_url(current, answer, self.allow, where, hops)
+                hops += 1
+                continue
+            said = " by the egress proxy" if answer.proxy else ""
+            raise BuildRefused(
+                f"{where}: {current}: answered {answer.status} {answer.reason}{said}".rstrip()
+            )
+
+    def _fetch_once(self, url: str, line: int, where: str) -> tuple[Answer, _Download | None]:
+        self.say(f"  fetching {url}")
+        spec = StepSpec(image=PROXY_IMAGE, command=["python3", "-c", SCRIPT, url, PROXY_URL],
+                        user=f"{FETCH_USER}:{FETCH_USER}", workdir=FOLDER,
+                        build_id=self.build_id, network=self._open_network())  # fmt: skip
+        container = self.engine.create(spec, self.limits)
+        try:
+            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
+                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    folder = tarfile.TarInfo(FOLDER.lstrip("/"))
+                    folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+                    folder.uid = folder.gid = FETCH_USER
+                    tar.addfile(folder)
+                    bundle = _ca_bundle() if url.lower().startswith("https:") else None
+                    if bundle is not None:
+                        info = tarfile.TarInfo(CA_FILE.lstrip("/"))
+                        info.size, info.mode = len(bundle), 0o644
+                        tar.addfile(info, io.BytesIO(bundle))
+                out.seek(0)
+                self.engine.put_archive(container, out)
+            said = bytearray()
+
+            def keep(chunk: bytes) -> None:
+                said.extend(chunk)
+                del said[:-_FETCH_OUTPUT]
+
+            since = datetime.now(UTC)
+            try:
+                outcome = self.engine.run(container, self.limits, self.deadline, keep)
+            finally:
+                self._record_egress(line, since)
+            if outcome.timed_out:
+                raise StepFailed(
+                    f"{where}: {url}: still downloading at the build's time limit "
+                    f"({self.limits.timeout_s:g} s): stopped",
+                    125,
+                )
+            answer = answer_of(said.decode("utf-8", errors="replace"))
+            too_big = answer is not None and answer.too_big
+            if outcome.disk_exceeded or too_big or outcome.exit_code == 128 + 25:  # SIGXFSZ
+                raise BuildRefused(
+                    f"{where}: {url}: larger than the build's disk limit "
+                    f"({self.limits.disk >> 20} MiB): stopped"
+                )
+            if answer is None:
+                memory = " (killed at the memory limit)" if outcome.oom else ""
+                raise BuildRefused(
+                    f"{where}: {url}: the download failed (exit {outcome.exit_code}){memory}"
+                )
+            if answer.error:
+                raise BuildRefused(f"{where}: {url}: {answer.error}")
+            if answer.status != 200:
+                return answer, None
+            return answer, self._read_download(container, answer, url, where)
+        finally:
+            self.engine.remove(container)
+
+    def _read_download(self, container: str, answer: Answer, url: str, where: str) -> _Download:
+        data = self.downloads.enter_context(tempfile.SpooledTemporaryFile(_SPOOL))  # noqa: SIM115 (closed with the build)
+        digest, size = hashlib.sha256(), 0
+        stream = _ChunkReader(self.engine.get_archive(container, DOWNLOAD))
+        with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                body = tar.extractfile(member) if member.isreg() else None
+                if body is None or posixpath.basename(member.name) != "download":
+                    continue
+                while chunk := body.read(1 << 20):
+                    size += len(chunk)
+                    if size > self.limits.disk:
+                        raise BuildRefused(
+                            f"{where}: {url}: larger than the build's disk limit "
+                            f"({self.limits.disk >> 20} MiB)"
+                        )
+                    digest.update(chunk)
+                    data.write(chunk)
+        if size != answer.size:
+            raise BuildRefused(f"{where}: {url}: the download was cut short")
+        return _Download(data, digest.hexdigest(), size, _mtime(answer.modified))
 
     def _source_image(self, source: str) -> str:
         stage = self.file.stage_named(source)
@@ -887,3 +1099,47 @@ def _rebase(
             if copy.islnk():
                 copy.linkname = renamed(member.linkname) or ""
             tar.addfile(copy, archive.extractfile(member) if member.isreg() else None)
+
+
+@dataclass
+class _Download:
+    """A body ``ADD <url>`` fetched: spooled on the host, its digest taken here."""
+
+    data: IO[bytes]
+    digest: str
+    size: int
+    mtime: int
+
+
+@dataclass
+class _UrlSource:
+    """One URL source of an ``ADD``: its destination, what ``--checksum`` expects, and its
+    download (fetched when the cache key is made, or when the step runs)."""
+
+    url: str
+    dest: str
+    into_folder: bool
+    expected: str | None = None
+    download: _Download | None = None
+
+    def digest(self) -> str:
+        if self.expected is not None:
+            return self.expected
+        assert self.download is not None
+        return self.download.digest
+
+
+def _mtime(modified: str) -> int:
+    """The server's ``Last-Modified`` (Docker keeps it as the file's time), else now."""
+    try:
+        return int(parsedate_to_datetime(modified).timestamp()) if modified else int(time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return int(time.time())
+
+
+def _ca_bundle() -> bytes | None:
+    """The host's trusted certificates (read here, never a worker's path), or None."""
+    for path in CA_BUNDLES:
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            return handle.read(4 << 20)
+    return None

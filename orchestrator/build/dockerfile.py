@@ -26,6 +26,7 @@ __all__ = [
     "Instruction",
     "SecretMount",
     "Stage",
+    "is_url",
     "parse",
     "secret_mounts",
 ]
@@ -42,6 +43,7 @@ SCRATCH_MOUNTS = frozenset({"cache", "tmpfs"})
 #: The one platform built here.
 PLATFORMS = frozenset({"linux/amd64", "linux/x86_64", "$BUILDPLATFORM", "$TARGETPLATFORM",
                        "${BUILDPLATFORM}", "${TARGETPLATFORM}"})  # fmt: skip
+_URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 _ESCAPE = re.compile(r"^#\s*escape\s*=\s*(\S)\s*$", re.IGNORECASE)
 
 
@@ -237,7 +239,8 @@ def _check(found: Dockerfile, instruction: Instruction) -> None:
     if keyword not in known:
         raise found.refuse(instruction, "unknown instruction")
     allowed = {"FROM": {"platform"}, "RUN": {"mount", "network", "security"},
-               "COPY": {"from", "chown", "chmod", "link"}, "ADD": {"chown", "chmod", "link"},
+               "COPY": {"from", "chown", "chmod", "link"},
+               "ADD": {"chown", "chmod", "link", "checksum"},
                "HEALTHCHECK": {"interval", "timeout", "start-period", "start-interval",
                                "retries"}}  # fmt: skip
     for flag in instruction.flags:
@@ -248,16 +251,32 @@ def _check(found: Dockerfile, instruction: Instruction) -> None:
     if keyword == "RUN":
         _check_run(found, instruction)
     if keyword == "ADD":
-        for word in instruction.words[:-1]:
-            if re.match(r"^[a-z][a-z0-9+.-]*://", word, re.IGNORECASE) or word.startswith("git@"):
-                raise found.refuse(
-                    instruction,
-                    f"{word}: ADD of a URL is not supported yet (nothing is downloaded while "
-                    "the Dockerfile is read): download it into the context, or fetch it in a "
-                    "RUN step under the project's build allowlist",
-                )
+        _check_add(found, instruction)
     if keyword in LAYERS - {"RUN"} and len(instruction.words) < 2:
         raise found.refuse(instruction, "needs a source and a destination")
+
+
+def is_url(word: str) -> bool:
+    """Whether an ``ADD`` source is a URL (any scheme) or a git remote, not a context path."""
+    return bool(_URL.match(word)) or word.startswith("git@")
+
+
+def _check_add(found: Dockerfile, instruction: Instruction) -> None:
+    """``ADD <url>``: http and https only (fetched through the build allowlist's proxy
+    when the step runs); a git repository is refused; ``--checksum`` only for a URL."""
+    urls = [w for w in instruction.words[:-1] if is_url(w)]
+    for word in urls:
+        lowered = word.lower()
+        if lowered.startswith(("git@", "git://", "git+")) or lowered.split("#")[0].endswith(".git"):
+            raise found.refuse(
+                instruction,
+                f"{word}: ADD of a git repository is not supported: clone it in a RUN step "
+                "under the project's build allowlist",
+            )
+        if not lowered.startswith(("http://", "https://")):
+            raise found.refuse(instruction, f"{word}: only http and https URLs are fetched")
+    if instruction.flag("checksum") is not None and len(urls) != len(instruction.words) - 1:
+        raise found.refuse(instruction, "--checksum is only for a URL source")
 
 
 def _check_run(found: Dockerfile, instruction: Instruction) -> None:

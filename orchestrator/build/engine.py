@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import IO, Any, Protocol
 
 from orchestrator.policy.grant import Limits
-from orchestrator.runtime.engine import EgressDecision as Decision
+from orchestrator.runtime.engine import EgressLog
 
 #: Docker's default capabilities less NET_RAW (raw sockets), MKNOD (device files in a
 #: layer) and AUDIT_WRITE: what a root step needs to install packages and add users.
@@ -130,8 +130,10 @@ class StepEngine(Protocol):
 
     def egress_decisions(
         self, build_id: str, allow: list[str], services: list[str], since: datetime
-    ) -> list[Decision]:
-        """The egress proxy's decisions on the build's requests since ``since``."""
+    ) -> EgressLog:
+        """The egress proxy's decisions on the build's requests since ``since`` (those of
+        the step that just ended), within a run's budget, the rest counted; the decisions
+        of the next step are followed from now on."""
         ...
 
     def remove_image(self, image: str) -> None: ...

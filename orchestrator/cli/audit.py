@@ -209,6 +209,8 @@ ESSENTIAL: dict[str, tuple[str, ...]] = {
     "run.inputs": ("inputs",),
     "credential.used": ("credential", "use", "remote"),
     "tool.refused": ("tool", "status"),
+    "tool.approval": ("tool", "decision", "by", "via"),
+    "session.stopped": ("by", "via"),
     "gc.removed": ("kind", "name"),
     "zone.": ("old_mode", "new_mode", "when"),
     "broker.": ("child", "child_run"),

@@ -21,14 +21,33 @@ __all__ = ["review"]
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, help="Port (default: any free one)."
 )
-@click.option("--listen", default="127.0.0.1", show_default=True, help="Address; only 127.0.0.1.")
+@click.option(
+    "--listen",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address; any but 127.0.0.1 needs --tls-cert and --tls-key.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(path_type=Path),
+    help="PEM certificate (chain) to serve HTTPS with.",
+)
+@click.option("--tls-key", type=click.Path(path_type=Path), help="PEM private key of --tls-cert.")
 @click.option("--no-browser", is_flag=True, help="Only print the address; open no browser.")
 @project_option
-def review(port: int, listen: str, no_browser: bool, project_dir: Path) -> None:
+def review(
+    port: int,
+    listen: str,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    no_browser: bool,
+    project_dir: Path,
+) -> None:
     """Serve the review console for the project on 127.0.0.1 until Ctrl-C.
 
     Prints `review console: http://127.0.0.1:PORT/?token=TOKEN`; the token is new at each
-    start and every request needs it (a cookie after the first).
+    start and every request needs it (a cookie after the first). Another address only with
+    --tls-cert and --tls-key (then https://ADDR:PORT/).
     """
     from orchestrator.review.server import serve
 
@@ -37,4 +56,11 @@ def review(port: int, listen: str, no_browser: bool, project_dir: Path) -> None:
         if not no_browser:
             webbrowser.open(url)
 
-    serve(project_dir, port=port, listen=listen, announce=announce)
+    serve(
+        project_dir,
+        port=port,
+        listen=listen,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        announce=announce,
+    )

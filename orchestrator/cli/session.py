@@ -462,6 +462,58 @@ def _enter(fd: int, name: str, shown: Path) -> int:
     return child
 
 
+@session.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("tool")
+@click.argument("arguments", default="{}")
+@project_option
+@click.option(
+    "--wait",
+    default="10m",
+    show_default=True,
+    callback=parse_duration_option,
+    help="How long a call that needs approval waits for a person (e.g. 90s, 10m).",
+)
+def call(session_id: str, tool: str, arguments: str, project_dir: Path, wait: float | None) -> None:
+    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context) in session
+    ID with ARGUMENTS, a JSON object; print the answer as JSON, exit 1 if it is a refusal.
+
+    A call that needs approval waits for a person: the review console's Approvals page, or
+    `orchestrator session answer`; unanswered within --wait it is declined."""
+    try:
+        args = json.loads(arguments)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="ARGUMENTS") from None
+    if not isinstance(args, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="ARGUMENTS")
+
+    def waiting(event: dict[str, Any]) -> None:
+        asked = event.get("approval") or {}
+        _say(f"waiting for approval {asked.get('id')}: {asked.get('description')}; answer it "
+             f"in `orchestrator review` or with `orchestrator session answer {session_id} "
+             f"{asked.get('id')} --approve`")  # fmt: skip
+
+    message = {"op": "tool", "name": tool, "args": args,
+               "wait": wait if wait is not None else 7 * 86400.0}  # fmt: skip
+    answer = _ask(project_dir, session_id, message, on_event=waiting)
+    _emit(answer)
+    raise SystemExit(0 if answer.get("ok") else 1)
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("request_id", metavar="REQUEST")
+@project_option
+@click.option("--approve/--deny", required=True, help="Let the call run once, or refuse it.")
+def answer(session_id: str, request_id: str, project_dir: Path, approve: bool) -> None:
+    """Answer call REQUEST of session ID that waits for approval (audited with your name)."""
+    import getpass
+
+    _ask(project_dir, session_id, {"op": "answer", "id": request_id, "approve": approve,
+                                   "by": getpass.getuser(), "via": "command line"})  # fmt: skip
+    _say(f"{'approved' if approve else 'denied'} {request_id} in session {session_id}")
+
+
 @session.command("list")
 @project_option
 @json_option("Print the live sessions as a JSON list.")

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import requests
@@ -43,7 +43,7 @@ from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
 from orchestrator.plan import SECCOMP_PROFILE, ContainerSpec, Network
 from orchestrator.plan import Limits as PlanLimits
-from orchestrator.runtime.engine import EgressDecision as Decision
+from orchestrator.runtime.engine import EgressLog
 
 #: How often a running step's layer size is measured (seconds).
 DISK_POLL_S = 1.0
@@ -91,9 +91,13 @@ class DockerStepEngine:
 
     def egress_decisions(
         self, build_id: str, allow: list[str], services: list[str], since: datetime
-    ) -> list[Decision]:
+    ) -> EgressLog:
+        """The step's decisions, followed since the step began (a flood rotating the
+        proxy's log erases none); then the next step's are followed."""
         spec = self._network_spec(build_id, allow, services)
-        return networks.network_decisions(self.client, spec, since).decisions
+        found = networks.network_decisions(self.client, spec, since)
+        networks.follow_decisions(self.client, spec, datetime.now(UTC))
+        return found
 
     def image(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         with engine_errors(f"looking up image '{ref}'"):

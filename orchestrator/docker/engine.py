@@ -27,6 +27,7 @@ from orchestrator import labels
 from orchestrator.docker import (
     buildnames,
     credproxy,
+    execframes,
     execlimits,
     hostconfig,
     kernel_log,
@@ -34,7 +35,6 @@ from orchestrator.docker import (
     runtimes,
 )
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
-from orchestrator.docker.execframes import frames_until_stopped
 from orchestrator.docker.hostpaths import (
     HostView,
     engine_socket,
@@ -410,9 +410,8 @@ class DockerEngine(DockerClient):
                     ) from None
                 raise
             watch = self._under_gvisor(container_id)
-            if stdin is None and not watch:
-                frames = self.api.exec_start(exec_id, stream=True, demux=True)
-                return DockerExec(self, exec_id, podman.exec_frames_for(self, self._frames(frames)))
+            # Always the hijacked socket, demultiplexed here: the SDK's own stream loses
+            # output read along with the response's headers (see :mod:`.execframes`).
             sock = self.api.exec_start(exec_id, socket=True)
         running = (lambda: self._running(container_id)) if watch else None
         fed = self._fed_frames(sock, stdin, running)
@@ -450,11 +449,11 @@ class DockerEngine(DockerClient):
     def _fed_frames(
         sock: Any, stdin: bytes | None, running: Callable[[], bool] | None = None
     ) -> Iterator[tuple[Stream, bytes]]:
-        """Feed ``stdin`` from a thread (a command that reads no input, or reads it slowly,
-        must not stop its output being read), close the write side (end of file for the
-        command), and demultiplex the hijacked connection's frames ourselves. With
-        ``running``, the frames also end once the container stops (gVisor: see
-        :mod:`.execframes`)."""
+        """Feed ``stdin``, if any, from a thread (a command that reads no input, or reads it
+        slowly, must not stop its output being read), close the write side (end of file for
+        the command), and demultiplex the hijacked connection's frames ourselves, those read
+        with the response's headers first. With ``running``, the frames also end once the
+        container stops (gVisor: see :mod:`.execframes`)."""
         raw: socket.socket = getattr(sock, "_sock", sock)
 
         def feed() -> None:
@@ -468,15 +467,11 @@ class DockerEngine(DockerClient):
             except OSError:
                 pass  # the command ended (or closed its input) before reading it all
 
-        if stdin is not None:
-            threading.Thread(target=feed, name="exec-stdin", daemon=True).start()
         try:
-            if running is not None:
-                yield from frames_until_stopped(sock, running)
-                return
-            for stream, chunk in docker_socket.frames_iter(sock, tty=False):  # type: ignore[no-untyped-call]
-                if chunk:
-                    yield ("stdout" if stream == docker_socket.STDOUT else "stderr"), chunk
+            ahead = execframes.read_ahead(sock)  # first: the socket is non-blocking while it reads
+            if stdin is not None:
+                threading.Thread(target=feed, name="exec-stdin", daemon=True).start()
+            yield from execframes.frames_until_stopped(sock, running, ahead)
         except (docker_socket.SocketError, OSError, ValueError):
             return  # the connection closed as the container went away
         finally:

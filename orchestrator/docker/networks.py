@@ -145,7 +145,9 @@ def _proxy_of(engine: DockerClient, spec: ContainerSpec) -> str | None:
             return None
 
 
-def _follow(engine: DockerClient, spec: ContainerSpec, network: str) -> None:
+def _follow(
+    engine: DockerClient, spec: ContainerSpec, network: str, since: datetime | None = None
+) -> None:
     """Start following the proxy's decisions on the run's network (:mod:`.egress_log`)."""
     if network in _FOLLOWED:
         return
@@ -153,8 +155,16 @@ def _follow(engine: DockerClient, spec: ContainerSpec, network: str) -> None:
         engine,
         lambda: _proxy_of(engine, spec),
         _RUN_SUBNETS.get(network, []),
-        datetime.now(UTC) - timedelta(seconds=1),
+        since or datetime.now(UTC) - timedelta(seconds=1),
     )
+
+
+def follow_decisions(engine: DockerClient, spec: ContainerSpec, since: datetime) -> None:
+    """Follow the decisions on ``spec``'s network again from ``since``, after
+    :func:`network_decisions` took those before (a build reads its decisions step by
+    step on one network); the follower stops when the network is released."""
+    if spec.network.mode == "allowlist" and network_name(spec) in _RUN_SUBNETS:
+        _follow(engine, spec, network_name(spec), since)
 
 
 def network_decisions(engine: DockerClient, spec: ContainerSpec, since: datetime) -> EgressLog:

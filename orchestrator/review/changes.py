@@ -7,11 +7,14 @@ templates escape every string they print (terminal escapes, then HTML).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.audit import AuditEntry, AuditFilter, AuditLog, VerifyResult
+from orchestrator.audit.timeutil import format_timestamp
 
 if TYPE_CHECKING:
     from orchestrator.config import Project
@@ -19,13 +22,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUDIT_LIMIT",
+    "FINDINGS",
     "ChangeRow",
     "ChangeView",
+    "DiffLine",
+    "FileDiff",
+    "SplitRow",
+    "annotated",
     "audit_entries",
     "change_rows",
     "change_view",
+    "finding_line",
     "scanners_for_change",
     "sensitive_paths",
+    "side_by_side",
     "target_root",
 ]
 
@@ -45,6 +55,43 @@ class ChangeRow:
 
 
 @dataclass(frozen=True)
+class DiffLine:
+    """One line of a file's diff as the page shows it."""
+
+    colour: str
+    text: str
+    """Already escaped for the terminal (the staging diff's own text)."""
+    number: int | None
+    """Its line in the new file (context and added lines), else None."""
+    findings: tuple[str, ...] = ()
+    """The scanner findings about that line of the new file."""
+    old: int | None = None
+    """Its line in the current file (context and removed lines), else None."""
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    """One row of the side-by-side view: the current file's line on the left, the new
+    file's on the right (either may be missing); ``whole`` spans both (headers, notes)."""
+
+    left: DiffLine | None
+    right: DiffLine | None
+    whole: DiffLine | None = None
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """One file of a change set: its diff lines and the findings about it."""
+
+    item: ChangeFile
+    index: int
+    """Its position in the change set's files (the raw download's address)."""
+    lines: list[DiffLine]
+    findings: tuple[str, ...]
+    """Findings about the file as a whole, or at a line the diff does not show."""
+
+
+@dataclass(frozen=True)
 class ChangeView:
     """Everything the page of one change set shows."""
 
@@ -53,7 +100,7 @@ class ChangeView:
     blocking: tuple[str, ...]
     sensitive: tuple[str, ...]
     root: Path | None
-    files: list[tuple[ChangeFile, list[tuple[str, str]]]]
+    files: list[FileDiff]
     trail: list[AuditEntry] = field(default_factory=list)
 
 
@@ -87,15 +134,25 @@ def sensitive_paths(scans: tuple[ScanResult, ...]) -> tuple[str, ...]:
     return tuple(f.path for s in scans if s.name == SENSITIVE for f in s.findings if f.path)
 
 
+#: The ``findings`` filter of the list: anything, some, none (scanned, clean), never scanned.
+FINDINGS = ("yes", "no", "unscanned")
+
+
 def change_rows(
     store: ChangeStore,
     status: str | None = None,
     *,
     worker: str | None = None,
     run: str | None = None,
+    findings: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> list[ChangeRow]:
     """The change sets, newest first; only those with ``status``, made by ``worker`` and
-    by run (or session) ``run``, for each one given."""
+    by run (or session) ``run``, with ``findings`` (one of :data:`FINDINGS`), created at
+    ``since`` or later and before ``until``, for each one given."""
+    low = format_timestamp(since) if since is not None else None
+    high = format_timestamp(until) if until is not None else None
     rows = [
         ChangeRow(
             change=change,
@@ -108,7 +165,15 @@ def change_rows(
         for change in store.list(status=status)
         if (worker is None or change.worker == worker)
         and (run is None or run in (change.run_id, change.session_id))
+        and (low is None or change.created_at >= low)
+        and (high is None or change.created_at < high)
     ]
+    if findings == "yes":
+        rows = [row for row in rows if row.findings]
+    elif findings == "no":
+        rows = [row for row in rows if row.findings == 0]
+    elif findings == "unscanned":
+        rows = [row for row in rows if row.findings is None]
     rows.sort(key=lambda row: (row.change.created_at, row.change.id), reverse=True)
     return rows
 
@@ -149,16 +214,116 @@ def change_view(
         blocking=tuple(result.name for result in blocking(scans)),
         sensitive=sensitive_paths(tuple(scans)),
         root=root,
-        files=diff_files(change, store, root),
+        files=annotated(change, diff_files(change, store, root), scans),
         trail=trail,
     )
 
 
+#: A hunk header of a unified diff: where its lines start in the new file.
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+#: How the scanners name the line of a finding (``SecretScanner``: "AWS key on line 3").
+_ON_LINE = re.compile(r" on line (\d+)$")
+
+
+def finding_line(message: str) -> int | None:
+    """The line of the new file a finding's message names, or None."""
+    found = _ON_LINE.search(message)
+    return int(found.group(1)) if found else None
+
+
+def annotated(
+    change: ChangeSet,
+    files: list[tuple[ChangeFile, list[tuple[str, str]]]],
+    scans: tuple[ScanResult, ...] | list[ScanResult],
+) -> list[FileDiff]:
+    """The diff of each file with the new file's line numbers, and every finding either
+    at its line (when the diff shows that line) or with the file."""
+    by_path: dict[str, list[tuple[int | None, str]]] = {}
+    for scan in scans:
+        for finding in scan.findings:
+            if finding.path:
+                said = f"{scan.name}: {finding.message}"
+                by_path.setdefault(finding.path, []).append((finding_line(finding.message), said))
+    positions = {item.path: i for i, item in enumerate(change.files)}
+    result = []
+    for item, lines in files:
+        at_line: dict[int, list[str]] = {}
+        whole: list[str] = []
+        for line, said in by_path.get(item.path, []):
+            (at_line.setdefault(line, []) if line is not None else whole).append(said)
+        shown: list[DiffLine] = []
+        number: int | None = None
+        old = 0
+        for colour, text in lines:
+            hunk = _HUNK.match(text) if colour == "cyan" else None
+            if hunk is not None:
+                old, number = int(hunk.group(1)), int(hunk.group(2))
+                shown.append(DiffLine(colour, text, None))
+                continue
+            if number is None or text.startswith("\\"):
+                shown.append(DiffLine(colour, text, None))
+                continue
+            if text.startswith("-"):
+                shown.append(DiffLine(colour, text, None, old=old))
+                old += 1
+                continue
+            found = tuple(at_line.pop(number, ()))
+            shown.append(DiffLine(colour, text, number, found, None if text[:1] == "+" else old))
+            old += 0 if text[:1] == "+" else 1
+            number += 1
+        whole += [said for left in at_line.values() for said in left]  # lines not shown
+        result.append(FileDiff(item, positions.get(item.path, -1), shown, tuple(whole)))
+    return result
+
+
+def side_by_side(lines: list[DiffLine]) -> list[SplitRow]:
+    """``lines`` of a unified diff as rows of two columns: context on both sides, each run
+    of removed lines next to the run of added lines that follows it, the rest (headers,
+    hunk markers, notes) across both."""
+    rows: list[SplitRow] = []
+    removed: list[DiffLine] = []
+    added: list[DiffLine] = []
+
+    def flush() -> None:
+        for i in range(max(len(removed), len(added))):
+            rows.append(
+                SplitRow(
+                    removed[i] if i < len(removed) else None, added[i] if i < len(added) else None
+                )
+            )
+        removed.clear()
+        added.clear()
+
+    for line in lines:
+        if line.old is not None and line.number is None:
+            if added:
+                flush()
+            removed.append(line)
+        elif line.number is not None and line.old is None:
+            added.append(line)
+        else:
+            flush()
+            if line.number is not None:
+                rows.append(SplitRow(line, line))
+            else:
+                rows.append(SplitRow(None, None, line))
+    flush()
+    return rows
+
+
 def audit_entries(
-    audit: AuditLog, *, run: str | None = None, operation: str | None = None
+    audit: AuditLog,
+    *,
+    run: str | None = None,
+    operation: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> tuple[list[AuditEntry], VerifyResult]:
     """The most recent entries matching ``run`` and ``operation`` (``run.*`` is a prefix),
-    newest first, and the verification of the whole chain."""
-    entries = audit.query(AuditFilter(run=run, operation=operation, limit=AUDIT_LIMIT))
+    from ``since`` (inclusive) to ``until`` (exclusive), newest first, and the
+    verification of the whole chain."""
+    entries = audit.query(
+        AuditFilter(run=run, operation=operation, since=since, until=until, limit=AUDIT_LIMIT)
+    )
     entries.reverse()
     return entries, audit.verify()

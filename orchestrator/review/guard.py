@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-__all__ = ["COOKIE", "CSP", "MAX_FORM_BYTES", "Secrets", "guard", "read_form"]
+__all__ = ["COOKIE", "CSP", "MAX_FORM_BYTES", "RAW_CSP", "Secrets", "guard", "read_form"]
 
 COOKIE = "orchestrator_review"
 
@@ -34,6 +34,10 @@ CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'; sandbox allow-forms allow-same-origin"
 )
+
+#: The policy of a raw file download (the app sets it; the guard keeps it): no content of
+#: any kind, and a sandbox without any permission, should a browser ever render it.
+RAW_CSP = "sandbox; default-src 'none'"
 
 HEADERS = {
     "Content-Security-Policy": CSP,
@@ -44,6 +48,8 @@ HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+
+_OURS = frozenset(h.lower() for h in HEADERS)
 
 #: A form body larger than this is refused (the console's forms are a few fields).
 MAX_FORM_BYTES = 64 << 10
@@ -61,16 +67,31 @@ class Secrets:
     port: int
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    address: str = "127.0.0.1"
+    """The address listened on (``--listen``); any but loopback is served over TLS."""
+    tls: bool = False
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def _authority(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
 
     @property
     def hosts(self) -> frozenset[str]:
-        """The ``Host`` headers answered."""
-        return frozenset({f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
+        """The ``Host`` headers answered: the address listened on (and ``localhost`` for
+        loopback)."""
+        if self.address == "127.0.0.1":
+            return frozenset({f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
+        return frozenset({self._authority})
 
     @property
     def origins(self) -> frozenset[str]:
         """The ``Origin`` headers a POST may carry."""
-        return frozenset(f"http://{host}" for host in self.hosts)
+        return frozenset(f"{self.scheme}://{host}" for host in self.hosts)
 
     @property
     def cookie(self) -> str:
@@ -79,7 +100,7 @@ class Secrets:
 
     def url(self) -> str:
         """The address to open: the console's first page with the token."""
-        return f"http://127.0.0.1:{self.port}/?{urlencode({'token': self.token})}"
+        return f"{self.scheme}://{self._authority}/?{urlencode({'token': self.token})}"
 
 
 def _same(given: str | None, expected: str) -> bool:
@@ -115,12 +136,14 @@ def guard(app: ASGIApp, keys: Secrets) -> ASGIApp:
 
         async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                headers = [
-                    (k, v)
-                    for k, v in message.get("headers", [])
-                    if k.decode("latin-1").lower() not in {h.lower() for h in HEADERS}
-                ]
+                own = [(k, v) for k, v in message.get("headers", [])]
+                # A raw download sets its own, stricter policy: that one is kept.
+                raw = [v for k, v in own if k.lower() == b"content-security-policy"]
+                headers = [(k, v) for k, v in own if k.decode("latin-1").lower() not in _OURS]
                 headers += [(k.encode(), v.encode()) for k, v in HEADERS.items()]
+                if raw == [RAW_CSP.encode()]:
+                    headers = [(k, raw[0] if k.lower() == b"content-security-policy" else v)
+                               for k, v in headers]  # fmt: skip
                 message["headers"] = headers
             await send(message)
 
@@ -136,7 +159,8 @@ def guard(app: ASGIApp, keys: Secrets) -> ASGIApp:
 async def _refusal(request: Request, keys: Secrets) -> Response | None:
     """The answer to a request that fails a check, or None to let it through."""
     if request.headers.get("host", "") not in keys.hosts:
-        return _refuse("refused: wrong Host header (this console answers 127.0.0.1 only)", 421)
+        answered = " or ".join(sorted(keys.hosts))
+        return _refuse(f"refused: wrong Host header (this console answers {answered} only)", 421)
     token = request.query_params.get("token")
     if token is not None:
         if not _same(token, keys.token) or request.method != "GET":
@@ -145,7 +169,7 @@ async def _refusal(request: Request, keys: Secrets) -> Response | None:
         target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(
-            keys.cookie, keys.token, httponly=True, samesite="strict", path="/", secure=False
+            keys.cookie, keys.token, httponly=True, samesite="strict", path="/", secure=keys.tls
         )
         return response
     if not _same(request.cookies.get(keys.cookie), keys.token):

@@ -1,8 +1,11 @@
-"""Starting the console: a socket on 127.0.0.1, the printed address, uvicorn until Ctrl-C."""
+"""Starting the console: a socket on 127.0.0.1 (or, with a TLS certificate and key, on the
+``--listen`` address), the printed address, uvicorn until Ctrl-C."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,15 +26,25 @@ def serve(
     *,
     port: int = 0,
     listen: str = LOOPBACK,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
     announce: Callable[[str], None],
 ) -> None:
     """Serve the console for ``project_dir`` on ``listen:port`` (0: any free port) until
-    interrupted. ``announce`` gets the address to open, token included, once listening."""
-    if listen != LOOPBACK:
+    interrupted. ``announce`` gets the address to open, token included, once listening.
+    Any address but :data:`LOOPBACK` needs ``tls_cert`` and ``tls_key`` (HTTPS)."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ReviewError("--tls-cert and --tls-key go together: give both, or neither")
+    tls = tls_cert is not None and tls_key is not None
+    if listen != LOOPBACK and not tls:
         raise ReviewError(
-            f"--listen {listen}: the review console listens on {LOOPBACK} only "
-            "(its pages hold worker output and act with your rights); leave --listen out"
+            f"--listen {listen}: the review console listens on {LOOPBACK} only unless it "
+            "serves HTTPS (its pages hold worker output and act with your rights); add "
+            "--tls-cert FILE --tls-key FILE, or leave --listen out"
         )
+    family = _family(listen)
+    if tls_cert is not None and tls_key is not None:
+        _check_tls(tls_cert, tls_key)
     try:
         import uvicorn
 
@@ -42,23 +55,62 @@ def serve(
             f"the review console needs the 'review' extra ({exc.name} is missing): "
             "pip install 'orchestrator[review]'"
         ) from None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, port))
+        sock.bind((listen, port))
         sock.listen(128)  # listening before the address is printed: no refused first try
     except OSError as exc:
         sock.close()
         raise ReviewError(
-            f"--port {port}: cannot listen on {LOOPBACK}:{port} ({exc.strerror}); "
+            f"--port {port}: cannot listen on {listen}:{port} ({exc.strerror}); "
             "pick another port or leave --port out"
         ) from None
-    keys = Secrets(port=sock.getsockname()[1])
+    keys = Secrets(port=sock.getsockname()[1], address=listen, tls=tls)
     app = make_app(project_dir, keys)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ssl_certfile=str(tls_cert) if tls_cert is not None else None,
+        ssl_keyfile=str(tls_key) if tls_key is not None else None,
+    )
     server = uvicorn.Server(config)
     announce(keys.url())
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def _family(listen: str) -> socket.AddressFamily:
+    """The socket family of ``listen``, an IP address (names are refused: say which one)."""
+    try:
+        address = ipaddress.ip_address(listen)
+    except ValueError:
+        raise ReviewError(
+            f"--listen {listen}: give an IP address (such as 127.0.0.1 or 192.0.2.10), not a name"
+        ) from None
+    if address.is_unspecified:
+        raise ReviewError(
+            f"--listen {listen}: give the one address the console is opened at (the Host "
+            "header of every request is checked against it), not every address"
+        )
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+def _check_tls(cert: Path, key: Path) -> None:
+    """Refuse, in one line, a certificate or key that cannot be loaded, before starting."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except FileNotFoundError as exc:
+        raise ReviewError(
+            f"--tls-cert/--tls-key: {exc.filename} does not exist; give PEM files"
+        ) from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ReviewError(
+            f"--tls-cert {cert} --tls-key {key}: cannot be loaded as a PEM certificate and "
+            f"its private key ({getattr(exc, 'reason', None) or exc}); check both files"
+        ) from None

@@ -16,29 +16,50 @@ engine, through one :class:`Launch` per run:
   removes the run's objects on every path; :meth:`Launch.decisions`
   are the egress proxy's decisions; :meth:`Launch.release` drops the run's network.
 
-A backend that can hold a container idling and exec into it (sessions, the warm pool)
-says so with :attr:`Backend.interactive`. Docker's backend is
-:class:`orchestrator.runtime.container.ContainerBackend`, over the Docker-shaped
-:class:`~orchestrator.runtime.engine.Engine` protocol (Docker, Podman and the tests' fake);
-the swarm's is :class:`orchestrator.docker.swarm.backend.SwarmBackend`.
+A live run (a session's, a warm pool's) is driven through its :class:`Launch` too:
+:meth:`Launch.exec` runs a checked command in it (argv, cwd, env, stdin, a timeout that
+kills the command's whole process tree, its output streamed and captured) and
+:meth:`Launch.archive` reads files out of it as one tar stream. What a backend can do at
+all is one value, :class:`Capabilities` (exec, pinned mounts, secret files, the set-id
+refusal, credential proxies), checked once where a session, a pool or a child worker is
+asked for (:func:`require_exec`), so a new backend needs only :class:`Backend` and
+:class:`Launch`. Docker's backend is :class:`orchestrator.runtime.container.ContainerBackend`,
+over the Docker-shaped :class:`~orchestrator.runtime.engine.Engine` protocol (Docker, Podman
+and the tests' fake); the swarm's is :class:`orchestrator.docker.swarm.backend.SwarmBackend`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit, killed_for_memory, signalled, timed_out
 
 if TYPE_CHECKING:
+    from orchestrator.audit import AuditLog
     from orchestrator.plan import ContainerSpec
     from orchestrator.prepare import Prepared
-    from orchestrator.runtime.engine import EgressLog, Engine, Stream
+    from orchestrator.runtime.credproxy import ProxyStart
+    from orchestrator.runtime.engine import EgressLog, ImageDefaults, Stream
+    from orchestrator.runtime.execs import ExecRequest, ExecResult
     from orchestrator.runtime.removal import Interrupted
 
-__all__ = ["Backend", "Collected", "Launch", "Named", "Outcome", "OutputSink", "Status", "Tail"]
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "Collected",
+    "Launch",
+    "Named",
+    "Outcome",
+    "OutputSink",
+    "Status",
+    "Tail",
+    "require_exec",
+]
 
 Status = Literal["exited", "timeout", "oom", "error", "interrupted", "closed", "unused"]
 OutputSink = Callable[["Stream", bytes], None]
@@ -113,6 +134,39 @@ class Outcome:
         self.error = str(exc)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend supports, stated once (:attr:`Backend.capabilities`); what it lacks
+    is refused in one line where it is asked for, before anything is made."""
+
+    exec: bool = False
+    """It holds a run's container idling and runs commands in it (:meth:`Launch.exec`,
+    :meth:`Launch.archive`): sessions, warm pools and child workers need it."""
+    pinned_mounts: bool = False
+    """Mount sources can be pinned (:mod:`orchestrator.runtime.mount_sources`): a bind
+    mount this process makes is what the engine mounts."""
+    secret_files: bool = False
+    """The worker's secrets reach it as files in the run's secrets folder, written on the
+    host (else :meth:`Launch.create` delivers them)."""
+    setid_refusal: str | None = None
+    """Why a set-id file on a run's mounts is always refused here (the backend enforces
+    neither ``no-new-privileges`` nor ``nosuid`` binds); None: only when the plan has
+    neither (:func:`orchestrator.runtime.setid.walk_needed`)."""
+    credential_proxies: bool = False
+    """It runs a run's credential proxy (:meth:`Launch.credential_proxy`): egress
+    credentials need it."""
+
+
+def require_exec(backend: Backend, wanted: str) -> None:
+    """Refuse (one line, naming the backend and what it lacks) unless ``backend`` can exec
+    into a run; ``wanted`` says what asked (a session, a warm pool, a child worker)."""
+    if not backend.capabilities.exec:
+        raise OrchestratorError(
+            f"the {backend.name} backend cannot exec into a run, which {wanted} needs: "
+            "use the docker backend (--engine docker)"
+        )
+
+
 class Named(Protocol):
     """An object a backend made, as ``gc`` reports it."""
 
@@ -179,6 +233,33 @@ class Launch(Protocol):
     def ended(self) -> dict[str, Any]:
         """What ``run.ended`` records of this backend's run, beyond the outcome."""
 
+    # -- a live run (a backend with the exec capability; others refuse) ------------------
+
+    def exec(self, request: ExecRequest, on_output: OutputSink | None = None) -> ExecResult:
+        """Run a checked command (:func:`orchestrator.runtime.execs.exec_request`) in the
+        created run, as ``request.user``: ``stdin`` fed then closed, output captured (the
+        last ``request.cap`` bytes of each stream) and streamed to ``on_output``; past its
+        timeout the command's whole process tree is killed (no other command's) and the
+        result says so. Raise :class:`~orchestrator.errors.ContainerStopped` when the run
+        no longer runs."""
+
+    def archive(self, entries: Sequence[tuple[str, str]]) -> AbstractContextManager[IO[bytes]]:
+        """A tar stream (hostile data) of ``entries``, each ``(folder, name)`` stored under
+        its ``name`` alone, read in the run as the worker's user; closed on leaving."""
+
+    # -- egress credentials (a backend with the credential_proxies capability) ----------
+
+    @property
+    def starts_at_create(self) -> bool:
+        """Whether :meth:`create` may start the worker's processes (a credential proxy is
+        then ready before it; else while the worker's container is made)."""
+
+    def credential_proxy(
+        self, values: Mapping[str, str], audit: AuditLog
+    ) -> AbstractContextManager[ProxyStart]:
+        """Start the run's credential proxy with the egress credentials ``values`` (on the
+        network :meth:`prepare` made); it is removed, its events audited, on leaving."""
+
 
 class Backend(Protocol):
     """Where runs run; see the module docstring. Chosen once, by its owner."""
@@ -188,24 +269,17 @@ class Backend(Protocol):
         """Recorded as ``engine`` in ``run.started``: ``docker`` or ``podman`` for the
         container backend (the engine that answers), ``swarm``."""
 
-    secret_files: bool
-    """Whether the worker's secrets reach it as files in the run's secrets folder, written
-    on the host (else :meth:`Launch.create` delivers them)."""
-
     @property
-    def interactive(self) -> Engine | None:
-        """The engine that holds a container idling and execs into it (sessions, the warm
-        pool, child runs), or None when this backend cannot."""
+    def capabilities(self) -> Capabilities:
+        """What this backend supports (see :class:`Capabilities`)."""
 
     def check(self, prepared: Prepared) -> dict[str, Any]:
         """Refuse (one-line :class:`~orchestrator.errors.OrchestratorError`) what cannot
         run here, before anything is made; return what ``run.started`` records of it."""
 
-    def pins_mounts(self) -> bool:
-        """Whether mount sources can be pinned (:mod:`orchestrator.runtime.mount_sources`)."""
-
-    def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
-        """Why a set-id file on the run's mounts must be refused here (None: it need not)."""
+    def image(self, image: str) -> ImageDefaults | None:
+        """The user and working folder ``image`` gives its processes where this backend
+        runs them, or None when the image is not there."""
 
     def collect_garbage(self, *, everything: bool = False) -> Collected:
         """Remove what dead owners left (``everything``: of any pid namespace too); say

@@ -5,19 +5,23 @@
 and the tests' fake): the run's network (an allowlist's, with its proxy) before the start is
 recorded; then create, attach, start and wait (the worker as the container's own process),
 or, for a keep-alive container, start it idling and run the worker by exec with its outbox
-read before the container goes (:mod:`orchestrator.runtime.supervised`). Exits are read by
-type (:class:`~orchestrator.errors.StartFailure`, ``ExitState``), never from an engine's
-message.
+read before the container goes (:mod:`orchestrator.runtime.supervised`). A live run's
+execs (:mod:`orchestrator.runtime.execs`) and archives are engine execs into its container.
+Exits are read by type (:class:`~orchestrator.errors.StartFailure`, ``ExitState``), never
+from an engine's message.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import Any
+from typing import IO, Any
 
+from orchestrator.audit import AuditLog
 from orchestrator.errors import (
     ContainerStopped,
     EngineError,
@@ -28,13 +32,15 @@ from orchestrator.errors import (
 from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
-from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
-from orchestrator.runtime.engine import EgressLog, Engine, ManagedObject, Stream
+from orchestrator.runtime.backend import Capabilities, Outcome, OutputSink, Tail, pump
+from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
+from orchestrator.runtime.engine import EgressLog, Engine, ImageDefaults, ManagedObject, Stream
+from orchestrator.runtime.execs import ExecRequest, ExecResult, exec_in
 from orchestrator.runtime.gc import GcReport, collect
 from orchestrator.runtime.removal import remove_container, remove_run
-from orchestrator.runtime.setid import walk_needed
 from orchestrator.runtime.supervised import (
     TOOL_ENV,
+    FrameReader,
     drain,
     kill_all,
     oom_killed,
@@ -50,8 +56,6 @@ __all__ = ["ContainerBackend", "ContainerLaunch"]
 class ContainerBackend:
     """Runs as containers on ``engine``; see the module docstring."""
 
-    secret_files = True
-
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
@@ -61,8 +65,13 @@ class ContainerBackend:
         return self.engine.flavour()
 
     @property
-    def interactive(self) -> Engine:
-        return self.engine
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            exec=True,
+            pinned_mounts=self.engine.pins_mounts(),
+            secret_files=True,
+            credential_proxies=True,
+        )
 
     def check(self, prepared: Prepared) -> dict[str, Any]:
         # Before anything exists: an engine without the plan's runtime or image runs nothing.
@@ -71,19 +80,16 @@ class ContainerBackend:
             raise ImageMissing(prepared.spec.image)
         return {"runtime": runtime}
 
-    def pins_mounts(self) -> bool:
-        return self.engine.pins_mounts()
-
-    def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
-        if walk_needed(spec, pinned=pinned):
-            return "the plan has no no-new-privileges and its mounts are not nosuid"
-        return None
+    def image(self, image: str) -> ImageDefaults | None:
+        if not self.engine.image_exists(image):
+            return None
+        return self.engine.image_defaults(image)
 
     def collect_garbage(self, *, everything: bool = False) -> GcReport:
         return collect(self.engine, everything=everything)
 
     def launch(self, prepared: Prepared, *, output: bool, keep_alive: bool) -> ContainerLaunch:
-        return ContainerLaunch(self.engine, prepared.spec, output=output, keep_alive=keep_alive)
+        return ContainerLaunch(self.engine, prepared, output=output, keep_alive=keep_alive)
 
     def cancel(self, run_id: str) -> None:
         remove_run(self.engine, run_id)
@@ -96,9 +102,10 @@ class ContainerBackend:
 class ContainerLaunch:
     """One run's container; see :class:`~orchestrator.runtime.backend.Launch`."""
 
-    def __init__(self, engine: Engine, spec: ContainerSpec, *, output: bool, keep_alive: bool):
+    def __init__(self, engine: Engine, prepared: Prepared, *, output: bool, keep_alive: bool):
         self.engine = engine
-        self.spec = spec
+        self.prepared = prepared
+        self.spec = prepared.spec
         self.output = output
         self.keep_alive = keep_alive
         self.container_id: str | None = None
@@ -256,3 +263,44 @@ class ContainerLaunch:
 
     def ended(self) -> dict[str, Any]:
         return {}
+
+    # -- a live run -----------------------------------------------------------------------
+
+    def _live(self) -> str:
+        if self.container_id is None:
+            raise RuntimeError("the run's container is not created yet")
+        return self.container_id
+
+    def exec(self, request: ExecRequest, on_output: OutputSink | None = None) -> ExecResult:
+        return exec_in(self.engine, self._live(), request, on_output)
+
+    def archive(self, entries: Sequence[tuple[str, str]]) -> AbstractContextManager[IO[bytes]]:
+        return self._archive(entries)
+
+    @contextmanager
+    def _archive(self, entries: Sequence[tuple[str, str]]) -> Iterator[IO[bytes]]:
+        pairs: list[str] = []
+        for folder, name in entries:
+            # "./name": a worker's file named "--remove-files" is a name, never an option
+            pairs += ["-C", folder, f"./{name}"]
+        tar = ["/bin/sh", "-c", 'exec tar --sparse -cf - "$@"', "tar", *pairs]
+        handle = self.engine.exec(self._live(), tar, user=self.spec.user, env=TOOL_ENV)
+        try:
+            yield io.BufferedReader(FrameReader(handle.frames), buffer_size=1 << 20)
+        finally:
+            close = getattr(handle.frames, "close", None)
+            if close is not None:
+                close()
+
+    # -- egress credentials ---------------------------------------------------------------
+
+    @property
+    def starts_at_create(self) -> bool:
+        # Only a one-shot container waits for run_worker to start; a keep-alive one
+        # starts (idling) at create.
+        return self.keep_alive
+
+    def credential_proxy(
+        self, values: Mapping[str, str], audit: AuditLog
+    ) -> AbstractContextManager[ProxyStart]:
+        return credential_proxy(self.engine, self.prepared, values, audit)

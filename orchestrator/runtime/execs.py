@@ -1,8 +1,12 @@
 """One command run inside a session's live container, as the worker's uid.
 
-:func:`run_exec` starts the command through a tiny ``/bin/sh`` wrapper that first reports
-its own pid on stderr (that line is taken off again), changes to ``cwd`` when one is given,
-and then replaces itself with the command, which so keeps that pid. The container runtime
+:func:`exec_request` checks a command once, for every backend (argv, env names, cwd,
+timeout) into an :class:`ExecRequest`, which a live run's
+:meth:`~orchestrator.runtime.backend.Launch.exec` runs. On a container engine that is
+:func:`exec_in` (:func:`run_exec` is both): it starts the command through a tiny
+``/bin/sh`` wrapper that first reports its own pid on stderr (that line is taken off
+again), changes to ``cwd`` when one is given, and then replaces itself with the command,
+which so keeps that pid. The container runtime
 (runc) starts every exec in a session and process group of its own, so that pid is also the
 process group of everything the command forks; a timeout kills that group with
 ``kill -9 -<pgid>`` from a second exec as the same user (with :data:`TOOL_ENV`), and other
@@ -225,6 +229,53 @@ class _Reader:
                 self.on_output = None  # stop echoing (a closed pipe), keep capturing
 
 
+@dataclass(frozen=True)
+class ExecRequest:
+    """One command for a live run, checked (:func:`exec_request`): what a backend's
+    :meth:`~orchestrator.runtime.backend.Launch.exec` runs."""
+
+    argv: list[str]
+    user: str
+    env: dict[str, str]
+    """The whole environment of the command (the plan's, or the tools', and the caller's)."""
+    cwd: str | None = None
+    """A container path (None: the container's working folder)."""
+    timeout: float | None = None
+    """Seconds, after which the command's whole process tree is killed (None: none)."""
+    stdin: bytes | None = None
+    """Fed to the command, then end of file (None: empty standard input)."""
+    cap: int = DEFAULT_CAP
+    """Bytes kept of each of stdout and stderr (the last ones)."""
+
+
+def exec_request(
+    argv: str | Sequence[str],
+    *,
+    user: str,
+    base_env: Mapping[str, str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+    stdin: bytes | str | None = None,
+    cap: int = DEFAULT_CAP,
+) -> ExecRequest:
+    """``argv`` (a str runs as ``/bin/sh -c``) as a checked :class:`ExecRequest`.
+
+    ``env`` is merged over ``base_env`` (the spec's); the names the orchestrator owns (HOME,
+    ``ORCHESTRATOR_*``, the proxy variables) are refused with a :class:`PolicyError`, as
+    are a relative ``cwd`` and a timeout that is not a positive number of at most a week.
+    """
+    command = _argv(argv)
+    merged = {**base_env, **check_env(env)}
+    if cwd is not None and (not cwd.startswith("/") or "\0" in cwd):
+        raise PolicyError([f"Cannot run in '{cwd}': cwd must be an absolute container path"])
+    problem = None if timeout is None else seconds_problem(timeout, MAX_TIMEOUT_S)
+    if problem:
+        raise PolicyError([f"Cannot run with timeout: {problem}; give more than 0, at most a week"])
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return ExecRequest(command, user, merged, cwd, timeout, data, cap)
+
+
 def run_exec(
     engine: Containers,
     container_id: str,
@@ -239,27 +290,27 @@ def run_exec(
     on_output: OutputCallback | None = None,
     cap: int = DEFAULT_CAP,
 ) -> ExecResult:
-    """Run ``argv`` (a str runs as ``/bin/sh -c``) in a running container as ``user``.
+    """Run ``argv`` in a running container as ``user``: :func:`exec_request`'s checks,
+    then :func:`exec_in`. ``on_output(stream, chunk)`` sees the output as it comes."""
+    request = exec_request(
+        argv, user=user, base_env=base_env, env=env, cwd=cwd, timeout=timeout, stdin=stdin, cap=cap
+    )
+    return exec_in(engine, container_id, request, on_output)
 
-    ``env`` is merged over ``base_env`` (the spec's); the names the orchestrator owns (HOME,
-    ``ORCHESTRATOR_*``, the proxy variables) are refused with a :class:`PolicyError`.
-    ``cwd`` is a container path (default: the container's working folder). ``stdin`` is fed
-    to the command, then end of file. ``on_output(stream, chunk)`` sees the output as it
-    comes. With ``timeout`` (seconds), the command's whole process group is killed when it
-    outlives it.
-    """
-    command = _argv(argv)
-    merged = {**base_env, **check_env(env)}
-    if cwd is not None and (not cwd.startswith("/") or "\0" in cwd):
-        raise PolicyError([f"Cannot run in '{cwd}': cwd must be an absolute container path"])
-    problem = None if timeout is None else seconds_problem(timeout, MAX_TIMEOUT_S)
-    if problem:
-        raise PolicyError([f"Cannot run with timeout: {problem}; give more than 0, at most a week"])
-    data = stdin.encode() if isinstance(stdin, str) else stdin
-    wrapped = ["/bin/sh", "-c", WRAPPER, "sh", cwd or "", *command]
+
+def exec_in(
+    engine: Containers,
+    container_id: str,
+    request: ExecRequest,
+    on_output: OutputCallback | None = None,
+) -> ExecResult:
+    """Run a checked command in a running container (see the module docstring): with a
+    timeout, the command's whole process group is killed when it outlives it."""
+    user, timeout = request.user, request.timeout
+    wrapped = ["/bin/sh", "-c", WRAPPER, "sh", request.cwd or "", *request.argv]
     started = time.monotonic()
-    handle = engine.exec(container_id, wrapped, user=user, env=merged, stdin=data)
-    reader = _Reader(handle, cap, on_output)
+    handle = engine.exec(container_id, wrapped, user=user, env=request.env, stdin=request.stdin)
+    reader = _Reader(handle, request.cap, on_output)
     thread = threading.Thread(target=reader.run, name=f"exec-{container_id[:12]}", daemon=True)
     thread.start()
     try:
@@ -288,7 +339,7 @@ def run_exec(
         exit_code, died_of = Exit.TIMEOUT, int(signals.SIGKILL)
     out, err = reader.captures["stdout"], reader.captures["stderr"]
     return ExecResult(
-        argv=command,
+        argv=request.argv,
         exit_code=exit_code,
         signal=died_of,
         stdout=out.text(),

@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
@@ -108,12 +108,14 @@ class WarmPool:
         keep_alive: bool = True,
         gc: bool = True,
         output: bool = True,
+        tailor: Callable[[Prepared], Prepared] | None = None,
         **options: Any,
     ) -> None:
         """``total``: how many runs will be taken, if known (a batch's inputs): no more are
         opened ahead than are still wanted, so none is made only to be discarded (a take
         beyond it still gets one, opened then). ``keep_alive``, ``gc`` and ``output`` are
-        :meth:`~orchestrator.Orchestrator.open_keep_alive`'s; ``options`` ``prepare``'s."""
+        :meth:`~orchestrator.Orchestrator.open_keep_alive`'s; ``tailor`` changes each
+        prepared run before it opens; ``options`` are ``prepare``'s."""
         if size < 1:
             raise PoolError(f"a warm pool holds at least one run, not {size}; use size=1 or more")
         if options.get("session_id"):
@@ -126,7 +128,8 @@ class WarmPool:
         self.options = options
         self.wanted = total
         self.run_options = {"keep_alive": keep_alive, "gc": gc, "output": output}
-        first = orchestrator.prepare(worker, **options)  # refused here, before any thread
+        self.tailor = tailor
+        first = self._prepare(worker)  # refused here, before any thread
         self.worker: Worker = first.worker
         self._cond = threading.Condition()
         self._ready: deque[Run] = deque()
@@ -246,6 +249,10 @@ class WarmPool:
 
     # -- refilling (background) -----------------------------------------------------------
 
+    def _prepare(self, worker: str | Worker) -> Prepared:
+        prepared = self.orchestrator.prepare(worker, **self.options)
+        return prepared if self.tailor is None else self.tailor(prepared)
+
     def _fill(self, first: Prepared | None = None) -> None:
         """Start openers until ``size`` runs are ready or being opened (lock held)."""
         while not self._closed and self._error is None:
@@ -268,7 +275,7 @@ class WarmPool:
         error: BaseException | None = None
         try:
             if prepared is None:
-                prepared = self.orchestrator.prepare(self.worker, **self.options)
+                prepared = self._prepare(self.worker)
             run = self.orchestrator.open_keep_alive(prepared, **self.run_options)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the next take()
             error = exc

@@ -27,24 +27,31 @@ from typing import IO, Any, Protocol
 
 from orchestrator.audit import AuditLog
 from orchestrator.egress import RUN_ALLOWED, RUN_DENIED
-from orchestrator.errors import ConfigError, EngineError, OrchestratorError
+from orchestrator.errors import ConfigError, EngineError, ImageMissing, OrchestratorError
 from orchestrator.hostfs.paths import PathRefused
 from orchestrator.plan import RESERVED_ENV, SECRETS_DIR, ContainerSpec, Mount
 from orchestrator.prepare import Prepared
 from orchestrator.prepare.inputs import InputSpec
 from orchestrator.runtime.access import WorkerAccess, remove_run_dir
-from orchestrator.runtime.backend import Backend, Launch, Outcome, OutputSink, Status, Tail
+from orchestrator.runtime.backend import (
+    Backend,
+    Launch,
+    Outcome,
+    OutputSink,
+    Status,
+    Tail,
+    require_exec,
+)
 from orchestrator.runtime.broker import Broker
-from orchestrator.runtime.container import ContainerBackend, ContainerLaunch
-from orchestrator.runtime.credproxy import ProxyStart, credential_proxy
-from orchestrator.runtime.engine import EgressLog, Engine, Stream
+from orchestrator.runtime.credproxy import ProxyStart
+from orchestrator.runtime.engine import EgressLog, Stream
 from orchestrator.runtime.host_folders import make_host_folders, path_violations
 from orchestrator.runtime.inputs import InputInfo, place_inputs
 from orchestrator.runtime.mount_sources import MountSources
 from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.secrets import RedactingSink, StreamRedactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
-from orchestrator.runtime.setid import SetidSweep, refuse_setid
+from orchestrator.runtime.setid import SetidSweep, refuse_setid, setid_reason
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +67,9 @@ __all__ = [
     "RunResult",
     "Staging",
     "Status",
-    "as_backend",
     "collect_garbage",
     "execute",
 ]
-
-
-def as_backend(target: Backend | Engine) -> Backend:
-    """A backend as given, or a Docker-shaped engine as the container backend over it."""
-    if hasattr(target, "launch"):
-        return target  # type: ignore[return-value]
-    return ContainerBackend(target)
 
 
 class Staging(Protocol):
@@ -120,7 +119,7 @@ class RunResult:
 
 
 def execute(
-    backend: Backend | Engine,
+    backend: Backend,
     prepared: Prepared,
     *,
     audit: AuditLog,
@@ -135,7 +134,7 @@ def execute(
     created, so a run that cannot be audited never starts; the end is recorded after the
     container is gone. ``secrets`` holds resolved values by name; the grant decides which of
     them this run gets, and every value is redacted from output, errors and the audit log.
-    ``backend`` is where it runs (an engine: a container on it). Library users go through
+    ``backend`` is where it runs. Library users go through
     :class:`orchestrator.Orchestrator`, which wires all of this.
     """
     run = Run(
@@ -163,7 +162,7 @@ class Run:
 
     def __init__(
         self,
-        backend: Backend | Engine,
+        backend: Backend,
         prepared: Prepared,
         *,
         audit: AuditLog,
@@ -174,7 +173,7 @@ class Run:
         gc: bool = True,
         output: bool = True,
     ) -> None:
-        self.backend = as_backend(backend)
+        self.backend = backend
         self.prepared = prepared
         self.spec = prepared.spec
         self.audit = audit
@@ -211,24 +210,13 @@ class Run:
         self._setid: SetidSweep | None = None
         self._proxy = ProxyStart()
 
-    # -- the interactive capability (sessions, the warm pool) -----------------------------
-
     @property
-    def engine(self) -> Engine:
-        """The engine holding this run's container, for execs into it (a session's)."""
-        engine = self.backend.interactive
-        if engine is None:
-            raise OrchestratorError(
-                f"the {self.backend.name} backend cannot exec into a run: sessions, warm "
-                "pools and child workers need --engine docker"
-            )
-        return engine
-
-    @property
-    def container_id(self) -> str | None:
-        """The run's container once created (a container backend's), else None."""
-        launch = self.launch
-        return launch.container_id if isinstance(launch, ContainerLaunch) else None
+    def live(self) -> Launch:
+        """The launch of an opened run, through which a session execs into it and reads
+        files out of it (a backend with the ``exec`` capability)."""
+        if not self._created or self.launch is None:
+            raise RuntimeError("open() the run first")
+        return self.launch
 
     def handed_out(self) -> None:
         """A run opened ahead of need (a warm pool's) is handed out now: its ``duration_s``
@@ -262,6 +250,12 @@ class Run:
         backend, spec, prepared = self.backend, self.spec, self.prepared
         try:  # before anything exists: what this backend cannot run, runs nothing
             facts = backend.check(prepared)
+            capabilities = backend.capabilities
+            if prepared.grant.egress and not capabilities.credential_proxies:
+                raise OrchestratorError(
+                    f"the {backend.name} backend cannot run a credential proxy, which the egress "
+                    f"credentials of worker '{spec.worker}' need: use --engine docker"
+                )
             refuse_image_user(spec)
         except OrchestratorError as exc:
             self.outcome.error = str(exc)
@@ -269,11 +263,13 @@ class Run:
         for value in (*self.values.values(), *self.egress_values.values()):
             self.audit.add_secret(value)
         if spec.image_user and not spec.run_as:  # the image's user, for its execs too
-            spec = self.spec = replace(spec, run_as=self.engine.image_defaults(spec.image).user)
+            if (defaults := backend.image(spec.image)) is None:
+                raise ImageMissing(spec.image)
+            spec = self.spec = replace(spec, run_as=defaults.user)
             prepared = self.prepared = replace(prepared, spec=spec)
         make_host_folders(prepared)
-        self._pin = os.geteuid() == 0 and bool(spec.mounts) and backend.pins_mounts()
-        if why := backend.setid_refusal(spec, pinned=self._pin):
+        self._pin = os.geteuid() == 0 and bool(spec.mounts) and capabilities.pinned_mounts
+        if why := setid_reason(capabilities.setid_refusal, spec, pinned=self._pin):
             refuse_setid(prepared, why=why)
         if prepared.inputs:
             self.inputs = place_inputs(prepared, prepared.inputs)
@@ -307,7 +303,7 @@ class Run:
             self._setid = SetidSweep(prepared)
             self._setid.before()  # after the grant: what it changed is put back after ours
             if prepared.grant.children:
-                self.engine  # noqa: B018 - a backend without execs has no broker
+                require_exec(backend, "a child worker")  # a backend without execs: no broker
                 self._broker = Broker(
                     prepared,
                     depth=self.depth,
@@ -319,24 +315,22 @@ class Run:
             proxy = self._proxy
             if prepared.grant.egress:  # egress credentials: the proxy, on the run's network
                 proxy = self._proxy = self._stack.enter_context(
-                    credential_proxy(self.engine, prepared, self.egress_values, self.audit)
+                    self.launch.credential_proxy(self.egress_values, self.audit)
                 )
-            if backend.secret_files:
+            if capabilities.secret_files:
                 self._stack.enter_context(
                     delivered(prepared.paths.secrets_dir, self.values, prepared.uid, prepared.gid)
                 )
             self._hold_sources()  # last: every source exists now (the secrets folder too)
             self._created = True
             self.outcome.removed = False
-            # The credential proxy starts while the worker's container is made: only a
-            # container launch's one-shot container waits for run_worker to start; any other
-            # (a keep-alive one, another backend's) may start at create, so waits before it.
-            overlap = isinstance(self.launch, ContainerLaunch) and not self.keeps_alive
-            if not overlap:
+            # The credential proxy starts while the worker's container is made, unless the
+            # launch may start the worker at create: then it is ready before.
+            if self.launch.starts_at_create:
                 proxy.ready()
             self.launch.create(
                 self._engine_spec(),
-                {} if backend.secret_files else self.values,
+                {} if capabilities.secret_files else self.values,
                 started=lambda: self._check_sources("once its container started"),
             )
             proxy.ready()  # before open returns: no worker starts without its proxy serving
@@ -368,7 +362,7 @@ class Run:
 
     def _bound(self) -> list[Mount]:
         """The plan's bind mounts whose host folders the backend mounts."""
-        if self.backend.secret_files:
+        if self.backend.capabilities.secret_files:
             return list(self.spec.mounts)
         return [m for m in self.spec.mounts if m.target != SECRETS_DIR]
 
@@ -604,9 +598,9 @@ class Run:
         )
 
 
-def collect_garbage(backend: Backend | Engine, audit: AuditLog) -> None:
+def collect_garbage(backend: Backend, audit: AuditLog) -> None:
     """Remove what dead owners left on ``backend``, each audited as ``gc.removed``."""
-    for obj in as_backend(backend).collect_garbage().removed:
+    for obj in backend.collect_garbage().removed:
         audit.record("gc.removed", metadata={"kind": obj.kind, "name": obj.name})
 
 

@@ -17,7 +17,6 @@ after its maximum lifetime; the container is removed on every one of these paths
 
 from __future__ import annotations
 
-import io
 import logging
 import posixpath
 import threading
@@ -30,11 +29,12 @@ from typing import Any, Self
 
 from orchestrator.errors import OrchestratorError, PolicyError
 from orchestrator.escaping import escape_surrogates
+from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.engine import Stream
-from orchestrator.runtime.execs import ExecResult, run_exec
+from orchestrator.runtime.execs import ExecResult, exec_request
 from orchestrator.runtime.run import Run, RunResult
 from orchestrator.runtime.secrets import RedactingSink
-from orchestrator.runtime.supervised import TOOL_ENV, FrameReader
+from orchestrator.runtime.supervised import TOOL_ENV
 from orchestrator.sandbox import (
     DeleteResult,
     FileStat,
@@ -178,11 +178,8 @@ class Session:
         values = {**run.values, **run.egress_values}
         sink = RedactingSink(on_output, values) if on_output and run.redactor else on_output
         with self._active():
-            assert run.container_id is not None
             try:
-                result = run_exec(
-                    run.engine,
-                    run.container_id,
+                request = exec_request(
                     argv,
                     user=user or spec.user,
                     base_env=spec.env,
@@ -190,8 +187,8 @@ class Session:
                     cwd=cwd or spec.workdir,
                     timeout=spec.limits.timeout_s if timeout is None else timeout,
                     stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-                    on_output=sink,
                 )
+                result = run.live.exec(request, sink)
             except OrchestratorError as exc:
                 self._record("session.exec", False, argv=argv, reason=str(exc))
                 raise
@@ -224,7 +221,7 @@ class Session:
             raise SandboxError("A change set needs a message saying what it holds")
         run = self._run
         with self._active():
-            pairs: list[str] = []
+            entries: list[tuple[str, str]] = []
             names: dict[str, str] = {}
             for path in files:
                 if escape_surrogates(path) != path:  # tar would never find it by this name
@@ -249,22 +246,11 @@ class Session:
                         f"named '{name}'; stage them in two change sets"
                     )
                 names[name] = path
-                # "./name": a worker's file named "--remove-files" is a name, never an option
-                pairs += ["-C", folder, f"./{name}"]
-            assert run.container_id is not None
+                entries.append((folder, name))
             if run.staging is None:
                 raise SandboxError("This session has no change store to stage into")
-            tar = ["/bin/sh", "-c", 'exec tar --sparse -cf - "$@"', "tar", *pairs]
-            handle = run.engine.exec(run.container_id, tar, user=run.spec.user, env=TOOL_ENV)
-            stream = FrameReader(handle.frames)
-            try:
-                staged = run.staging.outbox(
-                    run.spec, io.BufferedReader(stream, buffer_size=1 << 20), message=message
-                )
-            finally:
-                close = getattr(handle.frames, "close", None)
-                if close is not None:
-                    close()
+            with run.live.archive(entries) as stream:
+                staged = run.staging.outbox(run.spec, stream, message=message)
             change_id = getattr(staged, "change_id", None)
             rejected = getattr(staged, "rejected", [])
             self._record(
@@ -290,6 +276,12 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._closed_because is not None
+
+    @property
+    def spec(self) -> ContainerSpec:
+        """The plan this session's container has (its user, working folder, zones, limits);
+        read-only."""
+        return self._run.spec
 
     def close(self) -> RunResult:
         """Stage ``/staged`` and ``ask`` zones, remove the container; the run's result."""
@@ -439,12 +431,9 @@ class _Outbox:
                  "changed once written; write a new file"]
             )  # fmt: skip
         mode = "new" if untrusted else ("append" if append else "replace")
-        assert run.container_id is not None
         assert spec.outbox is not None
         created = not _exists_in_container(run, path)
-        result = run_exec(
-            run.engine,
-            run.container_id,
+        request = exec_request(
             ["/bin/sh", "-c", self.SCRIPT, "stage", path, mode],
             user=spec.user,
             base_env=TOOL_ENV,
@@ -452,6 +441,7 @@ class _Outbox:
             timeout=60.0,
             stdin=data,
         )
+        result = run.live.exec(request)
         if result.exit_code != 0:
             reason = result.stderr.strip().splitlines()[-1:] or ["the write failed"]
             if untrusted and not created:
@@ -473,17 +463,14 @@ class _Outbox:
 
 
 def _exists_in_container(run: Run, path: str) -> bool:
-    assert run.container_id is not None
-    probe = run_exec(
-        run.engine,
-        run.container_id,
+    probe = exec_request(
         ["/bin/sh", "-c", 'test -e "$1" || test -L "$1"', "probe", path],
         user=run.spec.user,
         base_env=TOOL_ENV,
         cwd="/",
         timeout=30.0,
     )
-    return probe.exit_code == 0
+    return run.live.exec(probe).exit_code == 0
 
 
 def _redacted(result: ExecResult, run: Run) -> ExecResult:

@@ -13,7 +13,15 @@ bytes) and reads answers until the final one:
   "stream", "data"}`` lines while the command prints, then its :class:`ExecResult`;
 - ``{"op": "read", "path", "limit"}`` → the file's bytes; ``{"op": "write", "path",
   "data"}`` → the :class:`WriteResult` (bytes travel as base64);
-- ``{"op": "stop"}`` → the closed session's :class:`RunResult`; the owner then exits.
+- ``{"op": "tool", "name", "args", "wait"}`` → the answer of one sandbox tool call
+  (:class:`~orchestrator.tools.Toolset`). A call that needs approval first sends
+  ``{"event": "waiting", "approval": {...}}`` and waits (at most ``wait`` seconds, default
+  :data:`APPROVAL_WAIT_S`) for an ``answer``; unanswered, it is declined;
+- ``{"op": "approvals"}`` → the calls waiting for a person (id, tool, args, description,
+  asked_at); ``{"op": "answer", "id", "approve", "by", "via"}`` → answers one, audited as
+  ``tool.approval`` with who and through what;
+- ``{"op": "stop"}`` → the closed session's :class:`RunResult`; the owner then exits
+  (waiting calls are declined first).
 
 The final answer is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "<one
 line>", "kind": "<exception class>", "exit_code": 125}``. Every operation goes through the
@@ -27,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import socket
 import stat
 import struct
@@ -41,15 +50,26 @@ from orchestrator.exits import Exit
 from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.session import Session
 from orchestrator.sandbox import as_dict
+from orchestrator.tools.waiting import Answered, PendingApprovals
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_COPY", "MAX_REQUEST", "SessionServer", "connect", "control_dir", "request"]
+__all__ = [
+    "APPROVAL_WAIT_S",
+    "MAX_COPY",
+    "MAX_REQUEST",
+    "SessionServer",
+    "connect",
+    "control_dir",
+    "request",
+]
 
 #: Largest file ``session cp`` carries either way.
 MAX_COPY = 32 << 20
 #: Largest request line (a copied file travels as base64 inside it).
 MAX_REQUEST = MAX_COPY * 4 // 3 + (64 << 10)
+#: How long a tool call waits for a person's answer unless the request says otherwise.
+APPROVAL_WAIT_S = 600.0
 CONTROL = "control"
 SUFFIX = ".sock"
 
@@ -136,6 +156,14 @@ def request(
     raise ControlError("the session's owner closed the connection without an answer")
 
 
+def _connected(conn: socket.socket) -> bool:
+    """Whether the peer of ``conn`` is still there (it sends nothing after its request: any
+    readable state means it closed or reset the connection)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return not poller.poll(0)
+
+
 def describe(session: Session) -> dict[str, Any]:
     zones = sorted(session.files.grant.zones, key=lambda z: z.target)
     return {
@@ -173,6 +201,8 @@ class SessionServer:
         self._sock.listen(16)
         self._sock.settimeout(0.2)
         self._handlers: list[threading.Thread] = []
+        self.approvals = PendingApprovals()
+        self._toolset: Any = None
 
     def serve(self) -> None:
         """Answer connections until :attr:`stop` is set or the session closes by itself."""
@@ -186,6 +216,7 @@ class SessionServer:
                 handler.start()
                 self._handlers = [t for t in self._handlers if t.is_alive()] + [handler]
         finally:
+            self.approvals.cancel_all()
             self.finish(2.0)
             self._sock.close()
             with contextlib.suppress(FileNotFoundError):
@@ -219,7 +250,7 @@ class SessionServer:
                 message = json.loads(line)
                 if not isinstance(message, dict):
                     raise ControlError("a request must be a JSON object")
-                result = self._dispatch(message, send)
+                result = self._dispatch(message, send, lambda: _connected(conn))
                 send({"ok": True, "result": result})
                 if message.get("op") == "stop":
                     self.stop.set()
@@ -239,7 +270,12 @@ class SessionServer:
                     send({"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}",
                           "kind": type(exc).__name__, "exit_code": int(Exit.ERROR)})  # fmt: skip
 
-    def _dispatch(self, message: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> Any:
+    def _dispatch(
+        self,
+        message: dict[str, Any],
+        send: Callable[[dict[str, Any]], None],
+        connected: Callable[[], bool] = lambda: True,
+    ) -> Any:
         session = self.session
         op = message.get("op")
         if op == "info":
@@ -271,6 +307,84 @@ class SessionServer:
         if op == "write":
             data = base64.b64decode(message["data"], validate=True)
             return as_dict(session.write(str(message["path"]), data))
+        if op == "tool":
+            args = message.get("args") or {}
+            if not isinstance(args, dict):
+                raise ValueError("args must be a JSON object")
+            wait = float(message.get("wait", APPROVAL_WAIT_S))
+            return self._tool(str(message["name"]), args, wait, send, connected)
+        if op == "approvals":
+            return [pending.to_dict() for pending in self.approvals.waiting()]
+        if op == "answer":
+            approve = message["approve"]
+            if not isinstance(approve, bool):
+                raise ValueError("approve must be true or false")
+            answer = Answered(approve, str(message.get("by") or "unknown"),
+                              str(message.get("via") or "control socket"))  # fmt: skip
+            if self.approvals.answer(str(message["id"]), answer) is None:
+                raise ControlError(
+                    f"no call waits for approval '{message['id']}' in session {session.id} "
+                    "(answered already, timed out, or never asked)"
+                )
+            return {"id": message["id"], "approve": approve}
         if op == "stop":
+            self.approvals.cancel_all()
             return session.close().to_dict()
-        raise ValueError(f"unknown op {op!r}; use info, exec, read, write or stop")
+        raise ValueError(
+            f"unknown op {op!r}; use info, exec, read, write, tool, approvals, answer or stop"
+        )
+
+    def _tool(
+        self,
+        name: str,
+        args: dict[str, Any],
+        wait: float,
+        send: Callable[[dict[str, Any]], None],
+        connected: Callable[[], bool],
+    ) -> Any:
+        """One tool call; one that needs approval waits here for a person's answer, while
+        its caller is still connected (a call nobody waits for is never run)."""
+        from orchestrator.tools import InvalidArguments, Toolset
+
+        if self._toolset is None:
+            self._toolset = Toolset(self.session)
+        tools: Toolset = self._toolset
+        try:
+            decision = tools.needs_approval(name, args)
+        except InvalidArguments:
+            return tools.call(name, args)  # answered (and audited) as invalid arguments
+        if decision.status != "needs_approval":
+            return tools.call(name, args)
+
+        def listed(pending: Any) -> None:
+            with contextlib.suppress(OSError):
+                send({"event": "waiting", "approval": pending.to_dict()})
+
+        pending, answer = self.approvals.ask(
+            name, args, decision.description, timeout=wait, on_waiting=listed,
+            still_wanted=connected,
+        )  # fmt: skip
+        if answer is None:
+            why = f"not answered within {wait:g} s" if connected() else "the caller went away"
+            answer = Answered(False, "nobody", why)
+        if tools.audit is not None:
+            tools.audit.record(
+                "tool.approval",
+                allowed=answer.approve,
+                reason=decision.description,
+                worker=self.session.worker,
+                run_id=self.session.run_id,
+                session_id=self.session.id,
+                trust_level=self.session.trust,
+                path=args.get("path") if isinstance(args.get("path"), str) else None,
+                metadata={
+                    "tool": name,
+                    "request": pending.id,
+                    "decision": "approved" if answer.approve else "declined",
+                    "by": answer.by,
+                    "via": answer.via,
+                },
+            )
+        if not answer.approve or self.session.closed:
+            return tools.decline(name, args, decision)
+        return tools.call(name, args, approved=True)

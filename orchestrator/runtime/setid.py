@@ -55,7 +55,15 @@ if TYPE_CHECKING:
     from orchestrator.plan import ContainerSpec
     from orchestrator.prepare import Prepared
 
-__all__ = ["SETID", "SetidRefused", "SetidSweep", "refuse_setid", "setid_of", "walk_needed"]
+__all__ = [
+    "SETID",
+    "SetidRefused",
+    "SetidSweep",
+    "refuse_setid",
+    "setid_of",
+    "setid_reason",
+    "walk_needed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,17 @@ def walk_needed(spec: ContainerSpec, *, pinned: bool) -> bool:
     nothing else stops their bits, i.e. neither ``no-new-privileges`` nor pinned
     ``nosuid`` mounts. Swarm always walks (it has neither)."""
     return not spec.no_new_privileges and not pinned
+
+
+def setid_reason(always: str | None, spec: ContainerSpec, *, pinned: bool) -> str | None:
+    """Why a set-id file on the run's mounts must be refused: ``always`` (a backend's
+    :attr:`~orchestrator.runtime.backend.Capabilities.setid_refusal`), else only when
+    :func:`walk_needed` (None: it need not be)."""
+    if always is not None:
+        return always
+    if walk_needed(spec, pinned=pinned):
+        return "the plan has no no-new-privileges and its mounts are not nosuid"
+    return None
 
 
 def setid_of(mode: int, uid: int, gid: int) -> str:

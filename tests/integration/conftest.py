@@ -29,6 +29,7 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import OrchestratorError
 from orchestrator.prepare import prepare
 from orchestrator.runtime import RunResult, execute, open_audit
+from orchestrator.runtime.container import ContainerBackend
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -127,7 +128,7 @@ def run_worker(engine, project):
         project.worker(name, f"command: {command}\n{textwrap.dedent(front).strip()}")
         loaded = load_project(project.root)
         prepared = prepare(loaded, load_worker(loaded, name), **kwargs)
-        return execute(engine, prepared, audit=open_audit(loaded), staging=None)
+        return execute(ContainerBackend(engine), prepared, audit=open_audit(loaded), staging=None)
 
     return run
 

@@ -10,7 +10,9 @@ real one (Docker, or Podman with ``--engine=podman``), and on Docker against a s
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 import pytest
 
@@ -18,6 +20,7 @@ from orchestrator.runner import Orchestrator
 from orchestrator.runtime.container import ContainerBackend
 from tests.integration.conftest import script_worker
 from tests.unit.fake_engine import FakeEngine, Program
+from tests.unit.seam_only import SeamOnly
 
 pytestmark = pytest.mark.docker
 
@@ -137,3 +140,47 @@ def test_the_fake_engine_runs_the_lifecycle_as_the_real_one_does(engine, runc_pr
         seen[name] = keys(runc_project, result.run_id)
     assert seen["fake"] == seen["real"]  # the same operations, each with the same keys
     assert seen["real"][0][0] == "run.started" and seen["real"][-1][0] == "run.ended"
+
+
+#: How a runc run's outbox (``/staged``) is read (:func:`~orchestrator.runtime.supervised.read_outbox`).
+READ_OUTBOX = ("/bin/sh", "-c", 'exec tar --sparse -C "$0" -cf - .', "/staged")
+
+
+def empty_folder_tar() -> bytes:
+    """What ``tar -C folder -cf - .`` writes for an empty folder: its ``./`` entry."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        entry = tarfile.TarInfo("./")
+        entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(entry)
+    return out.getvalue()
+
+
+def test_a_backend_of_only_backend_and_launch_holds_a_session_as_the_real_one_does(
+    engine, runc_project
+):
+    """A new backend needs only ``Backend`` and ``Launch``: the fake engine's backend,
+    seen through those alone (:class:`~tests.unit.seam_only.SeamOnly`), holds a session
+    (execs, host-side files, close) with the real engine's results and audit operations."""
+    runc_project.zone("data", "rw")
+    runc_project.worker(
+        "w", 'command: ["true"]\ntrust: workspace\nsandbox: {zones: [{name: data, mode: rw}]}'
+    )
+    # The outbox is read as the real engine's tar reads an empty folder.
+    fake = FakeEngine(programs={READ_OUTBOX: Program((("stdout", empty_folder_tar()),))})
+    seen = {}
+    for name, on in (("fake", fake), ("real", engine)):
+        backend = SeamOnly(ContainerBackend(on))
+        with Orchestrator(runc_project.root, backend=backend) as orch:
+            with orch.open_session("w") as session:
+                done = session.exec("echo out")
+                assert (done.exit_code, done.stdout, done.timed_out) == (0, "out\n", False), name
+                session.write("/data/note.txt", name)
+                assert session.read("/data/note.txt").text == name
+            result = session.close()
+        assert result.status == "closed" and result.container_removed, (name, result)
+        assert len(backend.launches) == 1
+        seen[name] = keys(runc_project, result.run_id)
+    assert seen["fake"] == seen["real"], seen  # the same operations, each with the same keys
+    ops = [operation for operation, _ in seen["real"]]
+    assert ops[0] == "run.started" and "session.exec" in ops and "run.ended" in ops, ops

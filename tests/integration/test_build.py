@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,9 @@ from orchestrator import labels
 from orchestrator.docker import buildnames
 from orchestrator.docker.images import WORKER_IMAGE
 from tests.integration.conftest import cli, require_gvisor, wait_until
+from tests.integration.pkgservice import FILE_DIGEST, FILE_TEXT, package_service
+from tests.integration.pkgservice import PORT as PKG_PORT
+from tests.integration.pkgservice import project_text as pkg_project
 
 pytestmark = pytest.mark.docker
 
@@ -460,6 +464,182 @@ def test_copy_into_an_existing_folder_and_hard_links_from_a_stage(builds):
                    "cat /app/keep /app/data.txt /named.txt /copied/a /copied/b; "
                    "stat -c %h /copied/a")  # fmt: skip
     assert shown.stdout.split() == ["keep", "data", "data", "x", "x", "2"], shown.stderr
+
+
+@pytest.fixture
+def packages(engine, project):
+    """The local package server (tests/integration/pkgservice.py) and a project whose
+    build allowlist holds it as ``pkgs.NET:8000`` (``other.NET`` is the same server, not
+    on the list); the network's name."""
+    require_gvisor(engine)
+    with package_service(engine, "build") as net:
+        project.extra = pkg_project(net)
+        project.write_project()
+        yield net
+
+
+def _audit_path(project) -> Path:
+    return project.root / ".sandbox" / "audit.jsonl"
+
+
+def _audit(project) -> list[dict]:
+    path = _audit_path(project)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_add_of_a_url_fetches_an_allowlisted_host_through_the_audited_proxy(builds, project,
+                                                                           packages):  # fmt: skip
+    base = f"http://pkgs.{packages}:{PKG_PORT}"
+    tag = f"orchestrator-test/build-{builds.marker}:url"
+    dockerfile = (
+        "FROM @BASE@\nLABEL test.mark=@MARK@\nUSER root\nRUN mkdir /existing\n"
+        f"ADD {base}/file.txt /fetched/\n"
+        f"ADD --checksum=sha256:{FILE_DIGEST} {base}/moved-here /fetched/named.txt\n"
+        f"ADD --chmod=644 {base}/archive.tar.gz /existing\n"
+    )
+    first = builds(dockerfile, "--json", tag=tag)
+    steps = outcomes(first)
+    assert (steps[5], steps[6], steps[7]) == ("built", "built", "built")
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                   "cd /fetched; stat -c '%a %u %n' file.txt named.txt /existing/archive.tar.gz; "
+                   "cat file.txt named.txt; ls /existing")  # fmt: skip
+    assert shown.stdout.splitlines() == [
+        "600 0 file.txt",  # Docker's mode for a URL's file
+        "600 0 named.txt",
+        "644 0 /existing/archive.tar.gz",  # into the existing folder, never unpacked
+        FILE_TEXT.strip(),
+        FILE_TEXT.strip(),
+        "archive.tar.gz",
+    ], shown.stderr
+    egress = [e for e in _audit(project) if e["operation"] == "build.egress"]
+    seen = {(e["metadata"]["line"], e["metadata"]["host"], e["allowed"]) for e in egress}
+    assert {(line, f"pkgs.{packages}", True) for line in (5, 6, 7)} <= seen, seen
+
+    # Again: each URL is fetched again (not the checksummed one) and, the same content,
+    # its step comes from the cache.
+    again = outcomes(builds(dockerfile, "--json", tag=tag))
+    assert (again[5], again[6], again[7]) == ("cached", "cached", "cached")
+    assert (
+        json.loads(docker("image", "inspect", tag).stdout)[0]["Id"]
+        == json.loads(first.stdout)["image"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("add", "said"),
+    [
+        ("http://other.NET:8000/file.txt /x",
+         "Dockerfile:3: ADD: http://other.NET:8000/file.txt: other.NET:8000 is not on the "
+         "project's build allowlist (build.allow): nothing was downloaded"),
+        ("http://pkgs.NET:8000/moved /x",
+         "Dockerfile:3: ADD: http://pkgs.NET:8000/moved redirected to "
+         "http://other.NET:8000/file.txt: other.NET:8000 is not on the project's build "
+         "allowlist (build.allow): not followed"),
+        (f"--checksum=sha256:{'0' * 64} http://pkgs.NET:8000/file.txt /x",
+         f"Dockerfile:3: ADD: http://pkgs.NET:8000/file.txt: checksum mismatch: "
+         f"--checksum=sha256:{'0' * 64}, the download is sha256:{FILE_DIGEST}"),
+    ],
+)  # fmt: skip
+def test_add_of_a_url_off_the_allowlist_or_redirected_off_it_is_refused(builds, project,
+                                                                       packages, add, said):  # fmt: skip
+    before = len(_audit(project))
+    done = builds(f"FROM @BASE@\nLABEL test.mark=@MARK@\nADD {add.replace('NET', packages)}\n")
+    assert done.returncode == 125, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"orchestrator: error: {builds.context}/{said.replace('NET', packages)}"
+    hosts = {
+        (e["metadata"]["host"], e["allowed"])
+        for e in _audit(project)[before:]
+        if e["operation"] == "build.egress"
+    }
+    assert (f"other.{packages}", True) not in hosts  # nothing reached the other name
+    assert not [n for n in docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+                if n.startswith("orchestrator-run-build-")]  # fmt: skip
+
+
+def test_add_of_a_url_larger_than_the_disk_limit_is_stopped(builds, packages):
+    done = builds(
+        f"FROM @BASE@\nLABEL test.mark=@MARK@\nADD http://pkgs.{packages}:{PKG_PORT}/big /big\n",
+        "--disk", "16m", "--no-cache",
+    )  # fmt: skip
+    assert done.returncode == 125, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"Dockerfile:3: ADD: http://pkgs.{packages}:{PKG_PORT}/big: larger than the build's "
+            "disk limit (16 MiB): stopped"
+        )
+    ), done.stderr
+    assert not docker("images", "-aq", "--filter", f"label=test.mark={builds.marker}").stdout
+
+
+#: One allowed request, then COUNT pipelined denied ones straight to the proxy (HOST is
+#: the allowed URL).
+FLOOD_STEP = r"""
+import socket, threading, time, urllib.request
+urllib.request.urlopen("HOST", timeout=30).read()
+sock = socket.create_connection(("proxy", 3128), timeout=60)
+seen = [0]
+def drain():
+    while seen[0] < COUNT:
+        data = sock.recv(1 << 16)
+        if not data:
+            return
+        seen[0] += data.count(b"HTTP/1.1 403")
+reader = threading.Thread(target=drain, daemon=True)
+reader.start()
+for start in range(0, COUNT, 500):
+    sock.sendall(b"".join(b"GET http://flood%d.denied.test/ HTTP/1.1\r\nHost: flood%d.denied.test\r\n\r\n"
+                          % (n, n) for n in range(start, min(start + 500, COUNT))))
+reader.join(180)
+sock.close()
+print("answered", seen[0])
+"""
+
+
+def test_a_build_step_flooding_the_proxy_is_summarised_and_erases_no_decision(
+    builds, project, packages
+):
+    url = f"http://pkgs.{packages}:{PKG_PORT}/file.txt"
+    count = 5_000
+    (builds.context / "flood.py").write_text(
+        FLOOD_STEP.replace("HOST", url).replace("COUNT", str(count))
+    )
+    (builds.context / "after.py").write_text(
+        "import urllib.request as u\n"
+        f"u.urlopen('{url}', timeout=30).read()\n"
+        "try:\n    u.urlopen('http://after.denied.test/', timeout=30)\n"
+        "except Exception:\n    pass\n"
+    )
+    before = _audit_path(project).stat().st_size if _audit_path(project).exists() else 0
+    done = builds(
+        "FROM @BASE@\nLABEL test.mark=@MARK@\nCOPY flood.py after.py /\n"
+        "RUN python3 /flood.py\nRUN python3 /after.py\n",
+        "--no-cache", timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    answered = int(re.search(r"answered (\d+)", done.stderr).group(1))
+    assert "egress FLOOD" in done.stderr
+    audit = _audit(project)
+    egress = [e for e in audit if e["operation"] == "build.egress"]
+    by_line = {
+        line: [
+            (e["metadata"]["host"], e["allowed"]) for e in egress if e["metadata"]["line"] == line
+        ]
+        for line in (4, 5)
+    }
+    assert (f"pkgs.{packages}", True) in by_line[4]  # the request before the flood
+    denied = [host for host, allowed in by_line[4] if not allowed]
+    assert 0 < len(denied) <= 200, len(denied)
+    (flood,) = [e for e in audit if e["operation"] == "build.egress.flood"]
+    assert flood["metadata"]["line"] == 4 and flood["allowed"] is False
+    counted = flood["metadata"]["denied"] + flood["metadata"]["logged_denied"]
+    assert count // 2 < answered <= counted <= count, (answered, flood["metadata"])
+    # The next step's decisions are its own, none lost to the flood before it.
+    assert sorted(by_line[5]) == sorted([(f"pkgs.{packages}", True), ("after.denied.test", False)])
+    grown = _audit_path(project).stat().st_size - before
+    assert grown < 200_000, grown
 
 
 def test_the_doctor_reads_the_build_runtimes_and_their_flags_from_the_engine(engine):

@@ -230,7 +230,7 @@ def test_a_placeholder_holding_worker_gets_answers_and_leaks_nothing(
         session = orch.open_session("w")
         with session:
             run = session._run
-            inspected = json.dumps(engine.api.inspect_container(run.container_id))
+            inspected = json.dumps(engine.api.inspect_container(run.launch.container_id))
             proxies = [  # the run's own proxy, or the spare it took (named after its run)
                 c
                 for c in engine.api.containers(filters={"label": "io.orchestrator.role"})

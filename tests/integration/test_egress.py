@@ -43,6 +43,7 @@ from orchestrator.docker.netnames import RUN_PREFIX, full_network, network_name
 from orchestrator.docker.networks import release_network
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec, Limits, Network, Tmpfs, project_key
+from orchestrator.runtime.container import ContainerBackend
 from tests.integration.conftest import ISOLATIONS, cli, require_gvisor, wait_until
 
 docker = pytest.mark.docker
@@ -728,7 +729,7 @@ def test_worker_files_get_none_allowlist_or_full_end_to_end(
 
     def run(name):
         prepared = prepare(loaded, load_worker(loaded, name))
-        result = execute(engine, prepared, audit=audit, staging=None)
+        result = execute(ContainerBackend(engine), prepared, audit=audit, staging=None)
         return prepared, result, last_json(result.stdout)
 
     prepared, result, seen = run("listed")

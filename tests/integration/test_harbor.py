@@ -12,6 +12,9 @@ solution (no model):
   both decisions;
 - a task whose allowlist the egress proxy cannot enforce (a single-label name) is refused
   at start, before any container exists: one line in that trial's result;
+- a task whose Dockerfile installs a package with ``apt-get`` from a local repository
+  (a test service on the project's build allowlist) and ``ADD``s a file by URL is built
+  and solved;
 - afterwards nothing the runs made is left: no container, network or run folder.
 """
 
@@ -33,6 +36,8 @@ from orchestrator.config import load_project
 from orchestrator.runtime import open_audit
 from tests.conftest import ProjectDir
 from tests.integration.conftest import ISOLATIONS, require_gvisor, unavailable, web_service
+from tests.integration.pkgservice import PORT, package_service
+from tests.integration.pkgservice import project_text as pkg_project
 
 pytestmark = pytest.mark.docker
 
@@ -358,3 +363,37 @@ def test_the_oracle_solves_a_task_built_from_its_dockerfile_as_root(engine, harb
     layers = [step for step in steps if step.get("outcome") in ("built", "cached")]
     assert layers and all(step["outcome"] == "cached" for step in layers), steps
     _assert_nothing_left(engine, pid, project)
+
+
+def test_the_oracle_solves_a_task_whose_dockerfile_installs_from_a_local_repository(
+    engine, harbor, tmp_path
+):
+    """``harbor_tasks/apt-build``: its Dockerfile's ``RUN`` installs a package with
+    ``apt-get`` from a local repository (a test service on the project's build allowlist,
+    reached through the egress proxy) and ``ADD``s a file from it by URL; the oracle uses
+    both, as root, with reward 1. The trial itself has no network."""
+    require_gvisor(engine)
+    with package_service(engine, "harbor") as net:
+        project = ProjectDir(tmp_path / "project")
+        project.extra = pkg_project(net)
+        project.write_project()
+        task = tmp_path / "apt-build"
+        shutil.copytree(TASKS / "apt-build", task)
+        dockerfile = task / "environment" / "Dockerfile"
+        dockerfile.write_text(dockerfile.read_text().replace("PKGS_HOST", f"pkgs.{net}:{PORT}"))
+
+        pid, _, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+
+        assert trial["exception_info"] is None, (trial["exception_info"], output)
+        assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, output
+        audit = open_audit(load_project(project.root))
+        egress = {
+            (e.metadata["line"], e.metadata["host"], e.allowed)
+            for e in audit.query(AuditFilter(operation="build.egress"))
+        }
+        assert (6, f"pkgs.{net}", True) in egress  # apt-get, through the proxy
+        assert (11, f"pkgs.{net}", True) in egress  # ADD <url>
+        assert not [e for e in egress if not e[2]], egress
+        (started,) = audit.query(AuditFilter(operation="run.started"))
+        assert started.metadata["network"] == "none"  # the task's no-network
+        _assert_nothing_left(engine, pid, project)

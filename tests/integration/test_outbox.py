@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.runtime.container import ContainerBackend
 from tests.integration.test_zones import TarContents, run, script_worker
 
 pytestmark = pytest.mark.docker
@@ -128,7 +129,9 @@ def test_a_huge_sparse_file_neither_hangs_nor_fills_the_host(engine, project, is
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))
     audit = open_audit(loaded)
-    result = execute(engine, prepared, audit=audit, staging=StagingReader(loaded, audit))
+    result = execute(
+        ContainerBackend(engine), prepared, audit=audit, staging=StagingReader(loaded, audit)
+    )
     assert result.exit_code == 0, result.stderr
     assert result.duration_s < 30  # a 1 TiB apparent size is refused from its header
     assert result.container_removed

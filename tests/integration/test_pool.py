@@ -41,8 +41,8 @@ def test_a_pooled_run_works_like_a_cold_one_and_stages_its_outbox(engine, projec
     with orch.pool("w", size=1) as pool:
         assert pool.wait_ready(120)
         run = pool.take(on_output=lambda _stream, chunk: seen.append(chunk))
-        assert run.container_id is not None
-        assert [o.id for o in run_objects(engine, run.spec.run_id)] == [run.container_id]
+        assert run.launch.container_id is not None
+        assert [o.id for o in run_objects(engine, run.spec.run_id)] == [run.launch.container_id]
         try:
             run.run_worker()
             run.collect()
@@ -64,7 +64,7 @@ def test_a_pool_of_two_serving_five_takes_makes_five_containers(engine, project)
     with orch.pool("w", size=2) as pool:
         for _ in range(5):
             run = pool.take()
-            containers.add(run.container_id)
+            containers.add(run.launch.container_id)
             try:
                 run.run_worker()
                 run.collect()

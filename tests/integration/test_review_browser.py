@@ -268,3 +268,44 @@ def test_clear_and_reject_from_the_page_then_the_audit_page(
     assert broken.value_of_css_property("background-color") == "rgba(176, 0, 32, 1)"
     shot(browser, "audit-broken")
     assert_nothing_ran(browser, canary)
+
+
+def test_findings_at_their_lines_and_clean_change_sets_cleared_together(
+    console, browser, canary, project
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    url = console
+    root, store, stage = project
+    clean = [stage({"one.md": b"1\n"}, run_id="run-1"), stage({"two.md": b"2\n"}, run_id="run-2")]
+    body = b"fine\n" * 5 + b'password = "hunter2hunter2hunter2"\n' + b"fine\n" * 3
+    risky = stage({"settings.txt": body}, run_id="run-3")
+    browser.get(url)
+    for change_id in (*clean, risky):  # opening a change set scans it
+        browser.get(f"{base_of(url)}/changes/{change_id}")
+    flagged = browser.find_element(By.CSS_SELECTOR, "pre.diff .l.flagged")
+    assert 'password = "hunter2hunter2hunter2"' in flagged.text
+    assert flagged.get_attribute("id") == "f0-l6"
+    note = browser.find_element(By.CSS_SELECTOR, "pre.diff .note")
+    assert "password or key assignment on line 6" in note.text
+    assert note.value_of_css_property("background-color") == "rgba(176, 0, 32, 1)"
+    browser.find_element(By.LINK_TEXT, "show the line").click()
+    assert browser.current_url.endswith("#f0-l6")
+    shot(browser, "change-findings")
+    browser.find_element(By.LINK_TEXT, "Side by side").click()
+    right = browser.find_element(By.CSS_SELECTOR, "table.split td.flagged")
+    assert right.get_attribute("id") == "f0-l6" and "hunter2" in right.text
+    assert "password or key assignment" in browser.find_element(By.CSS_SELECTOR, "td.note").text
+    shot(browser, "change-split")
+
+    browser.get(f"{base_of(url)}/")
+    assert browser.find_elements(By.CSS_SELECTOR, f'input[name="id"][value="{risky}"]') == []
+    for change_id in clean:
+        browser.find_element(By.CSS_SELECTOR, f'input[name="id"][value="{change_id}"]').click()
+    shot(browser, "changes-selected")
+    browser.find_element(By.CSS_SELECTOR, 'form.bulk button[value="clear"]').click()
+    outcomes = browser.find_elements(By.CSS_SELECTOR, "table.bulk-done tbody tr.ok")
+    assert len(outcomes) == 2 and all("committed as" in row.text for row in outcomes)
+    assert [store.get(i).status for i in (*clean, risky)] == ["committed", "committed", "pending"]
+    assert git(root, "rev-list", "--count", "HEAD") == "4"
+    assert_nothing_ran(browser, canary)

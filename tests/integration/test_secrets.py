@@ -12,6 +12,7 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import PolicyError
 from orchestrator.prepare import prepare
 from orchestrator.runtime import execute
+from orchestrator.runtime.container import ContainerBackend
 
 pytestmark = pytest.mark.docker
 
@@ -62,7 +63,7 @@ def test_secret_is_a_file_in_memory_not_env_and_redacted_everywhere(engine, secr
     audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
     shown: list[bytes] = []
     result = execute(
-        engine,
+        ContainerBackend(engine),
         prepared,
         audit=audit,
         staging=None,

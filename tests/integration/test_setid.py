@@ -24,6 +24,7 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.docker.swarm.engine import SWARM
 from orchestrator.prepare import prepare
 from orchestrator.runtime import execute, open_audit
+from orchestrator.runtime.container import ContainerBackend
 from tests.integration.conftest import cli, script_worker, unavailable
 from tests.integration.conftest import swarm_docker as _docker
 
@@ -104,7 +105,7 @@ def test_a_setuid_program_in_a_zone_or_an_input_never_gives_root_and_leaves_noth
     project.worker("w", f"command: {command}\ntrust: workspace\nsandbox: {{zones: {zones}}}")
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"), inputs=[given])
-    result = execute(engine, prepared, audit=open_audit(loaded), staging=None)
+    result = execute(ContainerBackend(engine), prepared, audit=open_audit(loaded), staging=None)
     out_text = result.stdout
     assert result.exit_code == 0, (out_text, result.stderr, result.error)
     assert "done" in out_text

@@ -18,6 +18,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.policy import ZoneView
 from orchestrator.prepare import prepare
 from orchestrator.runtime import execute
+from orchestrator.runtime.container import ContainerBackend
 from tests.integration.conftest import cli, containers_of
 
 pytestmark = pytest.mark.docker
@@ -32,7 +33,7 @@ def run(engine, project, name: str, staging=None, **kwargs):
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, name), **kwargs)
     audit = AuditLog(loaded.sandbox_root / "audit.jsonl")
-    result = execute(engine, prepared, audit=audit, staging=staging)
+    result = execute(ContainerBackend(engine), prepared, audit=audit, staging=staging)
     return result, prepared, audit
 
 

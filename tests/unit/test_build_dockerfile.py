@@ -43,7 +43,11 @@ def test_stages_heredocs_continuations_and_args_before_from():
         ("RUN --mount=type=bind,target=/x true", "--mount=type=bind is not supported"),
         ("RUN --privileged true", "Dockerfile:2: RUN: --privileged runs with every privilege"),
         ("RUN --network=host true", "Dockerfile:2: RUN: --network=host: a step gets no network"),
-        ("ADD https://example.org/x /x", "Dockerfile:2: ADD: https://example.org/x: ADD of a URL"),
+        ("ADD git@example.org:a/b.git /x", "Dockerfile:2: ADD: git@example.org:a/b.git: ADD of a"),
+        ("ADD https://example.org/a/b.git /x", "ADD: https://example.org/a/b.git: ADD of a git"),
+        ("ADD ftp://example.org/x /x", "Dockerfile:2: ADD: ftp://example.org/x: only http and"),
+        ("ADD --checksum=sha256:00 local /x", "Dockerfile:2: ADD: --checksum is only for a URL"),
+        ("ADD --keep-git-dir=true https://example.org/x /x", "ADD: --keep-git-dir is not supp"),
         ("ONBUILD RUN true", "Dockerfile:2: ONBUILD: ONBUILD is not supported"),
         ("FROM --platform=linux/arm64 x", "Dockerfile:2: FROM: --platform=linux/arm64: only"),
     ],
@@ -125,3 +129,10 @@ def test_a_hard_link_to_a_file_outside_the_context_is_refused(tmp_path):
             context.check(context.items["hard"], "Dockerfile:2: COPY")
     finally:
         context.close()
+
+
+def test_add_of_an_http_url_is_read_with_its_checksum():
+    parsed = parse(FILE, "FROM x\nADD --checksum=sha256:ab https://example.org/f.txt /f.txt\n")
+    (add,) = parsed.stages[0].instructions
+    assert add.flag("checksum") == "sha256:ab"
+    assert add.words == ("https://example.org/f.txt", "/f.txt")

@@ -25,6 +25,7 @@ from orchestrator.config import load_project, load_worker
 from orchestrator.errors import ConfigError, PolicyError
 from orchestrator.prepare import prepare
 from orchestrator.runca import make_run_ca
+from orchestrator.runtime.container import ContainerBackend
 
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "credproxy"
 CREDENTIAL = """credentials:
@@ -468,7 +469,7 @@ def test_the_proxy_starts_before_the_worker_and_goes_with_its_state(project):
     seen = _Recording(engine)
     value = "sk-unit-value-0123456789"
     execute(
-        engine,
+        ContainerBackend(engine),
         prepared,
         audit=open_audit(prepared.project),
         staging=None,
@@ -498,8 +499,31 @@ def test_without_a_value_no_proxy_and_no_worker_start(project):
     prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
     engine = FakeEngine()
     with pytest.raises(OrchestratorError, match="egress credential.*llm.*not resolved"):
-        execute(engine, prepared, audit=open_audit(prepared.project), staging=None)
+        execute(
+            ContainerBackend(engine), prepared, audit=open_audit(prepared.project), staging=None
+        )
     assert "credproxy" not in engine.calls and "create" not in engine.calls
+
+
+def test_a_backend_without_credential_proxies_refuses_egress_credentials_first(project):
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.runtime import execute, open_audit
+    from tests.unit.fake_engine import FakeEngine
+    from tests.unit.seam_only import SeamOnly
+
+    _project(project)
+    prepared = _prepare(project, "secrets: [llm]\nnetwork: {allow: [api.example.org]}")
+    engine = FakeEngine()
+    backend = SeamOnly(
+        ContainerBackend(engine), name="vm", capabilities={"credential_proxies": False}
+    )
+    with pytest.raises(OrchestratorError) as refused:
+        execute(backend, prepared, audit=open_audit(prepared.project), staging=None)
+    assert str(refused.value) == (
+        "the vm backend cannot run a credential proxy, which the egress credentials of "
+        "worker 'w' need: use --engine docker"
+    )
+    assert engine.calls == []  # before anything is made (not even gc's listing)
 
 
 def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
@@ -529,7 +553,11 @@ def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
 
     engine.create, engine.start_credential_proxy = create, slow
     execute(
-        engine, prepared, audit=open_audit(prepared.project), staging=None, secrets={"llm": "v"}
+        ContainerBackend(engine),
+        prepared,
+        audit=open_audit(prepared.project),
+        staging=None,
+        secrets={"llm": "v"},
     )
     assert engine.calls.index("create") < engine.calls.index("proxy-ready")
     assert engine.calls.index("proxy-ready") < engine.calls.index("start")
@@ -543,7 +571,11 @@ def test_a_slow_proxy_is_waited_for_and_a_failed_one_starts_no_worker(project):
     engine.start_credential_proxy = broken
     with pytest.raises(EngineError, match="before accepting"):
         execute(
-            engine, prepared, audit=open_audit(prepared.project), staging=None, secrets={"llm": "v"}
+            ContainerBackend(engine),
+            prepared,
+            audit=open_audit(prepared.project),
+            staging=None,
+            secrets={"llm": "v"},
         )
     assert "start" not in engine.calls
     assert engine.containers == set()  # the worker's container, made meanwhile, is gone

@@ -223,3 +223,59 @@ def test_pure_core_loads_neither_docker_nor_git() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: Modules on the run's side of the backend seam: they reach a backend only through
+#: ``runtime.backend`` (Backend, Launch, Capabilities), never a concrete one.
+ABOVE_THE_SEAM = (
+    "orchestrator.runtime.run",
+    "orchestrator.runtime.session",
+    "orchestrator.runtime.pool",
+    "orchestrator.runtime.broker",
+)
+CONCRETE_BACKENDS = ("orchestrator.runtime.container", "orchestrator.docker")
+#: What a concrete backend is made of (``runtime.engine`` also holds shared data types,
+#: such as ``Stream``, which are fine).
+ENGINE_NAMES = {"Engine", "Containers", "Networks", "CredentialProxies", "Inventory"}
+
+
+def test_the_run_side_of_the_seam_imports_no_concrete_backend() -> None:
+    graph, _ = import_graph()
+    problems = {
+        f"{module} imports {target}"
+        for module in ABOVE_THE_SEAM
+        for target in graph[module]
+        if _within(target, CONCRETE_BACKENDS)
+    }
+    for module in ABOVE_THE_SEAM:
+        tree = ast.parse(module_files()[module].read_text())
+        problems |= {
+            f"{module} imports {alias.name} from {node.module}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "orchestrator.runtime.engine"
+            for alias in node.names
+            if alias.name in ENGINE_NAMES
+        }
+    assert not problems, "\n".join(sorted(problems))
+
+
+def test_harness_adapters_use_only_the_public_api() -> None:
+    """Harness adapters drive Orchestrator, sessions and pools; never a run, a backend
+    or an engine underneath them."""
+    graph, _ = import_graph()
+    under = (
+        "orchestrator.runtime.run",
+        "orchestrator.runtime.backend",
+        "orchestrator.runtime.container",
+        "orchestrator.runtime.engine",
+        "orchestrator.docker",
+    )
+    adapters = sorted(name for name in graph if _within(name, ("orchestrator.integrations",)))
+    assert "orchestrator.integrations.inspect.sandboxes" in adapters
+    problems = {
+        f"{module} imports {target}"
+        for module in adapters
+        for target in graph[module]
+        if _within(target, under)
+    }
+    assert not problems, "\n".join(sorted(problems))

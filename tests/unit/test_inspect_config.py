@@ -13,7 +13,7 @@ from orchestrator import Orchestrator
 from orchestrator.errors import ConfigError
 from orchestrator.integrations.inspect import Environment, OrchestratorSandboxConfig
 from orchestrator.integrations.inspect.config import resolve
-from orchestrator.integrations.inspect.sandboxes import TOOLS_DIR, _Owner
+from orchestrator.integrations.inspect.sandboxes import TOOLS_DIR, _tailor
 from orchestrator.integrations.transfer import failure
 from tests.conftest import ProjectDir
 
@@ -68,13 +68,13 @@ def test_an_inline_worker_gets_a_writable_var_tmp_for_inspect_s_tools(project):
         Path("/"),
     )
     worker = settings.worker("default")
-    owner = _Owner(Orchestrator(project.root), 1 << 30)
-    spec = owner.prepare(worker).spec
+    orch = Orchestrator(project.root)
+    spec = _tailor(1 << 30)(orch.prepare(worker)).spec
     assert spec.mounts == []  # no zones asked for: no mounts
     tools = spec.tmpfs_at(TOOLS_DIR)
     assert tools is not None and not tools.noexec
     assert tools.size == spec.limits.memory == 64 << 20  # never more than the memory
-    assert _Owner(Orchestrator(project.root), None).prepare(worker).spec.tmpfs_at(TOOLS_DIR) is None
+    assert _tailor(None)(orch.prepare(worker)).spec.tmpfs_at(TOOLS_DIR) is None
 
 
 @pytest.mark.parametrize(

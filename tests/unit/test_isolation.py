@@ -12,6 +12,7 @@ from orchestrator.errors import ConfigError, EngineError, PolicyError
 from orchestrator.policy import RunPaths, grant_for, restrict
 from orchestrator.prepare import prepare
 from orchestrator.runtime import execute, open_audit
+from orchestrator.runtime.container import ContainerBackend
 from tests.unit.fake_engine import FakeEngine
 
 
@@ -111,7 +112,7 @@ def test_an_engine_without_the_runtime_runs_nothing_and_the_refusal_is_audited(p
     engine = FakeEngine(runtimes={"runc"})
     audit = open_audit(loaded)
     with pytest.raises(EngineError, match="engine setup --gvisor"):
-        execute(engine, prepared, audit=audit, staging=None)
+        execute(ContainerBackend(engine), prepared, audit=audit, staging=None)
     assert engine.calls == []  # not even gc's listing
     assert not prepared.paths.session.exists()
     [ended] = audit.query(AuditFilter(run=prepared.spec.run_id))
@@ -124,6 +125,6 @@ def test_the_start_entry_records_isolation_and_runtime(project):
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))
     audit = open_audit(loaded)
-    execute(FakeEngine(), prepared, audit=audit, staging=None)
+    execute(ContainerBackend(FakeEngine()), prepared, audit=audit, staging=None)
     [entry] = audit.query(AuditFilter(operation="run.started"))
     assert (entry.metadata["isolation"], entry.metadata["runtime"]) == ("gvisor", "fake-runsc")

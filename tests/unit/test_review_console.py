@@ -277,3 +277,346 @@ def test_a_port_in_use_is_refused_in_one_line(project) -> None:
         done = run_cli("--port", str(port), "--project", str(root))
     assert done.returncode == 125, done.stderr
     assert done.stderr.count("\n") == 1 and f"--port {port}: cannot listen" in done.stderr
+
+
+def test_a_raw_file_is_only_ever_a_download(project) -> None:
+    root, _, stage = project
+    change_id = stage({"page.html": b"<script>window.__pwned=1</script>\n"})
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    assert f'href="/changes/{change_id}/raw/0"' in page
+    answer = web.get(f"/changes/{change_id}/raw/0")
+    assert answer.status_code == 200
+    assert answer.content == b"<script>window.__pwned=1</script>\n"
+    assert answer.headers["content-type"] == "application/octet-stream"
+    assert answer.headers["content-disposition"] == 'attachment; filename="page.html"'
+    assert answer.headers["content-security-policy"] == "sandbox; default-src 'none'"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert web.get(f"/changes/{change_id}/raw/7").status_code == 404
+    assert web.get(f"/changes/{change_id}/raw/-1").status_code == 404
+    assert client(root, login=False).get(f"/changes/{change_id}/raw/0").status_code == 403
+
+
+def test_download_names_keep_only_plain_characters() -> None:
+    from orchestrator.review.app import _download_name
+
+    assert _download_name('dir/"><svg onload=x>.md') == "___svg_onload_x_.md"
+    assert _download_name("a/.bashrc") == "bashrc"
+    assert _download_name("a/\u202etxt.exe") == "_txt.exe"
+    assert _download_name("a/...") == "file"
+
+
+def test_approvals_and_sessions_pages_without_live_sessions(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    assert "No call is waiting for approval (no live session)" in web.get("/approvals").text
+    assert "No live session" in web.get("/sessions").text
+    answer = "/approvals/s1/abcd"
+    assert web.post(answer, data={"action": "approve"}).status_code == 403  # no CSRF token
+    gone = web.post(answer, data={"action": "approve", "csrf": web.keys.csrf})
+    assert gone.status_code == 409 and "no live session" in gone.text
+    odd = web.post(answer, data={"action": "maybe", "csrf": web.keys.csrf})
+    assert odd.status_code == 400
+    stop = web.post("/sessions/s1/stop", data={"csrf": web.keys.csrf})
+    assert stop.status_code == 409 and "no live session" in stop.text
+    assert web.post("/sessions/s1/stop", data={}).status_code == 403
+
+
+def self_signed(folder: Path, address: str) -> tuple[Path, Path]:
+    """A certificate for ``address`` and its key, made here (cryptography)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_tls_options_are_checked_in_one_line(project, tmp_path: Path) -> None:
+    root, _, _ = project
+    cert, key = self_signed(tmp_path, "127.0.0.2")
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    cases = [
+        (("--tls-cert", str(cert)), "go together"),
+        (("--tls-cert", str(tmp_path / "bad.pem"), "--tls-key", str(key)), "cannot be loaded"),
+        (("--tls-cert", str(cert), "--tls-key", str(tmp_path / "none.pem")), "does not exist"),
+        (("--listen", "0.0.0.0", "--tls-cert", str(cert), "--tls-key", str(key)), "not every"),
+        (("--listen", "example.org", "--tls-cert", str(cert), "--tls-key", str(key)), "not a name"),
+    ]
+    for args, message in cases:
+        done = run_cli(*args, "--project", str(root))
+        assert done.returncode == 125, done.stderr
+        assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_path: Path) -> None:
+    import http.client
+    import ssl
+
+    root, _, _ = project
+    cert, key = self_signed(tmp_path, "127.0.0.2")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root),
+         "--listen", "127.0.0.2", "--tls-cert", str(cert), "--tls-key", str(key)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        assert line.startswith("review console: https://127.0.0.2:"), line
+        url = line.removeprefix("review console: ").strip()
+        port = int(url.split(":")[2].split("/")[0])
+        context = ssl.create_default_context(cafile=str(cert))
+        web = http.client.HTTPSConnection("127.0.0.2", port, context=context, timeout=30)
+        web.request("GET", "/?" + url.split("?", 1)[1])
+        login = web.getresponse()
+        login.read()
+        assert login.status == 303
+        cookie_header = login.getheader("set-cookie", "")
+        assert "secure" in cookie_header.lower() and "httponly" in cookie_header.lower()
+        cookie = cookie_header.split(";", 1)[0]
+        web.request("GET", "/", headers={"Cookie": cookie})
+        page = web.getresponse()
+        assert page.status == 200 and "Change sets" in page.read().decode()
+        web.request("GET", "/", headers={"Cookie": cookie, "Host": f"127.0.0.1:{port}"})
+        wrong = web.getresponse()
+        assert wrong.status == 421 and b"127.0.0.2:" in wrong.read()
+        web.close()
+        plain = http.client.HTTPConnection("127.0.0.2", port, timeout=30)
+        plain.request("GET", "/")
+        with pytest.raises((http.client.HTTPException, OSError)):
+            plain.getresponse().read()
+        plain.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream:
+                stream.close()
+
+
+def test_clean_change_sets_are_cleared_at_once_those_with_findings_only_on_their_page(
+    project,
+) -> None:
+    root, store, stage = project
+    clean = [stage({"one.md": b"1\n"}), stage({"two.md": b"2\n"})]
+    risky = stage({"conftest.py": b"import os\n"})
+    unscanned = stage({"three.md": b"3\n"})
+    web = client(root)
+    for change_id in (*clean, risky):
+        web.get(f"/changes/{change_id}")  # opening a change set scans it
+    listing = web.get("/").text
+    for change_id in clean:
+        assert f'name="id" value="{change_id}"' in listing
+    for change_id in (risky, unscanned):
+        assert f'name="id" value="{change_id}"' not in listing
+    csrf = web.keys.csrf
+    ids = [*clean, risky, unscanned]
+    assert web.post("/changes/bulk", data={"id": ids, "action": "clear"}).status_code == 403
+    assert web.post("/changes/bulk", data={"csrf": csrf, "action": "clear"}).status_code == 400
+    no_reason = web.post("/changes/bulk", data={"csrf": csrf, "id": ids, "action": "reject"})
+    assert no_reason.status_code == 400
+    assert {store.get(i).status for i in ids} == {"pending"}
+    done = web.post("/changes/bulk", data={"csrf": csrf, "id": ids, "action": "clear"})
+    assert done.status_code == 200
+    assert [store.get(i).status for i in ids] == ["committed", "committed", "pending", "pending"]
+    assert "has findings: open it" in done.text and "never scanned: open it" in done.text
+    assert git(root, "rev-list", "--count", "HEAD") == "4"
+    assert audit_ops(root, "clearance.committed") == ["clearance.committed"] * 2
+
+    more = [stage({"four.md": b"4\n"}), stage({"five.md": b"5\n"})]
+    for change_id in more:
+        web.get(f"/changes/{change_id}")
+    data = {"csrf": csrf, "id": [*more, risky], "action": "reject", "reason": "batch <no>"}
+    done = web.post("/changes/bulk", data=data)
+    assert [store.get(i).status for i in (*more, risky)] == ["rejected", "rejected", "pending"]
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    entries = log.query(AuditFilter(operation="change.rejected"))
+    assert sorted(e.metadata["change_id"] for e in entries) == sorted(more)
+    assert {(e.reason, e.metadata["via"]) for e in entries} == {("batch <no>", "review console")}
+
+
+def test_the_list_filters_by_findings_and_time_and_the_audit_page_by_time(project) -> None:
+    root, _, stage = project
+    clean = stage({"one.md": b"1\n"})
+    risky = stage({"conftest.py": b"import os\n"})
+    unscanned = stage({"three.md": b"3\n"})
+    web = client(root)
+    web.get(f"/changes/{clean}")
+    web.get(f"/changes/{risky}")
+    for value, shown in (("yes", risky), ("no", clean), ("unscanned", unscanned)):
+        page = web.get(f"/?findings={value}").text
+        assert [i for i in (clean, risky, unscanned) if i[:12] in page] == [shown], value
+    assert web.get("/?findings=maybe").status_code == 400
+    recent = web.get("/?since=1h").text
+    assert all(i[:12] in recent for i in (clean, risky, unscanned))
+    old = web.get("/?until=1h").text
+    assert "matching the filter" in old and clean[:12] not in old
+    assert clean[:12] in web.get("/?since=2000-01-01T00:00:00Z&until=2999-01-01").text
+    bad = web.get("/?since=yesterday")
+    assert bad.status_code == 400 and "since: " in bad.text
+    assert "change.reviewed" in web.get("/audit?since=1h").text
+    assert "No entries" in web.get("/audit?until=1h").text
+    assert web.get("/audit?until=soon").status_code == 400
+
+
+def test_findings_are_highlighted_at_their_lines(project) -> None:
+    root, _, stage = project
+    body = b"fine\n" * 5 + b'password = "hunter2hunter2hunter2"\n' + b"fine\n" * 3
+    change_id = stage({"config.txt": body, "run.sh": b"echo hi\n"})
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    flagged = '<span class="l green flagged" id="f0-l6">'
+    assert flagged in page
+    after = page[page.index(flagged) :]
+    assert after.index('<span class="note">^ secrets: password or key assignment on line 6') < (
+        after.index("</pre>")
+    )
+    assert 'href="?page=1#f0-l6">show the line</a>' in page
+    assert page.count("flagged") == 1
+
+
+def test_a_long_diff_is_paged(project) -> None:
+    from orchestrator.review.app import LINES_PER_PAGE
+
+    root, _, stage = project
+    lines = 10_000
+    body = "".join(f"line {n}\n" for n in range(1, lines + 1)).encode()
+    change_id = stage({"big.md": body, "small.md": b"small\n"})
+    web = client(root)
+    first = web.get(f"/changes/{change_id}").text
+    pages = -(-(lines + 20) // LINES_PER_PAGE)
+    assert f"page 1 of {pages}" in first and 'href="?page=2">next</a>' in first
+    assert "+line 1<" in first and f"+line {LINES_PER_PAGE + 10}<" not in first
+    last = web.get(f"/changes/{change_id}?page={pages}").text
+    assert "+line 10000<" in last and "+line 1<" not in last and "small.md" in last
+    assert f"page {pages} of {pages}" in last and "next</a>" not in last
+    assert web.get(f"/changes/{change_id}?page=0").status_code == 400
+    assert web.get(f"/changes/{change_id}?page=x").status_code == 400
+    assert f"page {pages} of {pages}" in web.get(f"/changes/{change_id}?page=99").text
+
+
+class FakeOwner:
+    """A session owner on the project's control socket answering ``info`` and
+    ``approvals`` with hostile strings (a real owner's answers come from worker calls)."""
+
+    def __init__(self, root: Path, session_id: str, hostile: str) -> None:
+        import os
+        import threading
+
+        control = root / ".sandbox" / "control"
+        control.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(control, 0o700)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(control / f"{session_id}.sock"))
+        self.sock.listen(8)
+        self.answers = {
+            "info": {
+                "id": session_id,
+                "run_id": hostile,
+                "worker": hostile,
+                "trust": hostile,
+                "age_s": 5.0,
+                "idle_s": 1.0,
+                "closed": False,
+            },
+            "approvals": [
+                {
+                    "id": hostile,
+                    "tool": hostile,
+                    "args": {"path": hostile, "content": hostile},
+                    "description": hostile,
+                    "asked_at": hostile,
+                }
+            ],
+        }
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rwb") as stream:
+                asked = json.loads(stream.readline())
+                answer = {"ok": True, "result": self.answers[asked["op"]]}
+                stream.write(json.dumps(answer).encode() + b"\n")
+                stream.flush()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_live_sessions_and_their_calls_are_shown_as_inert_text(project) -> None:
+    root, _, _ = project
+    hostile = '"><img src=x onerror=alert(1)><script>window.__pwned=1</script>\x1b[2J\u202e'
+    owner = FakeOwner(root, "<b>s1", hostile)
+    try:
+        web = client(root)
+        for path in ("/approvals", "/sessions"):
+            html = web.get(path).text
+            assert "&lt;b&gt;s1" in html, path
+            assert "<script" not in html and "<img" not in html and "<b>" not in html
+            assert "\x1b" not in html and "\u202e" not in html
+            assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
+            assert "\\x1b[2J" in html and "\\u202e" in html
+        approvals = web.get("/approvals").text
+        assert 'action="/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
+    finally:
+        owner.close()
+
+
+def test_the_side_by_side_view_pairs_removed_and_added_lines(project) -> None:
+    root, _, stage = project
+    change_id = stage(
+        {"README.md": b"v2 <b>\nsame\nadded\n"}, base={"README.md": b"v1\n"}, run_id="r"
+    )
+    web = client(root)
+    unified = web.get(f"/changes/{change_id}").text
+    assert 'href="?page=1&amp;view=split">Side by side</a>' in unified
+    split = web.get(f"/changes/{change_id}?view=split").text
+    assert '<table class="split"><colgroup>' in split and '<pre class="diff">' not in split
+    rows = split[
+        split.index('<table class="split">') : split.index(
+            "</table>", split.index('<table class="split">')
+        )
+    ]
+    # v1 (line 1 of the current file) next to v2 (line 1 of the new one), then the added lines
+    assert '<td class="n">1</td><td class="l red">v1</td>' in rows
+    assert '<td class="n">1</td><td class="l green" id="f0-l1">v2 &lt;b&gt;</td>' in rows
+    assert '<td class="n"></td><td class="l "></td>\n<td class="n">2</td>' in rows
+    assert "<b>" not in rows

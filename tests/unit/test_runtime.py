@@ -15,6 +15,7 @@ from orchestrator.errors import EngineError, ImageMissing, StartFailure
 from orchestrator.prepare import prepare
 from orchestrator.runtime import Interrupted, ManagedObject, collect, execute, open_audit
 from orchestrator.runtime import removal as run_module
+from orchestrator.runtime.container import ContainerBackend
 from orchestrator.runtime.engine import EgressDecision, Engine, ExecHandle
 from tests.unit import fake_engine
 from tests.unit.fake_engine import FakeEngine, FakeExec
@@ -22,7 +23,13 @@ from tests.unit.fake_engine import FakeEngine, FakeExec
 
 def run_audited(engine, prepared, **kwargs):
     """execute() with the project's own audit log, and no outbox reader."""
-    return execute(engine, prepared, audit=open_audit(prepared.project), staging=None, **kwargs)
+    return execute(
+        ContainerBackend(engine),
+        prepared,
+        audit=open_audit(prepared.project),
+        staging=None,
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -300,7 +307,7 @@ def test_a_run_with_secrets_holds_its_secrets_folder_once_it_exists(project, mon
     loaded = load_project(project.root)
     prepared = prepare(loaded, load_worker(loaded, "w"))
     result = execute(
-        FakeEngine(exit_code=0), prepared, audit=open_audit(loaded), staging=None,
+        ContainerBackend(FakeEngine(exit_code=0)), prepared, audit=open_audit(loaded), staging=None,
         secrets={"api": "tok-unit-secret-value-1234"},
     )  # fmt: skip
     assert (result.status, result.error, result.violations) == ("exited", None, [])

@@ -11,6 +11,7 @@ from orchestrator import labels
 from orchestrator.config import load_project, load_worker
 from orchestrator.prepare import prepare
 from orchestrator.runtime import ManagedObject, execute, open_audit
+from orchestrator.runtime.container import ContainerBackend
 from orchestrator.runtime.session_folders import (
     parse_duration,
     prune_sessions,
@@ -25,7 +26,13 @@ DAY = 86400.0
 
 def run_audited(engine, prepared, **kwargs):
     """execute() with the project's own audit log, and no outbox reader."""
-    return execute(engine, prepared, audit=open_audit(prepared.project), staging=None, **kwargs)
+    return execute(
+        ContainerBackend(engine),
+        prepared,
+        audit=open_audit(prepared.project),
+        staging=None,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NoReturn
 
+from orchestrator.audit import AuditLog
 from orchestrator.docker.engine import DockerEngine, start_failure_code
 from orchestrator.docker.swarm import nodes, render
 from orchestrator.docker.swarm.egress import proxy_task_template
@@ -31,8 +33,10 @@ from orchestrator.exits import Exit
 from orchestrator.plan import ContainerSpec
 from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
-from orchestrator.runtime.backend import Outcome, OutputSink, Tail, pump
-from orchestrator.runtime.engine import EgressDecision, EgressLog, Engine, Stream
+from orchestrator.runtime.backend import Capabilities, Outcome, OutputSink, Tail, pump
+from orchestrator.runtime.credproxy import ProxyStart
+from orchestrator.runtime.engine import EgressDecision, EgressLog, ImageDefaults, Stream
+from orchestrator.runtime.execs import ExecRequest, ExecResult
 
 __all__ = ["SwarmBackend", "SwarmLaunch", "results_folder"]
 
@@ -49,7 +53,9 @@ class SwarmBackend:
     """Runs as swarm services through ``engine`` (a manager); see the module docstring."""
 
     name = "swarm"
-    secret_files = False
+    #: No exec into a task, no pinned binds (each node's engine makes them), secrets as
+    #: swarm secrets, no credential proxy, and set-id files always refused.
+    capabilities = Capabilities(setid_refusal=SETID_REASON)
 
     def __init__(self, engine: SwarmEngine | None = None) -> None:
         self._engine = engine
@@ -61,10 +67,6 @@ class SwarmBackend:
         if self._engine is None:
             self._engine = SwarmEngine()
         return self._engine
-
-    @property
-    def interactive(self) -> Engine | None:
-        return None
 
     def check(self, prepared: Prepared) -> dict[str, Any]:
         spec = prepared.spec
@@ -113,11 +115,10 @@ class SwarmBackend:
             force=force,
         )
 
-    def pins_mounts(self) -> bool:
-        return False  # the binds are made by each node's engine
-
-    def setid_refusal(self, spec: ContainerSpec, *, pinned: bool) -> str | None:
-        return SETID_REASON
+    def image(self, image: str) -> ImageDefaults | None:
+        if not self.engine.image_exists(image):
+            return None
+        return DockerEngine(self.engine.api).image_defaults(image)
 
     def collect_garbage(self, *, everything: bool = False) -> SwarmGc:
         return collect(self.engine, everything=everything)
@@ -299,3 +300,22 @@ class SwarmLaunch:
 
     def ended(self) -> dict[str, Any]:
         return {"engine": "swarm", "node": self.node}
+
+    # -- what a swarm run cannot do (its capabilities say so; refused before this) --------
+
+    starts_at_create = True
+
+    def exec(self, request: ExecRequest, on_output: OutputSink | None = None) -> ExecResult:
+        self._cannot("exec into its task")
+
+    def archive(self, entries: Sequence[tuple[str, str]]) -> AbstractContextManager[IO[bytes]]:
+        self._cannot("read files out of its task")
+
+    def credential_proxy(
+        self, values: Mapping[str, str], audit: AuditLog
+    ) -> AbstractContextManager[ProxyStart]:
+        self._cannot("run a credential proxy")
+
+    @staticmethod
+    def _cannot(what: str) -> NoReturn:
+        raise OrchestratorError(f"the swarm backend cannot {what}: use --engine docker")

@@ -160,14 +160,9 @@ def _open(options: OrchestratorSandboxClientOptions, root: str) -> _Opened:
         if mapping.workspace_tmpfs(prepared.spec, root):
             folder = (posixpath.normpath(root), options.workspace_size)
             prepared = with_tmpfs(prepared, [folder], owned=True)
-        run = orch.open_keep_alive(prepared)
-        try:
-            session = orch.open_session(
-                run, idle_timeout=options.idle_timeout, max_lifetime=options.max_lifetime
-            )
-        except BaseException:
-            run.close(failed=True)
-            raise
+        session = orch.open_session(
+            prepared, idle_timeout=options.idle_timeout, max_lifetime=options.max_lifetime
+        )
     except OrchestratorError as exc:
         raise ValueError(_one_line(exc)) from None
     spec = prepared.spec

@@ -238,7 +238,9 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
             no_cache=self._force_build,
             say=lambda line: log.info("trial %s: build: %s", self.session_id, line),
         )
-        defaults = orchestrator_for(project).engine.image_defaults(built.image_id)
+        defaults = orchestrator_for(project).image(built.image_id)
+        if defaults is None:  # removed since it was built
+            raise ImageMissing(built.image_id)
         return mapping.Image(built.image_id, workdir=defaults.workdir)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -261,16 +263,11 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         prepared = self._prepared = self._checked()
         orch = orchestrator_for(self._project_dir)
         try:
-            if not orch.engine.image_exists(prepared.spec.image):
+            if orch.image(prepared.spec.image) is None:
                 raise ImageMissing(prepared.spec.image)
-            run = orch.open_keep_alive(prepared)
-            try:
-                self._session = orch.open_session(
-                    run, idle_timeout=None, max_lifetime=self._max_lifetime
-                )
-            except BaseException:
-                run.close(failed=True)
-                raise
+            self._session = orch.open_session(
+                prepared, idle_timeout=None, max_lifetime=self._max_lifetime
+            )
         except OrchestratorError as exc:
             raise RuntimeError(f"orchestrator environment: {one_line(exc)}") from None
         log.info("trial %s: session %s, run %s", self.session_id, self._session.id,

@@ -14,9 +14,8 @@ Blocking (engine calls): the provider calls these from worker threads. No Inspec
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,6 @@ from orchestrator.integrations.tmpfs import with_tmpfs
 from orchestrator.prepare import Prepared
 from orchestrator.runner import Orchestrator
 from orchestrator.runtime.pool import WarmPool
-from orchestrator.runtime.run import Run
 from orchestrator.runtime.session import Session
 
 log = logging.getLogger(__name__)
@@ -53,46 +51,16 @@ class Opened:
     """The run is the image's user's (``image_user``): commands may name any user of it."""
 
 
-class _Owner:
-    """An :class:`Orchestrator` whose prepared runs also get :data:`TOOLS_DIR` (the pool
-    owner protocol, so that a warm pool's runs get it too)."""
+def _tailor(tools_tmp: int | None) -> Callable[[Prepared], Prepared]:
+    """What each prepared run of an environment gets: :data:`TOOLS_DIR` (unless
+    ``tools_tmp`` is None), for the sessions it opens and its warm pool's runs alike."""
 
-    def __init__(self, orchestrator: Orchestrator, tools_tmp: int | None) -> None:
-        self.orchestrator = orchestrator
-        self.tools_tmp = tools_tmp
-
-    def prepare(
-        self,
-        worker: str | Worker,
-        *,
-        inputs: Sequence[str | os.PathLike[str]] = (),
-        env: Mapping[str, str] | None = None,
-        args: Sequence[str] = (),
-        **options: Any,
-    ) -> Prepared:
-        prepared = self.orchestrator.prepare(worker, inputs=inputs, env=env, args=args, **options)
-        if self.tools_tmp is None:
+    def tailor(prepared: Prepared) -> Prepared:
+        if tools_tmp is None:
             return prepared
-        return with_tmpfs(prepared, [(TOOLS_DIR, self.tools_tmp)])
+        return with_tmpfs(prepared, [(TOOLS_DIR, tools_tmp)])
 
-    def open_keep_alive(
-        self, prepared: Prepared, *, keep_alive: bool = True, gc: bool = True, output: bool = True
-    ) -> Run:
-        return self.orchestrator.open_keep_alive(
-            prepared, keep_alive=keep_alive, gc=gc, output=output
-        )
-
-    def open_session(
-        self,
-        worker: str | Worker | Prepared | Run,
-        *,
-        idle_timeout: float | None = None,
-        max_lifetime: float | None = None,
-        **options: Any,
-    ) -> Session:
-        return self.orchestrator.open_session(
-            worker, idle_timeout=idle_timeout, max_lifetime=max_lifetime, **options
-        )
+    return tailor
 
 
 _lock = threading.Lock()
@@ -133,8 +101,9 @@ def _pool(settings: Settings, name: str, env: Environment) -> WarmPool:
         pool = _pools.get(key)
     if pool is not None:
         return pool
-    owner = _Owner(_orchestrator(settings), env.tools_tmp)
-    made = WarmPool(owner, _worker(settings, name), size=env.pool, **_options(env))
+    made = _orchestrator(settings).pool(
+        _worker(settings, name), size=env.pool, tailor=_tailor(env.tools_tmp), **_options(env)
+    )
     with _lock:
         pool = _pools.setdefault(key, made)
     if pool is not made:  # another sample made it meanwhile
@@ -156,19 +125,14 @@ def open_sample(settings: Settings) -> list[Opened]:
 
 
 def _open(settings: Settings, name: str, env: Environment) -> Opened:
+    limits = {"idle_timeout": env.idle_timeout, "max_lifetime": env.max_lifetime}
     if env.pool:
-        run = _pool(settings, name, env).take()
+        session = _pool(settings, name, env).open_session(**limits)
     else:
-        owner = _Owner(_orchestrator(settings), env.tools_tmp)
-        run = owner.open_keep_alive(owner.prepare(_worker(settings, name), **_options(env)))
-    try:
-        session = _orchestrator(settings).open_session(
-            run, idle_timeout=env.idle_timeout, max_lifetime=env.max_lifetime
-        )
-    except BaseException:
-        run.close(failed=True)
-        raise
-    spec = run.spec
+        orch = _orchestrator(settings)
+        prepared = _tailor(env.tools_tmp)(orch.prepare(_worker(settings, name), **_options(env)))
+        session = orch.open_session(prepared, **limits)
+    spec = session.spec
     item = Opened(name, session, spec.workdir, spec.uid, spec.gid, settings.key, spec.image_user)
     with _lock:
         _live[session.id] = item
