@@ -9,7 +9,9 @@
 
 See docs/build.md. The modules: :mod:`.dockerfile` (parse, check, stages; pure),
 :mod:`.words` (quotes and ``$VAR``; pure), :mod:`.context` (the context as hostile input),
-:mod:`.engine` (the engine seam), :mod:`.builder` (the steps, the cache, the audit).
+:mod:`.engine` (the engine seam), :mod:`.secrets` (``RUN --mount=type=secret``: the
+project's declared build secrets, a file for one step), :mod:`.builder` (the steps, the
+cache, the audit); :mod:`.agent` builds the agent image with it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from orchestrator.build.builder import BuildResult, StepFailed, StepRecord
 from orchestrator.build.dockerfile import BuildRefused
 
 if TYPE_CHECKING:
+    from orchestrator.audit import AuditLog
     from orchestrator.build.context import Context
     from orchestrator.build.engine import StepEngine
+    from orchestrator.build.secrets import BuildSecrets
+    from orchestrator.config import Project
 
 __all__ = [
     "DEFAULT_DISK",
@@ -53,12 +58,16 @@ def build_image(
     pids: int | None = None,
     timeout: float | None = None,
     disk: int | None = None,
+    allow: list[str] | None = None,
     say: Callable[[str], None] | None = None,
     engine: StepEngine | None = None,
 ) -> BuildResult:
     """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
     ``context`` with the project's limits (``memory``... override them for this build),
-    audited in the project's log; tag the image ``tag``. Raises :class:`BuildRefused`
+    audited in the project's log; tag the image ``tag``. ``allow``: destinations this
+    build's steps may reach too, on top of the project's ``build.allow`` (given at run
+    time, never written into a file: the host's apt archives for ``orchestrator images
+    build``). Raises :class:`BuildRefused`
     (one line: ``FILE:LINE: INSTRUCTION: why``) or :class:`StepFailed` (a ``RUN`` failed:
     its exit code is ``exit_code``)."""
     from orchestrator.build.builder import Builder
@@ -69,6 +78,13 @@ def build_image(
     from orchestrator.policy.grant import resolve_limits
     from orchestrator.runtime import open_audit
 
+    if allow:
+        from orchestrator.config.allowlist import validate_allowlist
+
+        try:
+            validate_allowlist(allow)
+        except ValueError as exc:
+            raise BuildRefused(f"the build's allowlist: {exc}") from None
     loaded = load_project(Path(project))
     settings = loaded.config.build
     overrides = Resources(memory=memory, cpus=cpus, pids=pids, timeout=timeout)
@@ -93,14 +109,30 @@ def build_image(
 
                 engine = DockerStepEngine()
             builder = Builder(engine, audit, folder, parsed, step_limits,
-                              build_args=build_args, no_cache=no_cache, allow=settings.allow,
+                              build_args=build_args, no_cache=no_cache,
+                              allow=[*settings.allow, *(allow or [])],
                               services=[s.network for s in loaded.config.network.services],
-                              say=say)  # fmt: skip
+                              secrets=_secrets(loaded, audit), say=say)  # fmt: skip
             return builder.build(target, tag)
         finally:
             folder.close()
     finally:
         audit.close()
+
+
+def _secrets(project: Project, audit: AuditLog) -> BuildSecrets:
+    """The project's ``build.secrets``, each read from its credential's source (and
+    registered with the audit log's redaction) when a step first mounts it."""
+    from orchestrator.build.secrets import BuildSecrets
+    from orchestrator.credentials import resolve
+
+    credentials = project.config.credentials
+
+    def reader(name: str) -> Callable[[], str]:
+        return lambda: resolve(name, credentials[name], audit=audit, base=project.root).reveal()
+
+    names = project.config.build.secrets
+    return BuildSecrets({name: reader(name) for name in names}, str(project.file))
 
 
 def _dockerfile(context: Context, named: str | os.PathLike[str] | None) -> tuple[Path, str]:

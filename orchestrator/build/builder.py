@@ -48,8 +48,11 @@ from orchestrator.build.dockerfile import (
     BuildRefused,
     Dockerfile,
     Instruction,
+    SecretMount,
     Stage,
     is_url,
+    mount_options,
+    secret_mounts,
 )
 from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
 from orchestrator.build.fetch import (
@@ -66,6 +69,7 @@ from orchestrator.build.fetch import (
     next_url,
     parse_checksum,
 )
+from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_part
 from orchestrator.build.words import WordError, expand
 from orchestrator.egress import PROXY_IMAGE, PROXY_URL, network_env
 from orchestrator.errors import OrchestratorError
@@ -177,6 +181,7 @@ class Builder:
         no_cache: bool = False,
         allow: list[str] | None = None,
         services: list[str] | None = None,
+        secrets: BuildSecrets | None = None,
         say: Say | None = None,
     ) -> None:
         self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
@@ -197,6 +202,8 @@ class Builder:
         self.network: str | None = None
         self.downloads = contextlib.ExitStack()
         """The files ``ADD <url>`` fetched, closed at the end of the build."""
+        self.secrets = secrets or BuildSecrets({}, "the project file")
+        """What ``RUN --mount=type=secret`` may mount (the project's ``build.secrets``)."""
 
     # -- the whole build -----------------------------------------------------------------
 
@@ -217,6 +224,7 @@ class Builder:
             self.global_args = self._args(self.file.global_args, {})
             stages = self.file.needed(self.file.target(target), self.global_args)
             self._check_images(stages)
+            self._check_secrets(stages)
             state = _State("", {})
             for stage in stages:
                 state = self._stage(stage)
@@ -287,6 +295,21 @@ class Builder:
                         if source.lower() in names:
                             raise self.file.refuse(instruction, f"--from={source}: a later stage")
                         self._local_image(source, instruction.line, "COPY")
+
+    def _check_secrets(self, stages: list[Stage]) -> None:
+        """Every secret a step mounts is declared for builds, before any step runs."""
+        for stage in stages:
+            for instruction in stage.instructions:
+                if instruction.keyword != "RUN":
+                    continue
+                for mount in secret_mounts(self.file, instruction):
+                    if mount.id not in self.secrets.names:
+                        raise self.file.refuse(
+                            instruction,
+                            f"--mount=type=secret,id={mount.id}: the project does not declare "
+                            f"'{mount.id}' for builds; add it to build.secrets in "
+                            f"{self.secrets.declared_in} (one of its credentials)",
+                        )
 
     def _local_image(self, ref: str, line: int, keyword: str) -> tuple[str, dict[str, Any]]:
         found = self.engine.image(ref)
@@ -444,9 +467,12 @@ class Builder:
         return hashlib.sha256(json.dumps(body).encode()).hexdigest()
 
     def _layer(self, state: _State, instruction: Instruction) -> tuple[str, str]:
+        mounts: list[tuple[SecretMount, str]] = []
         if instruction.keyword == "RUN":
-            spec = self._run_spec(state, instruction)
-            key = self._key(state, instruction, [json.dumps([spec.command, spec.scratch])])
+            spec, mounts = self._run_spec(state, instruction)
+            parts = [json.dumps([spec.command, spec.scratch])]
+            parts += [key_part(mount, target) for mount, target in mounts]
+            key = self._key(state, instruction, parts)
             apply: Callable[[str], None] = lambda c: self._run(c, instruction)  # noqa: E731
         else:
             key, apply, spec = self._copy_plan(state, instruction)
@@ -459,12 +485,14 @@ class Builder:
                 return key, "cached"
         if spec.network is not None:
             spec = replace(spec, network=self._open_network())
-        container = self._step_container(spec, instruction)
-        try:
-            apply(container)
-            image = self.engine.commit(container, self.commit_config(state.config, key))
-        finally:
-            self.engine.remove(container)
+        with self._secret_files(instruction, mounts) as files:
+            spec = replace(spec, secrets=tuple((f.source, f.target) for f in files))
+            container = self._step_container(spec, instruction)
+            try:
+                apply(container)
+                image = self.engine.commit(container, self.commit_config(state.config, key))
+            finally:
+                self.engine.remove(container)
         self.committed.append(image)
         state.image, state.pending = image, []
         return key, "built"
@@ -490,7 +518,40 @@ class Builder:
                         env=list(config.get("Env") or []), workdir=config.get("WorkingDir") or "",
                         scratch=scratch, build_id=self.build_id)  # fmt: skip
 
-    def _run_spec(self, state: _State, instruction: Instruction) -> StepSpec:
+    @contextlib.contextmanager
+    def _secret_files(
+        self, instruction: Instruction, mounts: list[tuple[SecretMount, str]]
+    ) -> Iterator[list[Delivered]]:
+        """The step's secret files, on the host for as long as its container exists."""
+        if not mounts:
+            yield []
+            return
+        where = f"{self.file.where(instruction.line)}: RUN"
+        files = []
+        for mount, target in mounts:
+            try:
+                value = self.secrets.value(mount.id)
+            except OrchestratorError as exc:
+                if mount.required:
+                    raise BuildRefused(
+                        f"{where}: --mount=type=secret,id={mount.id}: {exc}"
+                    ) from None
+                self.say(f"  (secret '{mount.id}' not mounted: {exc})")
+                continue
+            self.audit.record(
+                "credential.used",
+                run_id=self.build_id,
+                worker="build",
+                metadata={"credential": mount.id, "use": "build secret",
+                          "line": instruction.line, "target": target},
+            )  # fmt: skip
+            files.append((mount, target, value))
+        with delivered(self.build_id, files) as made:
+            yield made
+
+    def _run_spec(
+        self, state: _State, instruction: Instruction
+    ) -> tuple[StepSpec, list[tuple[SecretMount, str]]]:
         env_names = {e.partition("=")[0] for e in state.config.get("Env") or []}
         args = {k: v for k, v in state.args.items() if k not in env_names}
         if self.allow:  # the proxy, like a build argument: never in the image's environment
@@ -509,13 +570,23 @@ class Builder:
                 assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(args.items()))
                 text = f"export {assign}\n{text}"
             argv = [*shell, text]
+        workdir = state.config.get("WorkingDir") or "/"
         scratch = []
         for mount in instruction.flag_values("mount"):
-            options = dict(part.partition("=")[::2] for part in mount.split(","))
+            options = mount_options(mount)
+            if options.get("type") == "secret":
+                continue
             target = options.get("target") or options.get("dst") or options.get("destination")
-            scratch.append(posixpath.join(state.config.get("WorkingDir") or "/", target or ""))
+            scratch.append(posixpath.join(workdir, target or ""))
+        secrets = []
+        for found in secret_mounts(self.file, instruction):
+            target = posixpath.normpath(posixpath.join(workdir, found.target))
+            if target == "/":
+                raise self.file.refuse(instruction, f"--mount=type=secret,id={found.id}: "
+                                       "target=/: name a file")  # fmt: skip
+            secrets.append((found, target))
         spec = self._spec(state, argv, tuple(scratch))
-        return replace(spec, network="allowlist") if self.allow else spec
+        return (replace(spec, network="allowlist") if self.allow else spec), secrets
 
     def _step_container(self, spec: StepSpec, instruction: Instruction) -> str:
         """A step's container; a ``RUN`` step's has its /tmp reach its layer, as in
@@ -576,16 +647,30 @@ class Builder:
         return uid if uid == 0 or folder.mode & 0o002 else None
 
     def _run(self, container: str, instruction: Instruction) -> None:
-        def show(chunk: bytes) -> None:
+        values = self.secrets.read()
+        redactor = None
+        if values:  # the output of any step after a secret was read: a step may keep it
+            from orchestrator.runtime.secrets import StreamRedactor
+
+            redactor = StreamRedactor(values)
+
+        def say(chunk: bytes) -> None:
             for line in chunk.decode("utf-8", errors="replace").splitlines():
                 self.say(f"  | {line}")
+
+        def show(chunk: bytes) -> None:
+            say(redactor.feed(chunk) if redactor else chunk)
 
         since = datetime.now(UTC)
         try:
             outcome = self.engine.run(container, self.limits, self.deadline, show)
         finally:
+            if redactor:
+                say(redactor.flush())
             if self.network is not None:
                 self._record_egress(instruction.line, since)
+        if redactor:
+            outcome = replace(outcome, tail=redactor.tail(outcome.tail.encode(), truncated=True))
         if outcome.clipped:
             self.say(f"  (output clipped at {self.limits.output >> 10} KiB)")
         where = f"{self.file.where(instruction.line)}: RUN"

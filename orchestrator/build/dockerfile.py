@@ -24,9 +24,11 @@ __all__ = [
     "BuildRefused",
     "Dockerfile",
     "Instruction",
+    "SecretMount",
     "Stage",
     "is_url",
     "parse",
+    "secret_mounts",
 ]
 
 #: Instructions that change the image's configuration only (no layer).
@@ -43,6 +45,11 @@ PLATFORMS = frozenset({"linux/amd64", "linux/x86_64", "$BUILDPLATFORM", "$TARGET
                        "${BUILDPLATFORM}", "${TARGETPLATFORM}"})  # fmt: skip
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 _ESCAPE = re.compile(r"^#\s*escape\s*=\s*(\S)\s*$", re.IGNORECASE)
+
+
+#: The options of ``RUN --mount=type=secret``.
+_SECRET_OPTIONS = frozenset({"type", "id", "target", "dst", "destination", "required", "mode",
+                             "uid", "gid"})  # fmt: skip
 
 
 class BuildRefused(OrchestratorError):
@@ -76,6 +83,21 @@ class Instruction:
 
     def flag_values(self, name: str) -> list[str]:
         return [f.partition("=")[2] for f in self.flags if f.partition("=")[0] == f"--{name}"]
+
+
+@dataclass(frozen=True)
+class SecretMount:
+    """``RUN --mount=type=secret,id=NAME[,target=...,required=...,mode=...,uid=...,gid=...]``."""
+
+    id: str
+    """The name of the secret: one the project declares under ``build.secrets``."""
+    target: str
+    """Where the step sees it (default ``/run/secrets/<id>``; relative: under WORKDIR)."""
+    required: bool
+    """Fail the step when its value cannot be read (else the step runs without it)."""
+    mode: int = 0o400
+    uid: int = 0
+    gid: int = 0
 
 
 @dataclass
@@ -270,13 +292,16 @@ def _check_run(found: Dockerfile, instruction: Instruction) -> None:
             f"--network={network}: a step gets no network, or the project's build allowlist",
         )
     for mount in instruction.flag_values("mount"):
-        options = dict(part.partition("=")[::2] for part in mount.split(","))
+        options = mount_options(mount)
         kind = options.get("type", "bind")
-        if kind in ("ssh", "secret"):
+        if kind == "ssh":
             raise found.refuse(
                 instruction,
-                f"--mount=type={kind}: a build never gets the host's {kind} credentials",
+                "--mount=type=ssh: a build never gets the host's SSH agent or keys",
             )
+        if kind == "secret":
+            _secret_mount(found, instruction, mount, options)
+            continue
         if kind not in SCRATCH_MOUNTS:
             raise found.refuse(
                 instruction,
@@ -285,3 +310,64 @@ def _check_run(found: Dockerfile, instruction: Instruction) -> None:
             )
         if not (options.get("target") or options.get("dst") or options.get("destination")):
             raise found.refuse(instruction, f"--mount={mount}: no target")
+
+
+def mount_options(mount: str) -> dict[str, str]:
+    """``type=secret,id=x,required`` as ``{"type": "secret", "id": "x", "required": ""}``."""
+    return dict(part.strip().partition("=")[::2] for part in mount.split(","))
+
+
+def secret_mounts(found: Dockerfile, instruction: Instruction) -> list[SecretMount]:
+    """The ``--mount=type=secret`` flags of a ``RUN``, checked."""
+    return [
+        _secret_mount(found, instruction, mount, options)
+        for mount in instruction.flag_values("mount")
+        if (options := mount_options(mount)).get("type") == "secret"
+    ]
+
+
+def _secret_mount(
+    found: Dockerfile, instruction: Instruction, mount: str, options: Mapping[str, str]
+) -> SecretMount:
+    unknown = sorted(set(options) - _SECRET_OPTIONS)
+    if "env" in unknown:
+        raise found.refuse(
+            instruction,
+            f"--mount={mount}: env=: a build secret is only ever a file (an environment "
+            "variable is seen by every process of the step); read it from its target",
+        )
+    if unknown:
+        raise found.refuse(
+            instruction,
+            f"--mount={mount}: {', '.join(unknown)}: not an option of a secret mount "
+            "(id, target, required, mode, uid, gid)",
+        )
+    target = options.get("target") or options.get("dst") or options.get("destination") or ""
+    name = options.get("id") or (target.rstrip("/").rpartition("/")[2] if target else "")
+    if not name:
+        raise found.refuse(instruction, f"--mount={mount}: needs id=NAME")
+    required = options.get("required", "false").lower()
+    if required not in ("", "true", "false"):
+        raise found.refuse(instruction, f"--mount={mount}: required={required}: true or false")
+
+    def number(key: str, default: int, base: int) -> int:
+        text = options.get(key)
+        if text is None:
+            return default
+        try:
+            value = int(text, base)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= (0o777 if key == "mode" else 0xFFFFFFFE):
+            kind = "an octal mode such as 0400" if key == "mode" else "a number"
+            raise found.refuse(instruction, f"--mount={mount}: {key}={text}: expected {kind}")
+        return value
+
+    return SecretMount(
+        id=name,
+        target=target or f"/run/secrets/{name}",
+        required=required in ("", "true"),
+        mode=number("mode", 0o400, 8),
+        uid=number("uid", 0, 10),
+        gid=number("gid", 0, 10),
+    )

@@ -56,6 +56,9 @@ class StepSpec:
     build_id: str = ""
     network: str | None = None
     """The build's own network (from :meth:`StepEngine.open_network`); None: none."""
+    secrets: tuple[tuple[str, str], ...] = ()
+    """``(host file, target)``: secret files bind-mounted read-only for this step only
+    (``RUN --mount=type=secret``); a mount is never committed."""
 
 
 @dataclass(frozen=True)

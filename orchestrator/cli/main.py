@@ -350,7 +350,9 @@ def images() -> None:
     "--with-agent",
     is_flag=True,
     help="Also build orchestrator/agent, the image for agent workers: the worker image with "
-    "git, curl, jq, ripgrep, procps, less, patch, unzip, pip and venv (docs/agents-sandbox.md).",
+    "git, curl, jq, ripgrep, procps, less, patch, unzip, pip and venv, built by the "
+    "orchestrator's own builder under gVisor, its apt step reaching only the host's apt "
+    "archives (docs/agents-sandbox.md, docs/build.md).",
 )
 def images_build(
     base: str | None,
@@ -363,7 +365,10 @@ def images_build(
     bases from the host's apt sources if needed), and on request the agent image and the
     orchestrator's own image."""
     from orchestrator.docker import DockerEngine
-    from orchestrator.docker.images import build_all
+    from orchestrator.docker.images import AGENT_IMAGE, build_all
+
+    def progress(line: str) -> None:
+        click.echo(f"  {line}", err=True)
 
     result = build_all(
         DockerEngine(),
@@ -371,10 +376,15 @@ def images_build(
         suite=suite,
         rebuild_base=rebuild_base,
         with_orchestrator=with_orchestrator,
-        with_agent=with_agent,
-        progress=lambda line: click.echo(f"  {line}", err=True),
+        progress=progress,
     )
-    say(f"built {', '.join(result.images)} on {result.base}")
+    built = list(result.images)
+    if with_agent:  # on the worker image, by the orchestrator's own builder
+        from orchestrator.build.agent import build_agent_image
+
+        build_agent_image(progress)
+        built.append(AGENT_IMAGE)
+    say(f"built {', '.join(built)} on {result.base}")
 
 
 def _describe(prepared: Prepared) -> str:

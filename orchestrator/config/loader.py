@@ -100,6 +100,7 @@ def load_project(directory: Path | str = ".") -> Project:
             problems.append(f"{file}{line}: zones.{name}.path: '{declared.path}' {problem}")
             continue
         zones[name] = Zone(name=name, host_path=host, mode=declared.mode, config=declared)
+    problems += _build_secret_problems(config, file, node)
     own = {
         "sandbox.root": (("sandbox", "root"), config.sandbox.root),
         "workers": (("workers",), config.workers),
@@ -134,6 +135,33 @@ def load_project(directory: Path | str = ".") -> Project:
         workers_dir=folders["workers"],
         repo=folders["repo"],
     )
+
+
+def _build_secret_problems(config: ProjectConfig, file: Path, node: yaml.Node | None) -> list[str]:
+    """``build.secrets``: each a credential of the project holding a value of its own (an
+    egress credential's value is only ever written by its proxy)."""
+    problems = []
+    known = config.credentials
+    for index, name in enumerate(config.build.secrets):
+        where = f"{file}{_line_of(node, ('build', 'secrets', index), 0)}: build.secrets[{index}]"
+        credential = known.get(name)
+        if credential is None:
+            hint = did_you_mean(name, known)
+            problems.append(
+                f"{where}: '{name}' is not in credentials (known: "
+                f"{', '.join(sorted(known)) or 'none'}); {hint + ' ' if hint else ''}"
+                "declare it under credentials or remove it"
+            )
+        elif credential.egress is not None:
+            problems.append(
+                f"{where}: '{name}' is an egress credential (its value only ever goes into "
+                "requests through its proxy); declare a credential of its own for builds"
+            )
+        elif credential.mode == "inherit":
+            problems.append(
+                f"{where}: '{name}' is mode inherit and holds no value to mount; use mode explicit"
+            )
+    return problems
 
 
 def find_worker(project: Project, spec: str) -> Path:

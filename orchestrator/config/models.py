@@ -416,6 +416,10 @@ class BuildSettings(Strict):
     """Per step (memory, cpus, pids) and the whole build (timeout); unset: the defaults'."""
     disk: Size | None = None
     """Bytes a step may add to its layer (default 4 GiB)."""
+    secrets: list[str] = []
+    """Names from the project's ``credentials`` a Dockerfile's ``RUN
+    --mount=type=secret,id=NAME`` may mount (a file of mode 0400, for that one step, never
+    in a layer); any other secret mount is refused."""
 
     @field_validator("allow")
     @classmethod
@@ -443,7 +447,8 @@ class ProjectConfig(Strict):
     isolation: IsolationSettings = IsolationSettings()
     """The runtime per trust level: gVisor for ``untrusted``, runc for the others."""
     build: BuildSettings = BuildSettings()
-    """``orchestrator build``: the steps' network allowlist, limits and disk limit."""
+    """``orchestrator build``: the steps' network allowlist, limits, disk limit and the
+    secrets a step may mount."""
 
 
 def check_zone_name(name: str) -> str:

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import requests
 from docker import errors as docker_errors
-from docker.types import LogConfig, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
 
 from orchestrator import labels
 from orchestrator.build.engine import (
@@ -159,6 +159,10 @@ class DockerStepEngine:
                 Ulimit(name="fsize", soft=limits.disk, hard=limits.disk),
             ],
             tmpfs={t: f"rw,nosuid,nodev,exec,size={SCRATCH_SIZE}" for t in spec.scratch},
+            mounts=[
+                Mount(target, source, type="bind", read_only=True)
+                for source, target in spec.secrets
+            ],
             log_config=LogConfig(type=LogConfig.types.NONE),
             privileged=False,
             ipc_mode="private",

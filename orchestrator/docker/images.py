@@ -219,13 +219,13 @@ def build_all(
     rebuild_base: bool = False,
     with_orchestrator: bool = False,
     with_credproxy: bool = True,
-    with_agent: bool = False,
     progress: Progress = lambda _: None,
 ) -> BuildResult:
     """Make sure the base exists (bootstrapping it if needed), then build the worker and
     proxy images, the credential proxy's (on its own trixie base) unless
-    ``with_credproxy`` is False, with ``with_agent`` the agent image (on the worker
-    image), and with ``with_orchestrator`` the orchestrator's own."""
+    ``with_credproxy`` is False, and with ``with_orchestrator`` the orchestrator's own.
+    The agent image is built by the orchestrator's own builder
+    (:func:`orchestrator.build.agent.build_agent_image`)."""
     engine.ping()
     base_built = False
     if base is None:
@@ -244,10 +244,6 @@ def build_all(
     build_image(engine, "worker", WORKER_IMAGE, base, progress)
     build_image(engine, "proxy", PROXY_IMAGE, base, progress)
     built = [WORKER_IMAGE, PROXY_IMAGE]
-    if with_agent:
-        build_image(engine, "agent", AGENT_IMAGE, base, progress,
-                    buildargs={"WORKER": WORKER_IMAGE})  # fmt: skip
-        built.append(AGENT_IMAGE)
     if with_credproxy:
         build_credproxy_image(engine, rebuild_base=rebuild_base, progress=progress)
         built.append(CREDPROXY_IMAGE)

@@ -45,6 +45,8 @@ class EngineFacts:
     warnings: list[str] = field(default_factory=list)
     local: bool = True
     """The engine runs on this machine (a unix socket), so host facts are about it."""
+    runtime_args: dict[str, list[str]] = field(default_factory=dict)
+    """Runtime name -> the arguments the engine passes it (``runtimeArgs``)."""
 
     @property
     def gvisor_runtimes(self) -> list[str]:
@@ -76,6 +78,7 @@ class EngineFacts:
             "storage_driver": self.storage_driver,
             "warnings": list(self.warnings),
             "local": self.local,
+            "runtime_args": {name: list(args) for name, args in self.runtime_args.items()},
         }
 
 
@@ -117,6 +120,11 @@ def engine_facts(engine: DockerClient) -> EngineFacts:
         storage_driver=str(info.get("Driver") or ""),
         warnings=[str(w) for w in info.get("Warnings") or []],
         local=_engine_is_local(engine),
+        runtime_args={
+            str(name): [str(arg) for arg in (spec or {}).get("runtimeArgs") or []]
+            for name, spec in (info.get("Runtimes") or {}).items()
+            if isinstance(spec, dict)
+        },
     )
 
 

@@ -73,6 +73,8 @@ GVISOR_ARGS = {
     GVISOR_BUILD: ["--network=none", "--oci-seccomp", "--overlay2=none"],
     GVISOR_BUILD_NETWORK: ["--network=host", "--oci-seccomp", "--overlay2=none"],
 }
+#: The runtimes of build steps (what ``orchestrator doctor`` checks for builds).
+BUILD_RUNTIMES = (GVISOR_BUILD, GVISOR_BUILD_NETWORK)
 #: Docker's own runtime: always there, never declared.
 RUNC = "runc"
 #: Host tasks a gVisor sandbox needs besides its guest's (the Sentry's and the gofer's

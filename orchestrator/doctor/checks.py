@@ -106,6 +106,31 @@ def runtimes_check(facts: EngineFacts, *, gvisor: Sequence[str], needed: bool, s
     return Check("runtimes", "pass", detail + " (this project runs nothing under gVisor)")
 
 
+def build_runtimes_check(
+    facts: EngineFacts, *, wanted: Mapping[str, Sequence[str]], needed: bool, setup: str
+) -> Check:
+    """The runtimes ``orchestrator build`` runs ``RUN`` steps under (``wanted``: name ->
+    the arguments each needs, e.g. ``--overlay2=none`` so that a step's writes reach its
+    layer); ``needed``: the project configures builds (a failure then, else a warning)."""
+    problems = []
+    for name, arguments in wanted.items():
+        if name not in facts.runtimes:
+            problems.append(f"{name} not registered")
+            continue
+        given = facts.runtime_args.get(name, [])
+        lacking = [arg for arg in arguments if arg not in given]
+        if lacking:
+            problems.append(f"{name} runs without {' '.join(lacking)}")
+    if not problems:
+        shown = ", ".join(f"{name} ({' '.join(args)})" for name, args in wanted.items())
+        return Check("build runtimes", "pass", f"registered: {shown}")
+    detail = (
+        f"{'; '.join(problems)}: `orchestrator build` (and task images built from a "
+        "Dockerfile) cannot run a RUN step"
+    )
+    return Check("build runtimes", "fail" if needed else "warn", detail, setup)
+
+
 def seccomp_check(facts: EngineFacts) -> Check:
     if facts.seccomp_profile is None:
         return Check(

@@ -34,6 +34,8 @@ class _ProjectView:
     isolations: list[str]
     check: Check
     loaded: Project | None = None
+    builds: bool = False
+    """The project file has a ``build:`` section: it builds Dockerfiles."""
     problems: list[str] = field(default_factory=list)
 
 
@@ -50,7 +52,7 @@ def diagnose(
     from orchestrator.docker import DockerEngine
     from orchestrator.docker.images import WORKER_IMAGE
     from orchestrator.docker.inspection import engine_facts, images_present
-    from orchestrator.docker.runtimes import GVISOR_ARGS, setup_command
+    from orchestrator.docker.runtimes import BUILD_RUNTIMES, GVISOR_ARGS, setup_command
     from orchestrator.egress import PROXY_IMAGE
 
     engine = engine or DockerEngine()
@@ -74,6 +76,12 @@ def diagnose(
             facts,
             gvisor=tuple(GVISOR_ARGS),
             needed="gvisor" in project.isolations,
+            setup=setup_command(),
+        ),
+        checks.build_runtimes_check(
+            facts,
+            wanted={name: GVISOR_ARGS[name] for name in BUILD_RUNTIMES},
+            needed=project.builds,
             setup=setup_command(),
         ),
         checks.seccomp_check(facts),
@@ -188,6 +196,7 @@ def _project(folder: Path) -> _ProjectView:
     view.sandbox_root = project.sandbox_root
     view.images = [project.config.defaults.image, *(w.image for w in workers if w.image)]
     view.isolations = _isolations(project.config, workers)
+    view.builds = "build" in project.config.model_fields_set
     view.check = Check(
         "project",
         "pass",

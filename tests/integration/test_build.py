@@ -7,6 +7,8 @@ are refused or contained, and leave no step container behind. See docs/build.md.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
@@ -223,7 +225,11 @@ def test_links_and_special_files_in_the_context_never_bring_in_a_host_file(build
     ("dockerfile", "said"),
     [
         ("RUN --security=insecure true", "Dockerfile:2: RUN: --security=insecure would run"),
-        ("RUN --mount=type=secret,id=x cat /run/secrets/x", "RUN: --mount=type=secret: a build"),
+        (
+            "RUN --mount=type=secret,id=x cat /run/secrets/x",
+            "Dockerfile:2: RUN: --mount=type=secret,id=x: the project does not declare 'x' for "
+            "builds; add it to build.secrets in",
+        ),
         ("RUN --mount=type=ssh true", "Dockerfile:2: RUN: --mount=type=ssh: a build never"),
         ("RUN --privileged true", "Dockerfile:2: RUN: --privileged runs with every privilege"),
     ],
@@ -233,6 +239,65 @@ def test_what_cannot_be_made_safe_is_refused_in_one_line(builds, dockerfile, sai
     assert done.returncode == 125
     assert said in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+SECRET_STEPS = """\
+FROM @BASE@
+USER root
+LABEL test.mark=@MARK@
+RUN --mount=type=secret,id=token stat -c 'mode %a uid %u' /run/secrets/token && \\
+    sha256sum /run/secrets/token | cut -c1-64 > /digest && echo "said: $(cat /run/secrets/token)"
+RUN --mount=type=secret,id=token,target=/etc/tok,uid=1000,gid=1000 stat -c 'at %n %u' /etc/tok
+RUN wc -c < /run/secrets/token > /later; wc -c < /etc/tok >> /later
+"""
+
+
+def test_a_declared_build_secret_is_read_in_its_step_and_kept_out_of_image_output_and_log(
+    builds, project, monkeypatch
+):
+    value = f"build-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TEST_BUILD_TOKEN", value)
+    project.extra = (
+        "credentials:\n  token: {source: env, env: TEST_BUILD_TOKEN}\nbuild:\n  secrets: [token]\n"
+    )
+    project.write_project()
+    tag = f"orchestrator-test/build-{builds.marker}:secret"
+    done = builds(SECRET_STEPS, "--json", tag=tag)
+    assert done.returncode == 0, done.stderr
+    # Readable in its step (0400, root's), the step's output redacted, as the second target.
+    assert "mode 400 uid 0" in done.stderr and "at /etc/tok 1000" in done.stderr
+    assert "said: [REDACTED]" in done.stderr
+    assert value not in done.stderr + done.stdout
+    shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c", "cat /digest /later")
+    digest, *later = shown.stdout.split()
+    assert digest == hashlib.sha256(value.encode()).hexdigest()
+    assert later == ["0", "0"]  # only the mounts' empty mount points stay in the layers
+    # Nowhere in the image: its layers, its configuration, its history.
+    saved = subprocess.run(["docker", "save", tag], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(saved)) as outer:
+        for member in outer.getmembers():
+            data = outer.extractfile(member)
+            content = data.read() if data else b""
+            assert value.encode() not in content, member.name
+            if member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=io.BytesIO(content)) as layer:
+                    for inner in layer.getmembers():
+                        if inner.isreg() and inner.size:
+                            assert value.encode() not in layer.extractfile(inner).read()  # type: ignore[union-attr]
+    described = docker("history", "--no-trunc", tag).stdout + docker("inspect", tag).stdout
+    assert value not in described
+    # The audit log names the secret (each use), never its value.
+    log = (project.root / ".sandbox" / "audit.jsonl").read_text()
+    assert value not in log
+    used = [json.loads(x) for x in log.splitlines() if '"credential.used"' in x]
+    assert [(u["metadata"]["credential"], u["metadata"]["use"]) for u in used] == [
+        ("token", "build secret"),
+        ("token", "build secret"),
+    ]
+    assert not list(Path("/dev/shm").glob("orchestrator-secrets-*-build-*"))
+    # A second build is a cache hit: nothing is read or mounted again.
+    again = builds(SECRET_STEPS, "--json", tag=tag)
+    assert set(outcomes(again).values()) <= {"cached", "config"}
 
 
 def test_an_image_not_on_this_machine_is_never_pulled(builds):
@@ -630,3 +695,22 @@ def test_a_build_step_flooding_the_proxy_is_summarised_and_erases_no_decision(
     assert sorted(by_line[5]) == sorted([(f"pkgs.{packages}", True), ("after.denied.test", False)])
     grown = _audit_path(project).stat().st_size - before
     assert grown < 200_000, grown
+
+
+def test_the_doctor_reads_the_build_runtimes_and_their_flags_from_the_engine(engine):
+    require_gvisor(engine)
+    from orchestrator.docker.inspection import engine_facts
+    from orchestrator.docker.runtimes import BUILD_RUNTIMES, GVISOR_ARGS, setup_command
+    from orchestrator.doctor.checks import build_runtimes_check
+
+    facts = engine_facts(engine)
+    wanted = {name: GVISOR_ARGS[name] for name in BUILD_RUNTIMES}
+    check = build_runtimes_check(facts, wanted=wanted, needed=True, setup=setup_command())
+    assert check.status == "pass", check.detail
+    assert "orchestrator-runsc-build (--network=none --oci-seccomp --overlay2=none)" in check.detail
+    # The same engine asked for a flag its build runtime lacks: the one-line fix.
+    stricter = {**wanted, "orchestrator-runsc-build": [*wanted["orchestrator-runsc-build"],
+                                                      "--not-a-flag"]}  # fmt: skip
+    check = build_runtimes_check(facts, wanted=stricter, needed=True, setup=setup_command())
+    assert check.status == "fail" and check.fix == "sudo orchestrator engine setup --gvisor"
+    assert check.detail.startswith("orchestrator-runsc-build runs without --not-a-flag: ")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.build.context import Context
-from orchestrator.build.dockerfile import BuildRefused, parse
+from orchestrator.build.dockerfile import BuildRefused, SecretMount, parse, secret_mounts
 from orchestrator.build.words import WordError, expand
 
 FILE = Path("/ctx/Dockerfile")
@@ -35,7 +35,10 @@ def test_stages_heredocs_continuations_and_args_before_from():
     ("line", "said"),
     [
         ("RUN --security=insecure true", "Dockerfile:2: RUN: --security=insecure would run"),
-        ("RUN --mount=type=secret,id=t cat x", "Dockerfile:2: RUN: --mount=type=secret: a build"),
+        ("RUN --mount=type=secret,id=t,env=T x", "Dockerfile:2: RUN: --mount=type=secret,id=t"),
+        ("RUN --mount=type=secret,src=/etc/x x", "src: not an option of a secret mount"),
+        ("RUN --mount=type=secret x", "Dockerfile:2: RUN: --mount=type=secret: needs id=NAME"),
+        ("RUN --mount=type=secret,id=t,mode=999 x", "mode=999: expected an octal mode"),
         ("RUN --mount=type=ssh true", "Dockerfile:2: RUN: --mount=type=ssh: a build never"),
         ("RUN --mount=type=bind,target=/x true", "--mount=type=bind is not supported"),
         ("RUN --privileged true", "Dockerfile:2: RUN: --privileged runs with every privilege"),
@@ -54,6 +57,19 @@ def test_what_cannot_be_made_safe_is_refused_naming_file_line_and_instruction(li
         parse(FILE, f"FROM x\n{line}\n")
     assert said in str(refused.value)
     assert str(refused.value).startswith("/ctx/Dockerfile:2: ")
+
+
+def test_secret_mounts_are_read_with_buildkit_defaults():
+    parsed = parse(
+        FILE,
+        "FROM x\nRUN --mount=type=secret,id=token --mount=type=cache,target=/c \\\n"
+        "    --mount=type=secret,target=/etc/key,required,mode=0440,uid=1000,gid=100 true\n",
+    )
+    (run,) = parsed.stages[0].instructions
+    assert secret_mounts(parsed, run) == [
+        SecretMount(id="token", target="/run/secrets/token", required=False),
+        SecretMount(id="key", target="/etc/key", required=True, mode=0o440, uid=1000, gid=100),
+    ]
 
 
 def test_a_target_builds_only_the_stages_it_needs():

@@ -384,3 +384,27 @@ def test_clearance_sensitive_paths_take_relative_patterns(project):
     project.write_project()
     settings = load_project(project.root).config.clearance
     assert settings.sensitive_paths == ["tools/*.sh", "ci/**"]
+
+
+def test_build_secrets_name_credentials_that_hold_a_value(project):
+    (project.root / "orchestrator.yaml").write_text(
+        "credentials:\n"
+        "  token: {source: env, env: TOKEN}\n"
+        "  api: {source: env, env: API, egress: {hosts: [api.example.org]}}\n"
+        "  agent: {source: env, mode: inherit}\n"
+        "build:\n"
+        "  secrets: [token, tokn, api, agent]\n"
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load_project(project.root)
+    unknown, egress, inherit = problems(excinfo)
+    assert unknown.endswith(
+        "orchestrator.yaml:6: build.secrets[1]: 'tokn' is not in credentials (known: agent, "
+        "api, token); did you mean 'token'? declare it under credentials or remove it"
+    )
+    assert "build.secrets[2]: 'api' is an egress credential" in egress
+    assert "build.secrets[3]: 'agent' is mode inherit and holds no value" in inherit
+    (project.root / "orchestrator.yaml").write_text(
+        "credentials:\n  token: {source: env, env: TOKEN}\nbuild:\n  secrets: [token]\n"
+    )
+    assert load_project(project.root).config.build.secrets == ["token"]
