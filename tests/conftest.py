@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +65,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "swarm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """Terminate ``process`` (killed if it is still there 20 s later) and close its pipes."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for stream in (process.stdout, process.stderr):
+        if stream:
+            stream.close()
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ import pytest
 from selenium import webdriver
 
 from orchestrator.audit import AuditFilter, AuditLog
+from tests.conftest import stop
 from tests.unit.test_clearance_fakes import git
 from tests.unit.test_review_console import make_project
 
@@ -91,15 +92,7 @@ def console(project) -> Iterator[str]:
         )
         yield line.removeprefix("review console: ").strip()
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream:
-                stream.close()
+        stop(process)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import pytest
 
 from orchestrator import labels
 from orchestrator.audit import AuditFilter, AuditLog
+from tests.conftest import stop
 from tests.integration import test_review_browser as browsing
 from tests.integration.conftest import alive, cli, wait_until
 from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot
@@ -47,15 +48,7 @@ def console_for(root: Path) -> Iterator[str]:
         assert line.startswith("review console: http://127.0.0.1:"), line
         yield line.removeprefix("review console: ").strip()
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream:
-                stream.close()
+        stop(process)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.review.app import make_app
 from orchestrator.review.guard import Secrets
 from orchestrator.staging import ChangeStore
+from tests.conftest import stop
 from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
 
 PORT = 48123
@@ -417,15 +418,7 @@ def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_pa
             plain.getresponse().read()
         plain.close()
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream:
-                stream.close()
+        stop(process)
 
 
 def test_clean_change_sets_are_cleared_at_once_those_with_findings_only_on_their_page(
