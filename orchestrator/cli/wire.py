@@ -26,6 +26,8 @@ GREETING = "orchestrator-server 2"
 #: The longest line either side sends (a refusal names every difference).
 LINE_LIMIT = 8192
 SOCKET_NAME = "server.sock"
+#: Held (flock) by the one server of the folder while it starts and serves.
+LOCK_NAME = "server.lock"
 #: Signals a client passes on to the command running for it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HEADER = struct.Struct(">Q")
@@ -33,6 +35,10 @@ HEADER = struct.Struct(">Q")
 
 class Unusable(Exception):
     """Why the server cannot be used for this command (the message says it)."""
+
+
+class Absent(Unusable):
+    """No server listens: no folder, no socket, or a stale one (one may be started)."""
 
 
 def socket_folder() -> str:
@@ -50,7 +56,7 @@ def check_private(path: str, kind: str) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise Unusable(f"{path} does not exist") from None
+        raise Absent(f"{path} does not exist") from None
     except OSError as exc:
         raise Unusable(f"{path}: {exc.strerror}") from None
     wanted = stat.S_ISDIR if kind == "folder" else stat.S_ISSOCK
