@@ -182,7 +182,7 @@ def parse_idle(text: str) -> int:
     units = {"s": 1, "m": 60, "h": 3600}
     number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
     if not number.isdigit() or int(number) == 0:
-        raise ValueError(text)
+        raise ValueError(f"not a duration: {text!r}")
     return int(number) * units[unit]
 
 
