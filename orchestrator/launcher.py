@@ -9,7 +9,12 @@ Anything else (no server, a refused or stale socket, a folder or socket with the
 or modes, an outdated server, a server that does not serve this process because it is
 confined otherwise than the server: see :mod:`orchestrator.cli.peer`) runs the command line
 in this process instead: silently, or saying why when ``ORCHESTRATOR_SERVER_DEBUG=1``.
-``ORCHESTRATOR_NO_SERVER=1`` never asks. The wire protocol and the checks are in
+When no server was there at all, the command then starts one as it ends
+(:func:`start_server`: ``orchestrator serve --auto``, detached, the folder's lock handed
+over), unless :func:`autostart_refusal` says why not (``ORCHESTRATOR_NO_AUTOSTART=1``,
+``mcp``, a process under NoNewPrivs or seccomp). ``ORCHESTRATOR_NO_SERVER=1`` never asks
+and never starts one. A background job whose stdin is its terminal runs here (the
+terminal is not its to hand over). The wire protocol and the checks are in
 :mod:`orchestrator.cli.wire`. ``orchestrator mcp`` run here starts its stdio front first
 (:mod:`orchestrator.tools.mcp_front`, standard library too), so its client's ``initialize``
 is answered while the rest is imported.

@@ -9,6 +9,10 @@ client's argv, working folder, environment and stdin/stdout/stderr, and runs the
 labels), so ``gc`` judges liveness as usual. The server itself only relays: signals from the
 client to its child, and the child's exit code back. A client that goes away (even killed)
 gets its child terminated: SIGTERM, so the command cleans up, then SIGKILL after a grace.
+Only the holder of the folder's lock (``server.lock``, flock) binds the socket. ``--auto``
+(a server a command started on first use, :mod:`orchestrator.launcher`) runs from ``/``,
+exits quietly when another holds the lock, after ``--idle-exit`` (15 min) without a
+command, and once its fingerprint changes (an upgrade).
 
 Security model: same uid only (the folder is 0700, the socket 0600, both checked with
 lstat by both sides, and each side checks the other's SO_PEERCRED uid), and only a client
