@@ -27,9 +27,11 @@ import os
 import signal
 import socket
 import sys
+import time
 
 from orchestrator import TYPE_CHECKING
 from orchestrator.cli.wire import (
+    FAILED_NAME,
     FORWARDED,
     GREETING,
     HEADER,
@@ -56,6 +58,8 @@ DEBUG = "ORCHESTRATOR_SERVER_DEBUG"
 #: How long a server started on first use waits for a command before it exits.
 IDLE = "ORCHESTRATOR_SERVER_IDLE"
 IDLE_DEFAULT = "15m"
+#: After a server started on first use failed, how long commands start no other.
+RETRY_AFTER_S = 15 * 60
 #: Commands that run here and never start a server: ``mcp`` is a long-lived process its
 #: client starts and ends; a server it left behind would outlive that client's control.
 NO_AUTOSTART_COMMANDS = (("mcp",),)
@@ -240,6 +244,13 @@ def start_server(environ: dict[str, str] | os._Environ[str]) -> str:
         check_private(folder, "folder")
     except Unusable as exc:
         return f"not starting a server: {exc}"
+    failed = os.path.join(folder, FAILED_NAME)
+    try:
+        if time.time() - os.lstat(failed).st_mtime < RETRY_AFTER_S:
+            return (f"not starting a server: the last one failed (see {failed}; "
+                    "`orchestrator serve` says why); trying again 15 min after it")  # fmt: skip
+    except OSError:
+        pass
     path = os.path.join(folder, LOCK_NAME)
     try:
         lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

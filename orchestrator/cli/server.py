@@ -121,7 +121,12 @@ def serve_command(entry: Entry) -> click.Command:
         """
         if auto and idle_exit is None:
             idle_exit = AUTO_IDLE_S
-        _serve(entry, stop, Options(idle_exit, auto, lock_fd))
+        try:
+            _serve(entry, stop, Options(idle_exit, auto, lock_fd))
+        except Exception as exc:
+            if auto:  # nobody sees its output: the next commands read why and wait
+                _record_failure(exc)
+            raise
 
     return serve
 
@@ -180,6 +185,8 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
         except OSError:
             os.open(os.devnull, os.O_RDWR)
     listener = _bind(path)
+    with contextlib.suppress(FileNotFoundError):
+        (folder / wire.FAILED_NAME).unlink()
     say(f"serving on {path} (pid {os.getpid()}); stop with `orchestrator serve --stop`")
     ForkServer(listener, path, entry, options, lock).run()
     say("server stopped")
@@ -264,6 +271,18 @@ def _running(pid: int) -> bool:
             return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+def _record_failure(exc: Exception) -> None:
+    """Write why this server started on first use could not serve, in its folder (the
+    commands then start none for a while: :data:`orchestrator.launcher.RETRY_AFTER_S`)."""
+    with contextlib.suppress(OSError, wire.Unusable):
+        folder = wire.socket_folder()
+        wire.check_private(folder, "folder")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.join(folder, wire.FAILED_NAME), flags, 0o600)
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(f"{exc}\n")
 
 
 def _prepare_folder() -> Path:

@@ -28,6 +28,8 @@ LINE_LIMIT = 8192
 SOCKET_NAME = "server.sock"
 #: Held (flock) by the one server of the folder while it starts and serves.
 LOCK_NAME = "server.lock"
+#: Why the last server started on first use failed (removed once one serves).
+FAILED_NAME = "autostart.failed"
 #: Signals a client passes on to the command running for it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HEADER = struct.Struct(">Q")

@@ -292,3 +292,31 @@ def test_a_background_job_keeps_its_terminal_and_runs_here(runtime):
         assert "is not in the foreground of" in done.stderr and "started" not in done.stderr
     finally:
         stop(runtime, pid)
+
+
+FAILING_SERVER = """
+from orchestrator.cli import server
+server.PRELOAD = ("orchestrator.no_such_module",)
+from orchestrator.cli.main import main
+main(["serve", "--auto"])
+"""
+
+
+def test_a_failed_start_is_recorded_and_not_retried_at_once(runtime):
+    env = {k: v for k, v in environment(runtime).items() if k not in DEBUG}
+    failed = subprocess.run([sys.executable, "-c", FAILING_SERVER], env=env, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert failed.returncode != 0 and not socket_of(runtime).exists()
+    record = runtime / "orchestrator" / wire.FAILED_NAME
+    assert "no_such_module" in record.read_text()
+    assert os.lstat(record).st_mode & 0o777 == 0o600
+    held_off = command(runtime, "--version")
+    assert held_off.returncode == 0 and "the last one failed" in held_off.stderr
+    assert "started a server" not in held_off.stderr and servers_of(runtime) == []
+    past = time.time() - launcher.RETRY_AFTER_S - 1
+    os.utime(record, (past, past))  # long ago: tried again, and a served start clears it
+    pid = started_pid(command(runtime, "--version").stderr)
+    try:
+        assert wait_until(socket_of(runtime).exists) and not record.exists()
+    finally:
+        stop(runtime, pid)
