@@ -60,6 +60,14 @@ IDLE = "ORCHESTRATOR_SERVER_IDLE"
 IDLE_DEFAULT = "15m"
 #: After a server started on first use failed, how long commands start no other.
 RETRY_AFTER_S = 15 * 60
+#: The pid of the command that started a server (set for ``serve --auto`` only).
+STARTER = "ORCHESTRATOR_SERVER_STARTER"
+#: How long a server started on first use waits for its starter to exit, at most.
+STARTER_WAIT_S = 30.0
+_CAP_SYS_NICE = 23
+#: The priority a server started on first use loaded its modules below, to restore before
+#: it serves (None: it loaded at its own).
+restore_priority: int | None = None
 #: Commands that run here and never start a server: ``mcp`` is a long-lived process its
 #: client starts and ends; a server it left behind would outlive that client's control.
 NO_AUTOSTART_COMMANDS = (("mcp",),)
@@ -264,6 +272,7 @@ def start_server(environ: dict[str, str] | os._Environ[str]) -> str:
         os.set_inheritable(lock, True)
         env = {k: v for k, v in environ.items()
                if k in SERVER_ENV or k.startswith(SERVER_ENV_PREFIXES)}  # fmt: skip
+        env[STARTER] = str(os.getpid())
         idle = environ.get(IDLE, "") or IDLE_DEFAULT
         argv = [sys.executable, "-P", "-m", "orchestrator", "serve", "--auto",
                 f"--lock-fd={lock}", f"--idle-exit={idle}"]  # fmt: skip
@@ -287,6 +296,27 @@ def start_server(environ: dict[str, str] | os._Environ[str]) -> str:
     return f"started a server (pid {pid}; it exits after {idle} without a command)"
 
 
+def settle_started_server() -> None:
+    """In ``serve --auto`` started by a command, before anything is imported: wait until
+    that command has exited (it ends at once), so that the loading never shares its time;
+    then load at the lowest priority if this process may restore its own afterwards
+    (:data:`restore_priority`; a command it serves runs at the priority it had)."""
+    global restore_priority
+    starter = os.environ.pop(STARTER, "")
+    if starter.isdigit():
+        deadline = time.monotonic() + STARTER_WAIT_S
+        while os.getppid() == int(starter) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    import resource
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    allowed = soft == resource.RLIM_INFINITY or 20 - before <= soft
+    if allowed or int(own_status().get("CapEff", "0"), 16) >> _CAP_SYS_NICE & 1:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+        restore_priority = before
+
+
 def serves_mcp(argv: list[str]) -> bool:
     """Whether ``argv`` is ``mcp WORKER ...``, whose client must be answered at once
     (docs/mcp.md); not its help."""
@@ -297,6 +327,8 @@ def main() -> NoReturn:
     """``orchestrator``: through the fork server when one is usable, else in this process."""
     argv = sys.argv[1:]
     autostart = False
+    if argv[:2] == ["serve", "--auto"]:
+        settle_started_server()
     if local(argv):
         _debug(f"not using the server: {NO_SERVER} is set, or this command always runs here")
     else:

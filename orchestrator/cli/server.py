@@ -175,6 +175,7 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
         )
     for name in PRELOAD:
         importlib.import_module(name)
+    _restore_priority()
     # A fork copies only the calling thread: none may exist, Python's or a native
     # library's (a Go runtime starts several as it loads).
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
@@ -190,6 +191,23 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
     say(f"serving on {path} (pid {os.getpid()}); stop with `orchestrator serve --stop`")
     ForkServer(listener, path, entry, options, lock).run()
     say("server stopped")
+
+
+def _restore_priority() -> None:
+    """After a server started on first use loaded at the lowest priority: its own again
+    (its commands run at it)."""
+    from orchestrator import launcher
+
+    wanted = launcher.restore_priority
+    if wanted is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, wanted)
+    except OSError as exc:
+        raise OrchestratorError(f"cannot serve: cannot restore priority {wanted}: {exc}") from None
+    if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
+        raise OrchestratorError(f"cannot serve: priority {wanted} was not restored")
+    launcher.restore_priority = None
 
 
 def _close_strays(keep: int | None) -> None:

@@ -154,6 +154,9 @@ def test_the_first_command_starts_a_server_the_second_goes_through_it(runtime):
         )
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert b"--auto" in cmdline and b"--idle-exit=60s" in cmdline
+        # it loaded its modules at the lowest priority where it may restore its own: it
+        # serves at the priority of the command that started it
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         stop(runtime, pid)
     assert servers_of(runtime) == []
