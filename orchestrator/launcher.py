@@ -296,12 +296,28 @@ def start_server(environ: dict[str, str] | os._Environ[str]) -> str:
     return f"started a server (pid {pid}; it exits after {idle} without a command)"
 
 
-def settle_started_server() -> None:
-    """In ``serve --auto`` started by a command, before anything is imported: wait until
-    that command has exited (it ends at once), so that the loading never shares its time;
-    then load at the lowest priority if this process may restore its own afterwards
+def close_strays(keep: int | None) -> None:
+    """Close the descriptors inherited from whoever started this process (0-2 and
+    ``keep`` aside): a pipe it holds would keep its reader waiting for the end."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                if os.get_inheritable(fd):
+                    os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+
+
+def settle_started_server(argv: list[str]) -> None:
+    """In ``serve --auto ...`` (``argv``), before anything is imported: drop the
+    descriptors inherited but the lock; when a command started it, wait until that command
+    has exited (it ends at once), so that the loading never shares its time; then load at
+    the lowest priority if this process may restore its own afterwards
     (:data:`restore_priority`; a command it serves runs at the priority it had)."""
     global restore_priority
+    handed = [word.partition("=")[2] for word in argv if word.startswith("--lock-fd=")]
+    close_strays(int(handed[0]) if handed and handed[0].isdigit() else None)
     starter = os.environ.pop(STARTER, "")
     if starter.isdigit():
         deadline = time.monotonic() + STARTER_WAIT_S
@@ -328,7 +344,7 @@ def main() -> NoReturn:
     argv = sys.argv[1:]
     autostart = False
     if argv[:2] == ["serve", "--auto"]:
-        settle_started_server()
+        settle_started_server(argv)
     if local(argv):
         _debug(f"not using the server: {NO_SERVER} is set, or this command always runs here")
     else:

@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 
 import click
 
+from orchestrator import launcher
 from orchestrator.cli import peer, wire
 from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
@@ -150,7 +151,7 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
         return
     if options.auto:  # hold no folder of the caller, no descriptor but the lock
         os.chdir("/")
-        _close_strays(options.lock_fd)
+        launcher.close_strays(options.lock_fd)
     folder = _prepare_folder()
     path = folder / wire.SOCKET_NAME
     lock = _lock(folder, options.lock_fd)
@@ -196,8 +197,6 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
 def _restore_priority() -> None:
     """After a server started on first use loaded at the lowest priority: its own again
     (its commands run at it)."""
-    from orchestrator import launcher
-
     wanted = launcher.restore_priority
     if wanted is None:
         return
@@ -208,17 +207,6 @@ def _restore_priority() -> None:
     if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
         raise OrchestratorError(f"cannot serve: priority {wanted} was not restored")
     launcher.restore_priority = None
-
-
-def _close_strays(keep: int | None) -> None:
-    """Close the descriptors inherited from whoever started this process (0-2 and
-    ``keep`` aside): a pipe it holds would keep its reader waiting for the end."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd != keep:
-            with contextlib.suppress(OSError):
-                if os.get_inheritable(fd):
-                    os.close(fd)
 
 
 def _lock(folder: Path, handed: int | None) -> int | None:

@@ -323,3 +323,28 @@ def test_a_failed_start_is_recorded_and_not_retried_at_once(runtime):
         assert wait_until(socket_of(runtime).exists) and not record.exists()
     finally:
         stop(runtime, pid)
+
+
+def test_the_started_server_keeps_no_pipe_of_its_starter_open(runtime):
+    """A reader of a pipe the first command inherited (``3>&1`` in a shell, a harness's
+    extra descriptor) sees its end when the command ends, not when the server does."""
+    import select
+
+    read_end, write_end = os.pipe()
+    try:
+        first = subprocess.run(
+            [str(ENTRY), "--version"], pass_fds=(write_end,), capture_output=True, text=True,
+            timeout=60, env=environment(runtime), check=False,
+        )  # fmt: skip
+        os.close(write_end)
+        write_end = -1
+        pid = started_pid(first.stderr)
+        try:
+            assert select.select([read_end], [], [], 20)[0] and os.read(read_end, 1) == b""
+            assert wait_until(socket_of(runtime).exists)
+        finally:
+            stop(runtime, pid)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
