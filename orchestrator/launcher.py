@@ -36,9 +36,11 @@ from orchestrator.cli.wire import (
     GREETING,
     HEADER,
     LOCK_NAME,
+    PRIORITY,
     Absent,
     Unusable,
     check_private,
+    close_strays,
     encode_request,
     fingerprint,
     peer_uid_pid,
@@ -65,9 +67,6 @@ STARTER = "ORCHESTRATOR_SERVER_STARTER"
 #: How long a server started on first use waits for its starter to exit, at most.
 STARTER_WAIT_S = 30.0
 _CAP_SYS_NICE = 23
-#: The priority a server started on first use loaded its modules below, to restore before
-#: it serves (None: it loaded at its own).
-restore_priority: int | None = None
 #: Commands that run here and never start a server: ``mcp`` is a long-lived process its
 #: client starts and ends; a server it left behind would outlive that client's control.
 NO_AUTOSTART_COMMANDS = (("mcp",),)
@@ -296,26 +295,13 @@ def start_server(environ: dict[str, str] | os._Environ[str]) -> str:
     return f"started a server (pid {pid}; it exits after {idle} without a command)"
 
 
-def close_strays(keep: int | None) -> None:
-    """Close the descriptors inherited from whoever started this process (0-2 and
-    ``keep`` aside): a pipe it holds would keep its reader waiting for the end."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd != keep:
-            try:
-                if os.get_inheritable(fd):
-                    os.close(fd)
-            except OSError:
-                pass  # the listing's own descriptor, closed by now
-
-
 def settle_started_server(argv: list[str]) -> None:
     """In ``serve --auto ...`` (``argv``), before anything is imported: drop the
     descriptors inherited but the lock; when a command started it, wait until that command
     has exited (it ends at once), so that the loading never shares its time; then load at
-    the lowest priority if this process may restore its own afterwards
-    (:data:`restore_priority`; a command it serves runs at the priority it had)."""
-    global restore_priority
+    the lowest priority if this process may restore its own afterwards (named in
+    :data:`~orchestrator.cli.wire.PRIORITY`, restored by the server before it serves: a
+    command it serves runs at the priority it had)."""
     handed = [word.partition("=")[2] for word in argv if word.startswith("--lock-fd=")]
     close_strays(int(handed[0]) if handed and handed[0].isdigit() else None)
     starter = os.environ.pop(STARTER, "")
@@ -330,7 +316,7 @@ def settle_started_server(argv: list[str]) -> None:
     allowed = soft == resource.RLIM_INFINITY or 20 - before <= soft
     if allowed or int(own_status().get("CapEff", "0"), 16) >> _CAP_SYS_NICE & 1:
         os.setpriority(os.PRIO_PROCESS, 0, 19)
-        restore_priority = before
+        os.environ[PRIORITY] = str(before)
 
 
 def serves_mcp(argv: list[str]) -> bool:

@@ -44,7 +44,6 @@ from typing import Any, NoReturn
 
 import click
 
-from orchestrator import launcher
 from orchestrator.cli import peer, wire
 from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
@@ -151,7 +150,7 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
         return
     if options.auto:  # hold no folder of the caller, no descriptor but the lock
         os.chdir("/")
-        launcher.close_strays(options.lock_fd)
+        wire.close_strays(options.lock_fd)
     folder = _prepare_folder()
     path = folder / wire.SOCKET_NAME
     lock = _lock(folder, options.lock_fd)
@@ -197,16 +196,16 @@ def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
 def _restore_priority() -> None:
     """After a server started on first use loaded at the lowest priority: its own again
     (its commands run at it)."""
-    wanted = launcher.restore_priority
-    if wanted is None:
+    text = os.environ.pop(wire.PRIORITY, "")
+    if not text.lstrip("-").isdigit():
         return
+    wanted = int(text)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, wanted)
     except OSError as exc:
         raise OrchestratorError(f"cannot serve: cannot restore priority {wanted}: {exc}") from None
     if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
         raise OrchestratorError(f"cannot serve: priority {wanted} was not restored")
-    launcher.restore_priority = None
 
 
 def _lock(folder: Path, handed: int | None) -> int | None:

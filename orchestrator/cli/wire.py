@@ -30,6 +30,9 @@ SOCKET_NAME = "server.sock"
 LOCK_NAME = "server.lock"
 #: Why the last server started on first use failed (removed once one serves).
 FAILED_NAME = "autostart.failed"
+#: Set in a server started on first use that loads at a lowered priority: the one to
+#: restore before it serves.
+PRIORITY = "ORCHESTRATOR_SERVER_PRIORITY"
 #: Signals a client passes on to the command running for it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HEADER = struct.Struct(">Q")
@@ -41,6 +44,19 @@ class Unusable(Exception):
 
 class Absent(Unusable):
     """No server listens: no folder, no socket, or a stale one (one may be started)."""
+
+
+def close_strays(keep: int | None) -> None:
+    """Close the descriptors inherited from whoever started this process (0-2 and
+    ``keep`` aside): a pipe it holds would keep its reader waiting for the end."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                if os.get_inheritable(fd):
+                    os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
 
 
 def socket_folder() -> str:
