@@ -9,7 +9,9 @@ check the socket's folder and the socket (:func:`check_private`) and the peer's 
 client the server will not serve (:mod:`orchestrator.cli.peer`: confined otherwise than the
 server) gets ``orchestrator-server 2 refused: REASON\\n`` instead of the greeting, or
 ``refused REASON\\n`` instead of the exit code; nothing was started, and the client runs
-the command itself.
+the command itself. The folder also holds the server's lock (:data:`LOCK_NAME`: only its
+holder binds the socket) and, after a server started on first use failed, why
+(:data:`FAILED_NAME`).
 """
 
 from __future__ import annotations
