@@ -22,6 +22,12 @@ settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+# No command of the suite goes through a fork server it did not start (one left by `make
+# demo` or by the user would serve it), and none starts one: a test that lifts
+# ORCHESTRATOR_NO_SERVER uses a server of its own, in a private XDG_RUNTIME_DIR
+# (test_fork_server.py, test_launcher.py); only test_autostart.py lifts both.
+os.environ["ORCHESTRATOR_NO_SERVER"] = "1"
+os.environ["ORCHESTRATOR_NO_AUTOSTART"] = "1"
 
 #: ``--engine=podman``: the integration tests against Podman (tests/podman_engine.py).
 pytest_plugins = ("tests.podman_engine",)

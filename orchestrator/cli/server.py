@@ -9,6 +9,10 @@ client's argv, working folder, environment and stdin/stdout/stderr, and runs the
 labels), so ``gc`` judges liveness as usual. The server itself only relays: signals from the
 client to its child, and the child's exit code back. A client that goes away (even killed)
 gets its child terminated: SIGTERM, so the command cleans up, then SIGKILL after a grace.
+Only the holder of the folder's lock (``server.lock``, flock) binds the socket. ``--auto``
+(a server a command started on first use, :mod:`orchestrator.launcher`) runs from ``/``,
+exits quietly when another holds the lock, after ``--idle-exit`` (15 min) without a
+command, and once its fingerprint changes (an upgrade).
 
 Security model: same uid only (the folder is 0700, the socket 0600, both checked with
 lstat by both sides, and each side checks the other's SO_PEERCRED uid), and only a client
@@ -72,6 +76,11 @@ PRELOAD = (
 )
 #: From a client's disconnection to SIGKILL of its command, if SIGTERM was not enough.
 KILL_GRACE_S = 10.0
+#: The idle exit of a server started on first use (``--auto``).
+AUTO_IDLE = "15m"
+AUTO_IDLE_S = 15 * 60.0
+#: How often a server started on first use checks that its package files are unchanged.
+OUTDATED_CHECK_S = 30.0
 #: How long a connected client has to send its request.
 REQUEST_WAIT_S = 5.0
 #: How long ``--stop`` waits for the server to finish its commands and go.
@@ -85,29 +94,88 @@ Entry = Callable[[list[str]], object]
 
 def serve_command(entry: Entry) -> click.Command:
     """``orchestrator serve``, whose children run ``entry`` (the CLI's ``main``)."""
+    from orchestrator.cli.options import parse_duration_option
 
     @click.command("serve")
     @click.option("--stop", is_flag=True, help="Stop this user's server, then exit.")
-    def serve(stop: bool) -> None:
+    @click.option(
+        "--idle-exit",
+        metavar="DURATION",
+        callback=parse_duration_option,
+        help="Exit after this long without a command (90s, 15m, 2h; default: never, "
+        f"or {AUTO_IDLE} with --auto).",
+    )
+    @click.option(
+        "--auto",
+        is_flag=True,
+        help="As started on first use by a command (docs/server.md): runs from /, exits "
+        "quietly if a server already runs, exits when its package files change.",
+    )
+    @click.option("--lock-fd", type=int, hidden=True, help="The folder's lock, held already.")
+    def serve(stop: bool, idle_exit: float | None, auto: bool, lock_fd: int | None) -> None:
         """Serve this user's commands from one warm process (foreground; see docs/server.md).
 
         Each `orchestrator` command finds the server's socket and runs in a fork of it, with
         the same output, prompts and exit code as when run alone, minus the start-up time.
         Commands run by themselves again when the server is gone or outdated.
         """
-        _serve(entry, stop)
+        if auto and idle_exit is None:
+            idle_exit = AUTO_IDLE_S
+        try:
+            _serve(entry, stop, Options(idle_exit, auto, lock_fd))
+        except Exception as exc:
+            if auto:  # nobody sees its output: the next commands read why and wait
+                _record_failure(exc)
+            raise
 
     return serve
 
 
-def _serve(entry: Entry, stop: bool) -> None:
+@dataclass(frozen=True)
+class Options:
+    """How a server runs: its idle exit (seconds, None: never), whether it was started
+    on first use (``--auto``), the lock descriptor it was handed."""
+
+    idle_exit: float | None = None
+    auto: bool = False
+    lock_fd: int | None = None
+
+
+def _serve(entry: Entry, stop: bool, options: Options | None = None) -> None:
     from orchestrator.cli.terminal import say
 
+    options = options or Options()
     if stop:
         say(stop_server())
         return
+    if options.auto:  # hold no folder of the caller, no descriptor but the lock
+        os.chdir("/")
+        wire.close_strays(options.lock_fd)
+    folder = _prepare_folder()
+    path = folder / wire.SOCKET_NAME
+    lock = _lock(folder, options.lock_fd)
+    if lock is None:
+        if options.auto:
+            return  # another server starts or runs: it serves
+        pid = _listening(path)
+        raise OrchestratorError(
+            f"a server already listens on {path} (pid {pid}); stop it with "
+            "`orchestrator serve --stop`"
+            if pid
+            else f"a server is starting in {folder}; stop it with `orchestrator serve --stop`"
+        )
+    pid = _listening(path)
+    if pid:  # a server without the lock (an older version) listens
+        os.close(lock)
+        if options.auto:
+            return
+        raise OrchestratorError(
+            f"a server already listens on {path} (pid {pid}); stop it with "
+            "`orchestrator serve --stop`"
+        )
     for name in PRELOAD:
         importlib.import_module(name)
+    _restore_priority()
     # A fork copies only the calling thread: none may exist, Python's or a native
     # library's (a Go runtime starts several as it loads).
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
@@ -117,11 +185,65 @@ def _serve(entry: Entry, stop: bool) -> None:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)
-    path = _prepare_folder() / wire.SOCKET_NAME
     listener = _bind(path)
+    with contextlib.suppress(FileNotFoundError):
+        (folder / wire.FAILED_NAME).unlink()
     say(f"serving on {path} (pid {os.getpid()}); stop with `orchestrator serve --stop`")
-    ForkServer(listener, path, entry).run()
+    ForkServer(listener, path, entry, options, lock).run()
     say("server stopped")
+
+
+def _restore_priority() -> None:
+    """After a server started on first use loaded at the lowest priority: its own again
+    (its commands run at it)."""
+    text = os.environ.pop(wire.PRIORITY, "")
+    if not text.lstrip("-").isdigit():
+        return
+    wanted = int(text)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, wanted)
+    except OSError as exc:
+        raise OrchestratorError(f"cannot serve: cannot restore priority {wanted}: {exc}") from None
+    if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
+        raise OrchestratorError(f"cannot serve: priority {wanted} was not restored")
+
+
+def _lock(folder: Path, handed: int | None) -> int | None:
+    """The folder's lock (flock), held: its descriptor; None when another process holds it.
+    Only its holder binds the socket (or replaces a stale one): two servers starting at
+    once do not both listen."""
+    import fcntl
+
+    path = folder / wire.LOCK_NAME
+    try:
+        if handed is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        else:
+            fd = handed
+            ours, theirs = os.fstat(fd), os.lstat(path)
+            if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+                raise OrchestratorError(f"cannot serve: --lock-fd {fd} is not {path}")
+            os.set_inheritable(fd, False)
+    except OSError as exc:
+        raise OrchestratorError(f"cannot serve: {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _listening(path: Path) -> int | None:
+    """The pid of the process listening on ``path``, if one does."""
+    if not os.path.lexists(path):
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return None
+        return wire.peer_uid_pid(probe)[1]
 
 
 def stop_server() -> str:
@@ -156,6 +278,18 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _record_failure(exc: Exception) -> None:
+    """Write why this server started on first use could not serve, in its folder (the
+    commands then start none for a while: :data:`orchestrator.launcher.RETRY_AFTER_S`)."""
+    with contextlib.suppress(OSError, wire.Unusable):
+        folder = wire.socket_folder()
+        wire.check_private(folder, "folder")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.join(folder, wire.FAILED_NAME), flags, 0o600)
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(f"{exc}\n")
+
+
 def _prepare_folder() -> Path:
     folder = Path(wire.socket_folder())
     try:
@@ -174,18 +308,10 @@ def _prepare_folder() -> Path:
 
 
 def _bind(path: Path) -> socket.socket:
+    """Listen on ``path`` (the caller holds the folder's lock and found no listener: a
+    socket there is stale)."""
     if os.path.lexists(path):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # stale: nothing listens
-            else:
-                _uid, pid = wire.peer_uid_pid(probe)
-                raise OrchestratorError(
-                    f"a server already listens on {path} (pid {pid}); stop it with "
-                    "`orchestrator serve --stop`"
-                )
+        path.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     mask = os.umask(0o177)
     try:
@@ -211,8 +337,13 @@ class Command:
 class ForkServer:
     """The accept/fork/relay loop: one thread, a selector, a self-pipe for signals."""
 
-    def __init__(self, listener: socket.socket, path: Path, entry: Entry) -> None:
+    def __init__(self, listener: socket.socket, path: Path, entry: Entry,
+                 options: Options | None = None, lock: int | None = None) -> None:  # fmt: skip
         self.entry = entry
+        self.options = options or Options()
+        self.lock = lock
+        self.quiet_since = time.monotonic()
+        self.checked_at = time.monotonic()
         self.listener: socket.socket | None = listener
         self.path = path
         self.inode = os.lstat(path).st_ino
@@ -247,6 +378,7 @@ class ForkServer:
                         self._from_client(key.data)
                 self._reap()
                 self._kill_overdue()
+                self._stop_if_idle_or_outdated()
         finally:
             self._close_listener()
             signal.set_wakeup_fd(-1)
@@ -257,7 +389,23 @@ class ForkServer:
 
     def _timeout(self) -> float | None:
         deadlines = [c.kill_at for c in self.commands.values() if c.kill_at is not None]
+        if self.options.idle_exit is not None and not self.commands and not self.stopping:
+            deadlines.append(self.quiet_since + self.options.idle_exit)
+        if self.options.auto and not self.stopping:
+            deadlines.append(self.checked_at + OUTDATED_CHECK_S)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _stop_if_idle_or_outdated(self) -> None:
+        """Stop after the idle time without a command; a server started on first use
+        also stops once its package files changed (no client would use it again)."""
+        now = time.monotonic()
+        idle = self.options.idle_exit
+        if idle is not None and not self.commands and now >= self.quiet_since + idle:
+            self.stopping = True
+        if self.options.auto and now >= self.checked_at + OUTDATED_CHECK_S:
+            self.checked_at = now
+            if wire.fingerprint() != self.fingerprint:
+                self.stopping = True
 
     def _close_listener(self) -> None:
         if self.listener is None:
@@ -270,6 +418,9 @@ class ForkServer:
                 self.path.unlink()
         except OSError:
             pass
+        if self.lock is not None:  # the socket is gone: another server may start
+            os.close(self.lock)
+            self.lock = None
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -277,6 +428,7 @@ class ForkServer:
             conn, _ = self.listener.accept()
         except BlockingIOError:
             return
+        self.quiet_since = time.monotonic()
         fds: list[int] = []
         pidfd = -1
         try:
@@ -392,6 +544,8 @@ class ForkServer:
         for command in self.commands.values():
             command.conn.close()
         self.selector.close()
+        if self.lock is not None:
+            os.close(self.lock)
         os.close(self.wake_r)
         os.close(self.wake_w)
 
@@ -441,6 +595,7 @@ class ForkServer:
             command = self.commands.pop(pid, None)
             if command is None:
                 continue
+            self.quiet_since = time.monotonic()
             if command.connected:
                 try:
                     command.conn.setblocking(True)

@@ -9,7 +9,9 @@ check the socket's folder and the socket (:func:`check_private`) and the peer's 
 client the server will not serve (:mod:`orchestrator.cli.peer`: confined otherwise than the
 server) gets ``orchestrator-server 2 refused: REASON\\n`` instead of the greeting, or
 ``refused REASON\\n`` instead of the exit code; nothing was started, and the client runs
-the command itself.
+the command itself. The folder also holds the server's lock (:data:`LOCK_NAME`: only its
+holder binds the socket) and, after a server started on first use failed, why
+(:data:`FAILED_NAME`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ GREETING = "orchestrator-server 2"
 #: The longest line either side sends (a refusal names every difference).
 LINE_LIMIT = 8192
 SOCKET_NAME = "server.sock"
+#: Held (flock) by the one server of the folder while it starts and serves.
+LOCK_NAME = "server.lock"
+#: Why the last server started on first use failed (removed once one serves).
+FAILED_NAME = "autostart.failed"
+#: Set in a server started on first use that loads at a lowered priority: the one to
+#: restore before it serves.
+PRIORITY = "ORCHESTRATOR_SERVER_PRIORITY"
 #: Signals a client passes on to the command running for it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HEADER = struct.Struct(">Q")
@@ -33,6 +42,23 @@ HEADER = struct.Struct(">Q")
 
 class Unusable(Exception):
     """Why the server cannot be used for this command (the message says it)."""
+
+
+class Absent(Unusable):
+    """No server listens: no folder, no socket, or a stale one (one may be started)."""
+
+
+def close_strays(keep: int | None) -> None:
+    """Close the descriptors inherited from whoever started this process (0-2 and
+    ``keep`` aside): a pipe it holds would keep its reader waiting for the end."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                if os.get_inheritable(fd):
+                    os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
 
 
 def socket_folder() -> str:
@@ -50,7 +76,7 @@ def check_private(path: str, kind: str) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise Unusable(f"{path} does not exist") from None
+        raise Absent(f"{path} does not exist") from None
     except OSError as exc:
         raise Unusable(f"{path}: {exc.strerror}") from None
     wanted = stat.S_ISDIR if kind == "folder" else stat.S_ISSOCK

@@ -249,7 +249,7 @@ def entry(argv):
     print(f"served by the server: umask {mask:04o} nofile {nofile[0]}:{nofile[1]}", flush=True)
     raise SystemExit(0)
 
-server._serve(entry, False)
+server._serve(entry, False, server.Options())
 """
 
 #: Runs the rest of its command line under a seccomp filter that allows everything (mode 2).
