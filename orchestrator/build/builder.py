@@ -166,6 +166,25 @@ class _State:
         return {**self.args, **env}
 
 
+class _OutputLines:
+    """A step's output as whole lines. The engine hands it over in the chunks the step
+    wrote (an unbuffered ``print("a", 1)`` is four writes); a line is given once its end
+    came, or once it is ``limit`` bytes long, or at the end of the output."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self.pending = bytearray()
+
+    def feed(self, chunk: bytes, *, end: bool = False) -> list[str]:
+        self.pending += chunk
+        cut = self.pending.rfind(b"\n") + 1
+        if end or len(self.pending) - cut >= self.limit:
+            cut = len(self.pending)
+        whole = bytes(self.pending[:cut])
+        del self.pending[:cut]
+        return whole.decode("utf-8", errors="replace").splitlines()
+
+
 class Builder:
     """One build: the Dockerfile, its context, the engine and the audit log."""
 
@@ -654,8 +673,10 @@ class Builder:
 
             redactor = StreamRedactor(values)
 
-        def say(chunk: bytes) -> None:
-            for line in chunk.decode("utf-8", errors="replace").splitlines():
+        lines = _OutputLines()
+
+        def say(chunk: bytes, *, end: bool = False) -> None:
+            for line in lines.feed(chunk, end=end):
                 self.say(f"  | {line}")
 
         def show(chunk: bytes) -> None:
@@ -665,8 +686,7 @@ class Builder:
         try:
             outcome = self.engine.run(container, self.limits, self.deadline, show)
         finally:
-            if redactor:
-                say(redactor.flush())
+            say(redactor.flush() if redactor else b"", end=True)
             if self.network is not None:
                 self._record_egress(instruction.line, since)
         if redactor:

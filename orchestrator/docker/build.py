@@ -42,7 +42,7 @@ from orchestrator.build.engine import (
     StepOutcome,
     StepSpec,
 )
-from orchestrator.docker import networks, runtimes, seccomp
+from orchestrator.docker import networks, podman, runtimes, seccomp
 from orchestrator.docker.buildnames import container_name
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
 from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
@@ -142,6 +142,9 @@ class DockerStepEngine:
 
     def create(self, spec: StepSpec, limits: StepLimits) -> str:
         runtime = runtimes.build_runtime_name("allowlist" if spec.network else "none")
+        # The step finds its proxy in /etc/hosts: it needs no answer from the engine's DNS,
+        # which a loaded engine may fail to give (the step's requests would fail with it).
+        hosts = podman.proxy_hosts(self.client, spec.network) if spec.network else None
         host = self.api.create_host_config(
             runtime=runtime,
             network_mode=spec.network or "none",
@@ -166,6 +169,7 @@ class DockerStepEngine:
             log_config=LogConfig(type=LogConfig.types.NONE),
             privileged=False,
             ipc_mode="private",
+            extra_hosts=hosts,
         )
         # The command as the entrypoint and an empty Cmd: a commit then takes nothing of
         # either from the container (see orchestrator.build.builder.commit_config).

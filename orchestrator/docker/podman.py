@@ -219,7 +219,11 @@ def extra_hosts_for(engine: DockerClient, spec: ContainerSpec) -> dict[str, str]
     no DNS there, see :func:`create_run_network`); None elsewhere."""
     if spec.network.mode != "allowlist" or not engine_kind(engine).podman:
         return None
-    network = network_name(spec)
+    return proxy_hosts(engine, network_name(spec))
+
+
+def proxy_hosts(engine: DockerClient, network: str) -> dict[str, str]:
+    """``proxy`` -> the address of the egress proxy attached to ``network`` now."""
     with engine_errors(f"finding the egress proxy on {network}"):
         found = engine.api.containers(
             filters={"network": network, "label": f"{EGRESS_ROLE_LABEL}=proxy"}
