@@ -139,6 +139,18 @@ def assert_nothing_ran(driver: object, canary: Canary) -> None:
     assert canary.paths == []
 
 
+def submit(driver: object, button: object) -> None:
+    """Click a form's ``button`` and wait for the page the POST answers with (a click
+    returns once the form is sent, before the answer is loaded)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")  # type: ignore[attr-defined]
+    button.click()  # type: ignore[attr-defined]
+    WebDriverWait(driver, 60).until(expected_conditions.staleness_of(page))
+
+
 def base_of(url: str) -> str:
     return url.split("/?", 1)[0]
 
@@ -228,7 +240,7 @@ def test_clear_and_reject_from_the_page_then_the_audit_page(
     rejected = stage({"notes.md": b"no\n"}, run_id="run-reject")
     browser.get(url)
     browser.get(f"{base_of(url)}/changes/{cleared}")
-    browser.find_element(By.CSS_SELECTOR, 'button[value="clear"]').click()
+    submit(browser, browser.find_element(By.CSS_SELECTOR, 'button[value="clear"]'))
     assert "committed as" in browser.find_element(By.TAG_NAME, "body").text, browser.page_source
     assert store.get(cleared).status == "committed"
     assert git(root, "log", "-1", "--format=%(trailers:key=Staged-Id,valueonly)") == cleared
@@ -236,7 +248,7 @@ def test_clear_and_reject_from_the_page_then_the_audit_page(
 
     browser.get(f"{base_of(url)}/changes/{rejected}")
     browser.find_element(By.CSS_SELECTOR, 'input[name="reason"]').send_keys("not wanted")
-    browser.find_element(By.CSS_SELECTOR, 'button[value="reject"]').click()
+    submit(browser, browser.find_element(By.CSS_SELECTOR, 'button[value="reject"]'))
     assert browser.find_element(By.CSS_SELECTOR, "p.done").text == "rejected"
     assert store.get(rejected).status == "rejected"
     log = AuditLog(root / ".sandbox" / "audit.jsonl")
@@ -296,9 +308,12 @@ def test_findings_at_their_lines_and_clean_change_sets_cleared_together(
     for change_id in clean:
         browser.find_element(By.CSS_SELECTOR, f'input[name="id"][value="{change_id}"]').click()
     shot(browser, "changes-selected")
-    browser.find_element(By.CSS_SELECTOR, 'form.bulk button[value="clear"]').click()
-    outcomes = browser.find_elements(By.CSS_SELECTOR, "table.bulk-done tbody tr.ok")
-    assert len(outcomes) == 2 and all("committed as" in row.text for row in outcomes)
+    submit(browser, browser.find_element(By.CSS_SELECTOR, 'form.bulk button[value="clear"]'))
+    done = browser.find_element(By.CSS_SELECTOR, "table.bulk-done")
+    outcomes = done.find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert len(outcomes) == 2, done.text
+    assert all("ok" in row.get_attribute("class").split() for row in outcomes), done.text
+    assert all("committed as" in row.text for row in outcomes), done.text
     assert [store.get(i).status for i in (*clean, risky)] == ["committed", "committed", "pending"]
     assert git(root, "rev-list", "--count", "HEAD") == "4"
     assert_nothing_ran(browser, canary)

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.audit import AuditFilter, AuditLog
 from tests.integration import test_review_browser as browsing
 from tests.integration.test_clearance_push import GitHTTPServer, files_holding, needs_http_backend
-from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot
+from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot, submit
 from tests.unit.test_clearance_fakes import git, make_repo
 from tests.unit.test_review_console import audit_ops, client, make_project
 
@@ -201,7 +201,7 @@ def test_clear_and_push_in_the_browser(console, browser, canary, project, tmp_pa
     assert button.text == "Clear and push to origin"
     browser.execute_script("arguments[0].scrollIntoView()", button)
     shot(browser, "change-push")
-    button.click()
+    submit(browser, button)
     done = browser.find_element(By.CSS_SELECTOR, "p.done").text
     commit = git(root, "rev-parse", "HEAD")
     assert done == f"committed as {commit} on main, pushed to 'origin' as refs/heads/main"
