@@ -30,6 +30,8 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.prepare import prepare
 from orchestrator.runtime import RunResult, execute, open_audit
 from orchestrator.runtime.container import ContainerBackend
+from tests.conftest import alive as alive
+from tests.conftest import wait_until as wait_until
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -154,25 +156,6 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
         check=False,
     )
     return CliResult(done.returncode, done.stdout, done.stderr)
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie nobody has reaped yet counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_until(condition, timeout: float = 60.0) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds pass; its last answer."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def containers_of(engine, pid: int) -> list:

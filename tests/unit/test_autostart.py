@@ -22,6 +22,7 @@ import pytest
 
 from orchestrator import launcher
 from orchestrator.cli import wire
+from tests.conftest import alive, wait_until
 
 ENTRY = Path(sys.executable).with_name("orchestrator")  # the console script
 DEBUG = {"ORCHESTRATOR_SERVER_DEBUG": "1"}
@@ -42,23 +43,6 @@ def servers_of(runtime: Path) -> list[int]:
         if b"serve" in cmdline and marker in environ and alive(int(name)):
             found.append(int(name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 @pytest.fixture
