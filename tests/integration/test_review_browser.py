@@ -12,6 +12,7 @@ Set ``REVIEW_SCREENSHOTS=DIR`` to keep a screenshot of each page (docs/review.md
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -75,10 +76,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return make_project(tmp_path, monkeypatch)
 
 
-@pytest.fixture
-def console(project) -> Iterator[str]:
-    """The address `orchestrator review` printed; the server is stopped after."""
-    root = project[0]
+@contextlib.contextmanager
+def console_for(root: Path) -> Iterator[str]:
+    """`orchestrator review` on ``root``: the address it printed; stopped after."""
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root)],
         stdout=subprocess.PIPE,
@@ -93,6 +93,13 @@ def console(project) -> Iterator[str]:
         yield line.removeprefix("review console: ").strip()
     finally:
         stop(process)
+
+
+@pytest.fixture
+def console(project) -> Iterator[str]:
+    """The address `orchestrator review` printed; the server is stopped after."""
+    with console_for(project[0]) as url:
+        yield url
 
 
 @pytest.fixture

@@ -22,33 +22,15 @@ import pytest
 
 from orchestrator import labels
 from orchestrator.audit import AuditFilter, AuditLog
-from tests.conftest import stop
 from tests.integration import test_review_browser as browsing
 from tests.integration.conftest import alive, cli, wait_until
-from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot
+from tests.integration.test_review_browser import assert_nothing_ran, base_of, console_for, shot
 
 pytestmark = pytest.mark.docker
 
 # The browser and the canary server of the other browser tests.
 browser = browsing.browser
 canary = browsing.canary
-
-
-@contextmanager
-def console_for(root: Path) -> Iterator[str]:
-    """`orchestrator review` on ``root``: the address it printed; stopped after."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline() if process.stdout else ""
-        assert line.startswith("review console: http://127.0.0.1:"), line
-        yield line.removeprefix("review console: ").strip()
-    finally:
-        stop(process)
 
 
 @pytest.fixture
