@@ -68,7 +68,8 @@ host_rule() {
       while present $rule; do as_root iptables -w 10 -D $rule; done
     done
     as_root iptables -w 10 -I "${DROP_RULE[@]}"
-    echo "ensure-engine: added the host firewall rule: iptables -I ${DROP_RULE[*]}" >&2
+    local bang="'!'"  # shown quoted, as a shell needs it
+    echo "ensure-engine: added the host firewall rule: iptables -I ${DROP_RULE[*]/#!/$bang}" >&2
   fi
   for rule in "${exceptions[@]}"; do
     # shellcheck disable=SC2086

@@ -10,8 +10,10 @@ container's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
+import ipaddress
 import itertools
 import json
 import os
@@ -523,11 +525,20 @@ def test_allowlisted_host_is_reachable_and_everything_else_is_refused(
 
 def _gateway_of(engine, network):
     """The host's address on ``network`` (its gateway); None when it has none (Podman's run
-    networks: no DNS, so no gateway)."""
+    networks: no DNS, so no gateway; Podman says ``<nil>``)."""
     for config in (engine.api.inspect_network(network).get("IPAM") or {}).get("Config") or []:
-        if config.get("Gateway"):
-            return config["Gateway"].split("/")[0]
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(str(config.get("Gateway")).split("/")[0]))
     return None
+
+
+def _first_addresses(engine, network):
+    """The first address of each of ``network``'s subnets: where a bridge's own address
+    usually is, gateway or not (the doctor's probe tries it too)."""
+    configs = (engine.api.inspect_network(network).get("IPAM") or {}).get("Config") or []
+    return [
+        str(next(ipaddress.ip_network(c["Subnet"]).hosts())) for c in configs if c.get("Subnet")
+    ]
 
 
 def _another_host_address(exclude):
@@ -644,7 +655,8 @@ def test_with_the_host_rule_the_way_out_works_and_no_host_service_is_reached(
                     ["fetch", "https", "https://allowed.test/"],
                     ["fetch", "denied", "http://denied.test/"],
                 ]
-                for address in dict.fromkeys((*gateways, others[0], dns_at)):
+                firsts = _first_addresses(engine, network)
+                for address in dict.fromkeys((*gateways, *firsts, others[0], dns_at)):
                     jobs += [
                         ["connect", f"tcp {address}", address, tcp],
                         ["udp", f"udp {address}", address, udp],
