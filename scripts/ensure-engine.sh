@@ -11,12 +11,12 @@
 #                     runsc can be had. Then declares the gVisor runtimes untrusted workers
 #                     run under (four: with and without a network, each also with
 #                     --host-uds=open for parents; reloads dockerd with SIGHUP, never
-#                     restarts it). Then the host firewall rule that keeps allowlisted
-#                     workers away from the host's services (docs/network.md, Limits),
-#                     with its exception for Podman's DNS ahead of it: each added only
-#                     when `iptables -C` does not find it, so running this again adds
-#                     nothing. The same rules as `orchestrator doctor --fix`
-#                     (orchestrator/doctor/firewall.py).
+#                     restarts it). Then (--firewall) the host firewall rule that keeps
+#                     allowlisted workers away from the host's services (docs/network.md,
+#                     Limits), with the exceptions engines need ahead of it (Podman's DNS
+#                     on its outside bridge's address): each added only when `iptables -C`
+#                     does not find it, so running this again adds nothing; the same code
+#                     as `orchestrator doctor --fix` (orchestrator/doctor/firewall.py).
 set -euo pipefail
 
 gvisor_python=""
@@ -36,7 +36,7 @@ command -v runsc >/dev/null 2>&1 || need+=(runsc)       # gVisor, for untrusted 
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v catatonit >/dev/null 2>&1 || need+=(catatonit)
 command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
-command -v iptables >/dev/null 2>&1 || need+=(iptables)  # the host firewall rule
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)  # --firewall
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -48,42 +48,9 @@ if [ ${#need[@]} -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The drop rule (either form counts as present) and the exceptions that must come ahead
-# of it: Podman's aardvark-dns answers its proxies on oeg-podman's own address.
-DROP_RULE=(INPUT -i oeg-+ -m conntrack '!' --ctstate ESTABLISHED,RELATED -j DROP)
-PLAIN_DROP_RULE=(INPUT -i oeg-+ -j DROP)
-ENGINE_DNS_RULE=(INPUT -i oeg-podman -p PROTO --dport 53
-  -m addrtype --dst-type LOCAL --limit-iface-in -j ACCEPT)
-
-present() { as_root iptables -w 10 -C "$@" >/dev/null 2>&1; }
-
-host_rule() {
-  local proto rule
-  local exceptions=()  # inserted in this order, each at the top: udp ends up first
-  for proto in tcp udp; do exceptions+=("${ENGINE_DNS_RULE[*]/PROTO/$proto}"); done
-  if ! present "${DROP_RULE[@]}" && ! present "${PLAIN_DROP_RULE[@]}"; then
-    # -I inserts at the top: exceptions already there go, to come back ahead of the drop.
-    for rule in "${exceptions[@]}"; do
-      # shellcheck disable=SC2086  # the rule's words, none with spaces or globs
-      while present $rule; do as_root iptables -w 10 -D $rule; done
-    done
-    as_root iptables -w 10 -I "${DROP_RULE[@]}"
-    local bang="'!'"  # shown quoted, as a shell needs it
-    echo "ensure-engine: added the host firewall rule: iptables -I ${DROP_RULE[*]/#!/$bang}" >&2
-  fi
-  for rule in "${exceptions[@]}"; do
-    # shellcheck disable=SC2086
-    if ! present $rule; then
-      as_root iptables -w 10 -I $rule
-      echo "ensure-engine: added: iptables -I $rule" >&2
-    fi
-  done
-}
-
 gvisor() {
   if [ -n "$gvisor_python" ]; then
-    as_root "$gvisor_python" -m orchestrator engine setup --gvisor
-    host_rule
+    as_root "$gvisor_python" -m orchestrator engine setup --gvisor --firewall
   fi
 }
 

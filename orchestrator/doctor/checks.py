@@ -315,17 +315,22 @@ def _engine_dns_check(state: firewall.FirewallState, *, podman: bool) -> Check:
     fix = "orchestrator doctor --fix (as root), or: " + "; ".join(
         firewall.command("-I", rule) for rule in firewall.ENGINE_DNS_RULES
     )
+    if any(firewall.command("-I", rule) in state.behind for rule in firewall.ENGINE_DNS_RULES):
+        dropped = f"dropped: {what}: the exception is listed after the drop rule"
+        fix = "orchestrator doctor --fix (as root): it puts the exception back ahead"
+    else:
+        dropped = f"dropped: {what}"
     if podman:
         return Check(
             name,
             "fail",
-            f"dropped: {what}; the proxies cannot resolve names (allowed hosts get 502)",
+            f"{dropped}; the proxies cannot resolve names (allowed hosts get 502)",
             fix,
         )
     return Check(
         name,
         "warn",
-        f"dropped: {what}; Docker does not need it, Podman's proxies on this host would",
+        f"{dropped}; Docker does not need it, Podman's proxies on this host would",
         fix,
     )
 

@@ -34,6 +34,7 @@ across reboots; see docs/network.md.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -87,7 +88,10 @@ class FirewallState:
     dns_rules: bool = True
     """Every DNS exception is present (True when none is needed)."""
     engine_dns: bool = False
-    """Both :data:`ENGINE_DNS_RULES` are present."""
+    """Both :data:`ENGINE_DNS_RULES` are present, ahead of the drop rule when it is there."""
+    behind: list[str] = field(default_factory=list)
+    """Exceptions listed after the drop rule (as ``iptables -I`` commands): they never
+    match. Put there by whatever inserted the drop rule at the top after them."""
 
     @property
     def protected(self) -> bool:
@@ -107,8 +111,9 @@ def firewall_state() -> FirewallState:
         rule = _present(RULE)
         plain = not rule and _present(PLAIN_RULE)
         resolvers = host_resolvers(docker_nameservers())
-        dns = all(_present(r) for r in DNS_RULES) if resolvers else True
-        engine_dns = all(_present(r) for r in ENGINE_DNS_RULES)
+        behind = _behind([*ENGINE_DNS_RULES, *DNS_RULES]) if rule or plain else []
+        dns = all(_present(r) and r not in behind for r in DNS_RULES) if resolvers else True
+        engine_dns = all(_present(r) and r not in behind for r in ENGINE_DNS_RULES)
     except FirewallError as exc:
         return FirewallState(checked=False, reason=str(exc))
     return FirewallState(
@@ -118,6 +123,7 @@ def firewall_state() -> FirewallState:
         resolvers=resolvers,
         dns_rules=dns,
         engine_dns=engine_dns,
+        behind=[command("-I", r) for r in behind],
     )
 
 
@@ -125,10 +131,12 @@ def apply_fix() -> list[str]:
     """Add what is missing, the exceptions ahead of the drop rule; return the commands run.
 
     Idempotent (``-C`` before every ``-I``): a rule already there (the drop rule in either
-    form) is left alone, and nothing is ever added twice. When the drop rule is missing,
-    exceptions already there are taken out first and put back after it, so that they end
-    up ahead of it (``-I`` inserts at the top). Raises FirewallError when not root or when
-    iptables refuses.
+    form) is left alone, and nothing is ever added twice. ``-I`` inserts at the top, so an
+    exception must be inserted after the drop rule to end up ahead of it: when the drop rule
+    is missing, the exceptions already there are taken out first and put back after it, and
+    so is an exception found behind the drop rule (where it never matches: something
+    inserted the drop rule after it). Raises FirewallError when not root or when iptables
+    refuses.
     """
     if not is_root():
         raise FirewallError(f"not root: run it as root, or yourself: {command('-I', RULE)}")
@@ -136,11 +144,12 @@ def apply_fix() -> list[str]:
     if host_resolvers(docker_nameservers()):
         exceptions += DNS_RULES
     done: list[str] = []
-    if not (_present(RULE) or _present(PLAIN_RULE)):
-        for rule in exceptions:
-            while _present(rule):  # put back below, ahead of the drop rule
-                _iptables("-D", rule)
-                done.append(command("-D", rule))
+    protected = _present(RULE) or _present(PLAIN_RULE)
+    for rule in _behind(exceptions) if protected else exceptions:
+        while _present(rule):  # put back below, ahead of the drop rule
+            _iptables("-D", rule)
+            done.append(command("-D", rule))
+    if not protected:
         _iptables("-I", RULE)
         done.append(command("-I", RULE))
     for rule in reversed(exceptions):  # each -I goes first: they end up in the listed order
@@ -162,6 +171,35 @@ def missing_rule_warning() -> str | None:
         "warning: allowlisted workers can reach services on this host: the firewall rule "
         "is missing; apply it with `orchestrator doctor --fix` (docs/network.md, Limits)"
     )
+
+
+def _behind(exceptions: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The ``exceptions`` listed after the first drop rule (either form) with no copy ahead
+    of it (``iptables -S INPUT``): they never match."""
+    listed = _iptables("-S", ("INPUT",)).stdout.splitlines()
+    lines = [line.split()[1:] for line in listed if line.startswith("-A ")]
+    drop = next(
+        (i for i, line in enumerate(lines) if _lists(RULE, line) or _lists(PLAIN_RULE, line)),
+        len(lines),
+    )
+    return [
+        rule
+        for rule in exceptions
+        if any(_lists(rule, line) for line in lines[drop + 1 :])
+        and not any(_lists(rule, line) for line in lines[:drop])
+    ]
+
+
+def _lists(rule: tuple[str, ...], line: list[str]) -> bool:
+    """Whether ``line`` (the words of an ``iptables -S`` line after ``-A``) is ``rule``:
+    its words in order, with what iptables adds when listing between them (``-m udp``
+    after ``-p udp``), comma lists in any order (``RELATED,ESTABLISHED``)."""
+
+    def words(given: Iterable[str]) -> list[str]:
+        return [",".join(sorted(w.split(","))) if "," in w else w for w in given]
+
+    listed = iter(words(line))
+    return all(word in listed for word in words(rule))
 
 
 def _present(rule: tuple[str, ...]) -> bool:

@@ -563,14 +563,16 @@ def host_services(port53_on):
     listener and a UDP echo on port 53 of the first address of ``port53_on`` that has that
     port free. Yields (tcp port, udp port, that address)."""
     made = []
+    stop = threading.Event()
+    echoes = []
 
     def udp_echo(sock):
-        while True:
+        while not stop.is_set():
             try:
                 data, peer = sock.recvfrom(512)
-                sock.sendto(b"host:" + data, peer)
-            except OSError:
-                return
+            except TimeoutError:
+                continue
+            sock.sendto(b"host:" + data, peer)
 
     def bind(kind, address, port):
         sock = socket.socket(socket.AF_INET, kind)
@@ -583,7 +585,9 @@ def host_services(port53_on):
         if kind == socket.SOCK_STREAM:
             sock.listen(16)
         else:
-            threading.Thread(target=udp_echo, args=(sock,), daemon=True).start()
+            sock.settimeout(0.2)
+            echoes.append(threading.Thread(target=udp_echo, args=(sock,), daemon=True))
+            echoes[-1].start()
         return sock.getsockname()[1]
 
     try:
@@ -600,6 +604,9 @@ def host_services(port53_on):
         assert dns_at, f"port 53 is taken on every one of {port53_on}"
         yield tcp, udp, dns_at
     finally:
+        stop.set()
+        for thread in echoes:
+            thread.join()
         for sock in made:
             sock.close()
 

@@ -202,6 +202,10 @@ with open(state + ".log", "a") as log:
     log.write(" ".join(args) + "\n")
 if action == "-C":
     sys.exit(0 if rule in rules else 1)
+if action == "-S":
+    print("-P INPUT ACCEPT")
+    print("\n".join("-A " + " ".join(r) for r in rules if r[0] == rule[0]))
+    sys.exit(0)
 if action == "-I":
     rules.insert(0, rule)
 if action == "-D":
@@ -274,11 +278,11 @@ def test_exceptions_already_there_are_moved_ahead_of_a_new_drop_rule(iptables: P
 
 
 def test_a_missing_exception_is_added_ahead_of_the_drop_rule_already_there(iptables: Path):
-    iptables.write_text(json.dumps([list(firewall.RULE), list(firewall.ENGINE_DNS_RULES[0])]))
+    udp, tcp = map(list, firewall.ENGINE_DNS_RULES)
+    iptables.write_text(json.dumps([udp, list(firewall.RULE)]))
     done = firewall.apply_fix()
     assert done == [firewall.command("-I", firewall.ENGINE_DNS_RULES[1])]
-    assert rules(iptables)[0] == list(firewall.ENGINE_DNS_RULES[1])
-    assert rules(iptables)[-1] == list(firewall.ENGINE_DNS_RULES[0])  # where it was
+    assert rules(iptables) == [tcp, udp, list(firewall.RULE)]  # udp left where it was
 
 
 def test_the_plain_rule_counts_as_present(iptables: Path):
@@ -304,36 +308,48 @@ def test_the_dns_exception_goes_ahead_of_the_drop(iptables: Path, monkeypatch):
     assert firewall.firewall_state().dns_rules
 
 
-# -- the engine set-up's copy, in shell (scripts/ensure-engine.sh --gvisor) ----------------
-
-STUB = "#!/bin/sh\nexit 0\n"
-SUDO = '#!/bin/sh\nexec "$@"\n'
-
-
-def test_the_engine_set_up_adds_the_same_rules_once_in_the_same_order(
-    iptables: Path, tmp_path: Path
-):
-    """The script's rules are the doctor's, word for word; run twice, it adds nothing more.
-    Every other tool it looks for is a stand-in (nothing is installed, no engine touched)."""
-    bin_dir = Path(os.environ["PATH"].split(os.pathsep)[0])  # the fake iptables' folder
-    for name in ("docker", "mmdebstrap", "git", "runsc", "podman", "catatonit", "newuidmap"):
-        (bin_dir / name).write_text(STUB)
-        (bin_dir / name).chmod(0o755)
-    (bin_dir / "sudo").write_text(SUDO)
-    (bin_dir / "sudo").chmod(0o755)
-    setup = tmp_path / "python"  # stands for `python -m orchestrator engine setup --gvisor`
-    setup.write_text(STUB)
-    setup.chmod(0o755)
-    script = Path(__file__).parents[2] / "scripts" / "ensure-engine.sh"
-    iptables.write_text(json.dumps([list(firewall.ENGINE_DNS_RULES[0])]))  # one, ahead of nothing
-    for _ in range(2):
-        done = subprocess.run(
-            ["bash", str(script), "--gvisor", str(setup)], capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
+def test_an_exception_behind_the_drop_rule_is_seen_and_moved_ahead(iptables: Path):
+    # As an older `doctor --fix` leaves it when it inserts the drop rule after them.
+    iptables.write_text(json.dumps([list(firewall.RULE), *map(list, firewall.ENGINE_DNS_RULES)]))
+    state = firewall.firewall_state()
+    assert state.protected and not state.engine_dns
+    assert state.behind == [firewall.command("-I", r) for r in firewall.ENGINE_DNS_RULES]
+    row = checks.firewall_checks(state, facts(), podman=True)[1]
+    assert row.status == "fail" and "listed after the drop rule" in row.detail
+    done = firewall.apply_fix()
+    assert done == [
+        *(firewall.command("-D", r) for r in firewall.ENGINE_DNS_RULES),
+        *(firewall.command("-I", r) for r in firewall.ENGINE_DNS_RULES[::-1]),
+    ]
     assert rules(iptables) == APPLIED
-    log = Path(f"{iptables}.log").read_text().splitlines()
-    assert sum(line.startswith("-I ") for line in log) == 3  # the second run added nothing
+    assert firewall.firewall_state().engine_dns and firewall.apply_fix() == []
+
+
+def test_rules_are_found_in_iptables_own_listing():
+    """``iptables -S`` adds ``-m udp`` and lists ctstates its own way."""
+    listed = {
+        "drop": "-i oeg-+ -m conntrack ! --ctstate RELATED,ESTABLISHED -j DROP",
+        "udp": "-i oeg-podman -p udp -m udp --dport 53 -m addrtype --dst-type LOCAL "
+        "--limit-iface-in -j ACCEPT",
+        "wider": "-i oeg-podman -p udp -m udp --dport 53 -j ACCEPT",
+    }
+    words = {key: ["INPUT", *line.split()] for key, line in listed.items()}
+    assert firewall._lists(firewall.RULE, words["drop"])
+    assert firewall._lists(firewall.PLAIN_RULE, words["drop"])  # a drop either way
+    assert firewall._lists(firewall.ENGINE_DNS_RULES[0], words["udp"])
+    assert not firewall._lists(firewall.ENGINE_DNS_RULES[1], words["udp"])  # tcp
+    assert not firewall._lists(firewall.ENGINE_DNS_RULES[0], words["wider"])
+
+
+def test_engine_setup_firewall_applies_it_once_through_the_command_line(iptables: Path):
+    from orchestrator.cli.engine import engine
+
+    first = CliRunner().invoke(engine, ["setup", "--firewall", "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["firewall"][0] == firewall.command("-I", firewall.RULE)
+    again = CliRunner().invoke(engine, ["setup", "--firewall"])
+    assert again.exit_code == 0 and "already in place" in again.stderr
+    assert rules(iptables) == APPLIED
 
 
 def test_not_root_checks_nothing_and_warns_nothing(monkeypatch):
