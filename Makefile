@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The engine, with the gVisor runtimes untrusted workers run under (needs root: sudo).
+# The engine, with the gVisor runtimes untrusted workers run under, and the host firewall
+# rule that keeps allowlisted workers away from the host's services, with its exception
+# for Podman's DNS (docs/network.md, Limits; added once, never twice). Needs root: sudo.
 engine: $(STAMP)
 	scripts/ensure-engine.sh --gvisor $(BIN)/python
 
@@ -48,7 +50,8 @@ lint: $(STAMP)
 
 # The core integration tests that also run against Podman (a rootful `podman system
 # service` the session starts and removes; docs/engines.md): runs, exit codes, outbox,
-# hardening, masks, limits, execs and sessions, the warm pool, allowlisted egress, gc.
+# hardening, masks, limits, execs and sessions, the warm pool, allowlisted egress (also
+# with the host firewall rule, which the session applies before its first test), gc.
 PODMAN_TESTS := \
 	tests/integration/test_podman.py \
 	tests/integration/test_engine_contract.py \
@@ -73,7 +76,8 @@ PODMAN_TESTS := \
 	tests/integration/test_session.py::test_writes_reach_the_container_and_back \
 	tests/integration/test_pool.py::test_a_pooled_run_works_like_a_cold_one_and_stages_its_outbox \
 	tests/integration/test_egress.py::test_allowlisted_host_is_reachable_and_everything_else_is_refused \
-	tests/integration/test_egress.py::test_a_child_through_the_broker_gets_its_own_network
+	tests/integration/test_egress.py::test_a_child_through_the_broker_gets_its_own_network \
+	tests/integration/test_egress.py::test_with_the_host_rule_the_way_out_works_and_no_host_service_is_reached
 
 # The whole suite in two phases: every test not marked `serial` on $(TEST_WORKERS) processes
 # (pytest-xdist; each integration file stays on one process, tests/conftest.py), then the

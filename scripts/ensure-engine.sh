@@ -11,7 +11,12 @@
 #                     runsc can be had. Then declares the gVisor runtimes untrusted workers
 #                     run under (four: with and without a network, each also with
 #                     --host-uds=open for parents; reloads dockerd with SIGHUP, never
-#                     restarts it)
+#                     restarts it). Then (--firewall) the host firewall rule that keeps
+#                     allowlisted workers away from the host's services (docs/network.md,
+#                     Limits), with the exceptions engines need ahead of it (Podman's DNS
+#                     on its outside bridge's address): each added only when `iptables -C`
+#                     does not find it, so running this again adds nothing; the same code
+#                     as `orchestrator doctor --fix` (orchestrator/doctor/firewall.py).
 set -euo pipefail
 
 gvisor_python=""
@@ -31,6 +36,7 @@ command -v runsc >/dev/null 2>&1 || need+=(runsc)       # gVisor, for untrusted 
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v catatonit >/dev/null 2>&1 || need+=(catatonit)
 command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)  # --firewall
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -44,7 +50,7 @@ fi
 
 gvisor() {
   if [ -n "$gvisor_python" ]; then
-    as_root "$gvisor_python" -m orchestrator engine setup --gvisor
+    as_root "$gvisor_python" -m orchestrator engine setup --gvisor --firewall
   fi
 }
 

@@ -6,9 +6,12 @@ with its own storage, network configuration and run folders (``CONTAINERS_CONF``
 this process and every command line the tests start. The worker and proxy images are
 built there with ``orchestrator images build``'s code; the Debian base is copied over
 from the Docker engine when it has one (bootstrapping it again would add a minute),
-else bootstrapped. At the end the service stops, ``podman system reset`` removes what
-it stored, and the firewall chains netavark added are removed when they were not there
-before: the machine is left as found.
+else bootstrapped. The host firewall rule (docs/network.md, Limits) is applied before the
+service starts, as ``orchestrator doctor --fix`` applies it, so that every test runs with it
+in place (it must not break Podman: its DNS answers the proxies on their bridge's address).
+At the end the service stops, ``podman system reset`` removes what it stored, and the
+firewall chains netavark added are removed when they were not there before, and the host
+rule when it was not: the machine is left as found.
 
 Without podman (or without root) the session's engine tests skip, except under CI=true,
 where that is a failure. Without ``--engine=podman``, tests marked ``podman`` are
@@ -171,6 +174,7 @@ class PodmanService:
         self.links_before: set[str] = set()
         self.dns_before: set[int] = set()
         self.bridged_rules: list[list[str]] = []
+        self.host_rule_before: dict[tuple[str, ...], bool] | None = None
         self.url = f"unix://{root}/podman.sock"
         self.runtime_dir = root / "xdg"
         self.saved_env = {name: os.environ.get(name) for name in ("DOCKER_HOST", "XDG_RUNTIME_DIR")}
@@ -189,7 +193,12 @@ class PodmanService:
         (root / "storage.conf").write_text(STORAGE_CONF.format(root=root))
         (root / "containers.conf").write_text(CONTAINERS_CONF.format(root=root))
         (root / "xdg").mkdir(mode=0o700)
+        from orchestrator.doctor.firewall import apply_fix
+        from tests import host_firewall
+
         firewall = netavark_rules()
+        host_rule_before = host_firewall.state()
+        apply_fix()  # the rule and its exceptions, as on a machine set up by make
         bridged = add_bridged_rules()
         existed = {path: path.exists() for path in (NETWORK_RUN_DIR.parent, BLOB_CACHE_DIR)}
         before = (_links(), _pids_of(b"aardvark-dns"))
@@ -208,6 +217,7 @@ class PodmanService:
         service.existed = existed
         service.links_before, service.dns_before = before
         service.bridged_rules = bridged
+        service.host_rule_before = host_rule_before
         try:
             service.wait_ready()
             service.load_images()
@@ -288,6 +298,10 @@ class PodmanService:
                 shutil.rmtree(path, ignore_errors=True)
         subprocess.run(["umount", "-R", "-l", str(self.root)], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.host_rule_before is not None:
+            from tests import host_firewall
+
+            host_firewall.restore(self.host_rule_before)
 
 
 def _links() -> set[str]:

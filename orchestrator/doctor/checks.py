@@ -232,8 +232,11 @@ def images_check(present: Mapping[str, bool], built_here: set[str]) -> Check:
     return Check("images", "fail", f"missing: {', '.join(missing)}", "; ".join(fixes))
 
 
-def firewall_checks(state: firewall.FirewallState, facts: EngineFacts) -> list[Check]:
-    """The INPUT rule, and the DNS exception when the host runs Docker's resolver."""
+def firewall_checks(
+    state: firewall.FirewallState, facts: EngineFacts, *, podman: bool = False
+) -> list[Check]:
+    """The INPUT rule, the engine's DNS exception (Podman's), and the DNS exception when
+    the host runs Docker's resolver."""
     fix = f"orchestrator doctor --fix (as root), or: {firewall.command('-I', firewall.RULE)}"
     if facts.rootless:
         return [
@@ -275,6 +278,7 @@ def firewall_checks(state: firewall.FirewallState, facts: EngineFacts) -> list[C
                 fix,
             )
         ]
+    rows.append(_engine_dns_check(state, podman=podman))
     if state.resolvers:
         resolvers = ", ".join(state.resolvers)
         if state.dns_rules:
@@ -298,6 +302,37 @@ def firewall_checks(state: firewall.FirewallState, facts: EngineFacts) -> list[C
                 )
             )
     return rows
+
+
+def _engine_dns_check(state: firewall.FirewallState, *, podman: bool) -> Check:
+    """Podman's DNS on its outside bridge's address, let through ahead of the drop rule."""
+    name = "firewall engine dns"
+    what = f"port 53 on {firewall.PODMAN_BRIDGE}'s own address (Podman's aardvark-dns)"
+    if state.engine_dns:
+        return Check(name, "pass", f"accepted: {what}")
+    if not state.protected:
+        return Check(name, "pass", f"not needed while the rule is missing: {what}")
+    fix = "orchestrator doctor --fix (as root), or: " + "; ".join(
+        firewall.command("-I", rule) for rule in firewall.ENGINE_DNS_RULES
+    )
+    if any(firewall.command("-I", rule) in state.behind for rule in firewall.ENGINE_DNS_RULES):
+        dropped = f"dropped: {what}: the exception is listed after the drop rule"
+        fix = "orchestrator doctor --fix (as root): it puts the exception back ahead"
+    else:
+        dropped = f"dropped: {what}"
+    if podman:
+        return Check(
+            name,
+            "fail",
+            f"{dropped}; the proxies cannot resolve names (allowed hosts get 502)",
+            fix,
+        )
+    return Check(
+        name,
+        "warn",
+        f"{dropped}; Docker does not need it, Podman's proxies on this host would",
+        fix,
+    )
 
 
 #: CVE-2024-29018 (GHSA-mq39-4gv4-mvpx): dockerd forwards DNS queries from containers on

@@ -90,7 +90,7 @@ def diagnose(
         checks.userns_check(facts, max_userns),
         checks.disk_check(disk),
         checks.images_check(images, {WORKER_IMAGE, PROXY_IMAGE}),
-        *checks.firewall_checks(state, facts),
+        *checks.firewall_checks(state, facts, podman=_podman(engine)),
         checks.dns_cve_check(facts, upstream, podman=_podman(engine)),
         project.check,
     ]
@@ -121,6 +121,7 @@ def diagnose(
             "plain_rule": state.plain_rule,
             "resolvers": state.resolvers,
             "dns_rules": state.dns_rules,
+            "engine_dns": state.engine_dns,
             "command": firewall.command("-I", firewall.RULE),
         },
         "project": {
@@ -157,7 +158,7 @@ def _everyday(facts: EngineFacts, image: str, images: dict[str, bool], progress:
 
 
 def _apply_fixes(facts: EngineFacts, done: list[str]) -> list[Check]:
-    """``--fix``: the firewall rule (and its DNS exception); rows only for what went wrong."""
+    """``--fix``: the firewall rule (and its DNS exceptions); rows only for what went wrong."""
     if facts.rootless or not facts.local:
         why = "a rootless engine" if facts.rootless else "the engine runs on another machine"
         return [Check("firewall fix", "warn", f"not applied: {why}")]

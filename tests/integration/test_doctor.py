@@ -1,8 +1,8 @@
 """``orchestrator doctor`` for real: through the console entry point, on this engine.
 
-The firewall test takes the host rule away (if it was there), sees the doctor fail for
-real (the rule check, and an allowlisted worker reaching a listener on the host), applies
-``--fix``, sees everything pass, and restores the machine as it found it. The other tests
+The firewall test takes the host rule and its exceptions away (if they were there), sees the
+doctor fail for real (the rule check, and an allowlisted worker reaching a listener on the
+host), applies ``--fix``, sees everything pass, and restores the machine as it found it. The other tests
 interrupt and kill a doctor mid-way and check that nothing it made is left behind.
 """
 
@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
 
 import pytest
 
@@ -26,7 +25,8 @@ from orchestrator.docker.egress import EGRESS_KEY
 from orchestrator.docker.testservers import HTTP_PORT, SELFTEST
 from orchestrator.doctor import firewall
 from orchestrator.policy.network import egress_key
-from tests.integration.conftest import IN_CI, cli, unavailable
+from tests.host_firewall import input_chain, present, without_the_host_rule
+from tests.integration.conftest import IN_CI, cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.serial]  # the host firewall, gc: alone
 
@@ -54,36 +54,6 @@ ALLOW_ROWS = [
     "decisions logged",
 ]
 DOCTOR_TIMEOUT = 300
-
-
-def iptables(action: str, rule: tuple[str, ...]) -> bool:
-    done = subprocess.run(
-        ["iptables", "-w", "10", action, *rule], capture_output=True, text=True, check=False
-    )
-    return done.returncode == 0
-
-
-@contextmanager
-def without_the_firewall_rule():
-    """Take the rule (either form) away for the test; put back exactly what was there."""
-    if os.geteuid() != 0:
-        unavailable("the firewall rule is checked and applied as root only")
-    if subprocess.run(["iptables", "-V"], capture_output=True, check=False).returncode:
-        unavailable("iptables is not installed")
-    rules = (firewall.RULE, firewall.PLAIN_RULE, *firewall.DNS_RULES)
-    before = {rule: iptables("-C", rule) for rule in rules}
-    for rule in (firewall.RULE, firewall.PLAIN_RULE):
-        while iptables("-C", rule):
-            iptables("-D", rule)
-    try:
-        yield
-    finally:
-        for rule, was_there in before.items():
-            while not was_there and iptables("-C", rule):
-                iptables("-D", rule)
-            if was_there and not iptables("-C", rule):
-                iptables("-I", rule)
-        assert {rule: iptables("-C", rule) for rule in rules} == before
 
 
 def isolations(engine) -> list[str]:
@@ -164,7 +134,7 @@ def test_a_missing_firewall_rule_fails_for_real_and_fix_makes_everything_pass(en
     project.worker("listed", f'command: ["true"]\nnetwork: {{allow: [{listed}]}}')
     key = egress_key(firewall_entries(listed))
     try:
-        with without_the_firewall_rule():
+        with without_the_host_rule():
             failing = cli("doctor", "--json", "--project", root, timeout=DOCTOR_TIMEOUT)
             data = one_json_object(failing.stdout)
             checks = rows(data)
@@ -187,19 +157,24 @@ def test_a_missing_firewall_rule_fails_for_real_and_fix_makes_everything_pass(en
             data = one_json_object(fixed.stdout)
             checks = rows(data)
             assert fixed.returncode == 0, [c for c in data["checks"] if c["status"] == "fail"]
-            assert data["fixed"] == [firewall.command("-I", firewall.RULE)]
-            assert iptables("-C", firewall.RULE)
+            exceptions = [*firewall.ENGINE_DNS_RULES]
+            if firewall.firewall_state().resolvers:
+                exceptions += firewall.DNS_RULES
+            assert data["fixed"] == [
+                firewall.command("-I", rule) for rule in (firewall.RULE, *exceptions[::-1])
+            ]
+            assert all(present(rule) for rule in (firewall.RULE, *exceptions))
             assert checks["firewall"]["status"] == "pass"
+            assert checks["firewall engine dns"]["status"] == "pass"
             for name in egress_names(used):
                 assert checks[name]["status"] == "pass", checks[name]
             assert checks["egress test servers"]["status"] == "pass"
 
             again = cli("doctor", "--fix", "--json", "--no-egress", "--project", root)
             assert one_json_object(again.stdout)["fixed"] == []  # idempotent
-            listing = subprocess.run(
-                ["iptables", "-S", "INPUT"], capture_output=True, text=True, check=True
-            ).stdout
+            listing = input_chain()
             assert listing.count("-i oeg-+") == 1
+            assert listing.count("-i oeg-podman") == 2  # udp and tcp, once each
 
             quiet = cli("run", "listed", "--project", root)
             assert quiet.returncode == 0 and "firewall rule" not in quiet.stderr

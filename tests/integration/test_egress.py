@@ -10,8 +10,10 @@ container's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
+import ipaddress
 import itertools
 import json
 import os
@@ -41,6 +43,7 @@ from orchestrator.docker.images import (
 )
 from orchestrator.docker.netnames import RUN_PREFIX, full_network, network_name
 from orchestrator.docker.networks import release_network
+from orchestrator.doctor import firewall
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec, Limits, Network, Tmpfs, project_key
 from orchestrator.runtime.container import ContainerBackend
@@ -515,6 +518,190 @@ def test_allowlisted_host_is_reachable_and_everything_else_is_refused(
     # ... and nothing else but the outside client's refused request.
     assert got - expected == {("allowed.test", 80, False, "GET")}
     assert eg.decisions(engine, egress, datetime.now(UTC)) == []
+
+
+# -- with the host firewall rule in place (docs/network.md, Limits) ---------------------------
+
+
+def _gateway_of(engine, network):
+    """The host's address on ``network`` (its gateway); None when it has none (Podman's run
+    networks: no DNS, so no gateway; Podman says ``<nil>``)."""
+    for config in (engine.api.inspect_network(network).get("IPAM") or {}).get("Config") or []:
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(str(config.get("Gateway")).split("/")[0]))
+    return None
+
+
+def _first_addresses(engine, network):
+    """The first address of each of ``network``'s subnets: where a bridge's own address
+    usually is, gateway or not (the doctor's probe tries it too)."""
+    configs = (engine.api.inspect_network(network).get("IPAM") or {}).get("Config") or []
+    return [
+        str(next(ipaddress.ip_network(c["Subnet"]).hosts())) for c in configs if c.get("Subnet")
+    ]
+
+
+def _another_host_address(exclude):
+    """A local IPv4 address of this host on none of the egress bridges (Docker's own bridge
+    first: it faces no network outside this machine)."""
+    listed = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    found = []
+    for line in listed.splitlines():
+        fields = line.split()
+        link, address = fields[1], fields[3].split("/")[0]
+        if link != "lo" and not link.startswith("oeg-") and address not in exclude:
+            found.append((link != "docker0", address))
+    assert found, listed
+    return [address for _, address in sorted(found)]
+
+
+@contextmanager
+def host_services(port53_on):
+    """On the host: a TCP listener and a UDP echo on every address (free ports), and a TCP
+    listener and a UDP echo on port 53 of the first address of ``port53_on`` that has that
+    port free. Yields (tcp port, udp port, that address)."""
+    made = []
+    stop = threading.Event()
+    echoes = []
+
+    def udp_echo(sock):
+        while not stop.is_set():
+            try:
+                data, peer = sock.recvfrom(512)
+            except TimeoutError:
+                continue
+            sock.sendto(b"host:" + data, peer)
+
+    def bind(kind, address, port):
+        sock = socket.socket(socket.AF_INET, kind)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            sock.close()
+            raise
+        made.append(sock)
+        if kind == socket.SOCK_STREAM:
+            sock.listen(16)
+        else:
+            sock.settimeout(0.2)
+            echoes.append(threading.Thread(target=udp_echo, args=(sock,), daemon=True))
+            echoes[-1].start()
+        return sock.getsockname()[1]
+
+    try:
+        tcp, udp = bind(socket.SOCK_STREAM, "0.0.0.0", 0), bind(socket.SOCK_DGRAM, "0.0.0.0", 0)
+        dns_at = None
+        for address in port53_on:
+            try:
+                bind(socket.SOCK_DGRAM, address, 53)
+                bind(socket.SOCK_STREAM, address, 53)
+            except OSError:
+                continue
+            dns_at = address
+            break
+        assert dns_at, f"port 53 is taken on every one of {port53_on}"
+        yield tcp, udp, dns_at
+    finally:
+        stop.set()
+        for thread in echoes:
+            thread.join()
+        for sock in made:
+            sock.close()
+
+
+def _host_reaches(address, tcp, udp):
+    """The control: the host itself reaches the listeners on ``address``."""
+    with socket.create_connection((address, tcp), timeout=3):
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(3)
+        sock.sendto(b"ping", (address, udp))
+        assert sock.recvfrom(100)[0] == b"host:ping"
+
+
+@docker
+@pytest.mark.serial  # the host firewall
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_with_the_host_rule_the_way_out_works_and_no_host_service_is_reached(
+    engine, internet, egress, isolation
+):
+    """The rule as `orchestrator doctor --fix` and `scripts/ensure-engine.sh --gvisor` apply
+    it. The proxy still resolves and reaches the allowed host (on Podman through its DNS on
+    the outside bridge's address: the exception), and neither a worker on a run's network
+    nor a container on the proxies' outside network reaches a host service: not on its
+    gateway, not on another host address, not on port 53 anywhere but the engine's own DNS.
+    """
+    from tests import host_firewall
+
+    if isolation == "gvisor":
+        require_gvisor(engine)
+    run_id = f"hostrule{uuid.uuid4().hex[:8]}"
+    spec = dataclasses.replace(
+        _probe_spec(), network=Network("allowlist", allow=ALLOW), run_id=run_id, worker="probe"
+    )
+    with host_firewall.with_the_host_rule() as applied:
+        drop = [rule for rule in host_firewall.DROPS if host_firewall.present(rule)]
+        assert drop and all(map(host_firewall.present, firewall.ENGINE_DNS_RULES)), applied
+        network = engine.set_up_network(spec).name
+        try:
+            run_gateway = _gateway_of(engine, network)  # Docker's; Podman's run has none
+            outside_gateway = _gateway_of(engine, eg.OUTSIDE_NETWORK)
+            assert outside_gateway
+            gateways = [a for a in (run_gateway, outside_gateway) if a]
+            others = _another_host_address(gateways)
+            # Port 53 where no engine's DNS is: the run's gateway (Docker), else another
+            # host address.
+            with host_services([*gateways[:-1], *others]) as (tcp, udp, dns_at):
+                for address in (*gateways, dns_at):
+                    _host_reaches(address, tcp, udp)
+                _host_reaches(dns_at, 53, 53)
+                jobs = [
+                    ["fetch", "http", "http://allowed.test/"],
+                    ["fetch", "https", "https://allowed.test/"],
+                    ["fetch", "denied", "http://denied.test/"],
+                ]
+                firsts = _first_addresses(engine, network)
+                for address in dict.fromkeys((*gateways, *firsts, others[0], dns_at)):
+                    jobs += [
+                        ["connect", f"tcp {address}", address, tcp],
+                        ["udp", f"udp {address}", address, udp],
+                    ]
+                jobs += [
+                    ["connect", f"tcp53 {dns_at}", dns_at, 53],
+                    ["udp", f"udp53 {dns_at}", dns_at, 53],
+                ]
+                code, output = run_probe(
+                    engine,
+                    network,
+                    probe_script(jobs),
+                    env=eg.proxy_env(egress),
+                    isolation=isolation,
+                )
+                assert code == 0, output
+                worker = last_json(output)
+                # The proxies' side, where the exception applies: a container there.
+                outside_jobs = [
+                    ["resolve", "dns", "allowed.test"],
+                    ["connect", "tcp gateway", outside_gateway, tcp],
+                    ["udp", "udp gateway", outside_gateway, udp],
+                    ["connect", "tcp53 elsewhere", dns_at, 53],
+                    ["udp", "udp53 elsewhere", dns_at, 53],
+                ]
+                code, output = run_probe(
+                    engine, eg.OUTSIDE_NETWORK, probe_script(outside_jobs), isolation=isolation
+                )
+                assert code == 0, output
+                outside = last_json(output)
+        finally:
+            assert release_network(engine, network)
+    assert worker.pop("http") == ["ok", 200, "testweb allowed port 80 host allowed.test"]
+    assert worker.pop("https") == ["ok", 200, "testweb allowed port 443 host allowed.test"]
+    assert worker.pop("denied")[:2] == ["http-error", 403]
+    assert {key: value[0] for key, value in worker.items()} == dict.fromkeys(worker, "failed")
+    assert outside.pop("dns") == ["resolved", internet["addresses"]["allowed"]]
+    assert {key: value[0] for key, value in outside.items()} == dict.fromkeys(outside, "failed")
 
 
 @docker

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from orchestrator.docker.egress import BRIDGE_PREFIX, OUTSIDE_BRIDGE
 from orchestrator.docker.inspection import EngineFacts
+from orchestrator.docker.podman import PODMAN_OUTSIDE_BRIDGE
 from orchestrator.doctor import checks, firewall, host, probe, verdicts
 from orchestrator.doctor.checks import Check, Report
 
@@ -102,20 +104,31 @@ def test_missing_images_name_the_way_to_get_them():
 
 
 def test_firewall_verdicts():
-    rule = firewall.FirewallState(checked=True, rule=True)
-    assert [c.status for c in checks.firewall_checks(rule, facts())] == ["pass"]
+    rule = firewall.FirewallState(checked=True, rule=True, engine_dns=True)
+    assert [c.status for c in checks.firewall_checks(rule, facts())] == ["pass", "pass"]
     missing = checks.firewall_checks(firewall.FirewallState(checked=True), facts())
     assert missing[0].status == "fail" and "doctor --fix" in (missing[0].fix or "")
-    plain = checks.firewall_checks(firewall.FirewallState(checked=True, plain_rule=True), facts())
+    assert missing[1].status == "pass" and "not needed" in missing[1].detail
+    plain = checks.firewall_checks(
+        firewall.FirewallState(checked=True, plain_rule=True, engine_dns=True), facts()
+    )
     assert plain[0].status == "pass" and "plain form" in plain[0].detail
+    # The drop rule without Podman's DNS exception: Podman's proxies resolve nothing.
+    no_engine_dns = firewall.FirewallState(checked=True, rule=True)
+    for podman, status in ((True, "fail"), (False, "warn")):
+        row = checks.firewall_checks(no_engine_dns, facts(), podman=podman)[1]
+        assert (row.name, row.status) == ("firewall engine dns", status)
+        assert "--limit-iface-in" in (row.fix or "") and "oeg-podman" in row.detail
     not_root = checks.firewall_checks(firewall.FirewallState(False, "not root"), facts())
     assert not_root[0].status == "warn" and "cannot check: not root" in not_root[0].detail
     assert checks.firewall_checks(rule, facts(rootless=True))[0].detail.startswith("not applicable")
     assert checks.firewall_checks(rule, facts(local=False))[0].status == "warn"
-    dns = firewall.FirewallState(checked=True, rule=True, resolvers=["10.0.0.2"], dns_rules=False)
+    dns = firewall.FirewallState(
+        checked=True, rule=True, resolvers=["10.0.0.2"], dns_rules=False, engine_dns=True
+    )
     rows = checks.firewall_checks(dns, facts())
-    assert [r.status for r in rows] == ["pass", "fail"]
-    assert "--dport 53" in (rows[1].fix or "")
+    assert [r.status for r in rows] == ["pass", "pass", "fail"]
+    assert "--dport 53" in (rows[2].fix or "")
 
 
 def test_the_report_exits_1_only_on_a_failure():
@@ -189,8 +202,16 @@ with open(state + ".log", "a") as log:
     log.write(" ".join(args) + "\n")
 if action == "-C":
     sys.exit(0 if rule in rules else 1)
+if action == "-S":
+    print("-P INPUT ACCEPT")
+    print("\n".join("-A " + " ".join(r) for r in rules if r[0] == rule[0]))
+    sys.exit(0)
 if action == "-I":
     rules.insert(0, rule)
+if action == "-D":
+    if rule not in rules:
+        sys.exit(1)
+    rules.remove(rule)  # the first copy, as iptables does
 json.dump(rules, open(state, "w"))
 """
 
@@ -217,23 +238,60 @@ def rules(state: Path) -> list[list[str]]:
     return json.loads(state.read_text()) if state.exists() else []
 
 
-def test_fix_adds_the_rule_once(iptables: Path):
+#: What a fresh machine gets: Podman's DNS exceptions (udp, tcp), then the drop rule.
+APPLIED = [*map(list, firewall.ENGINE_DNS_RULES), list(firewall.RULE)]
+
+
+def test_fix_adds_the_rule_and_the_engine_dns_exception_once(iptables: Path):
     before = firewall.firewall_state()
-    assert before.checked and not before.protected
+    assert before.checked and not before.protected and not before.engine_dns
     assert firewall.missing_rule_warning() is not None
     done = firewall.apply_fix()
-    assert done == [firewall.command("-I", firewall.RULE)]
-    assert rules(iptables) == [list(firewall.RULE)]
-    assert firewall.firewall_state().rule
+    assert done == [
+        firewall.command("-I", rule) for rule in (firewall.RULE, *firewall.ENGINE_DNS_RULES[::-1])
+    ]
+    assert rules(iptables) == APPLIED  # the exceptions ahead of the drop rule
+    state = firewall.firewall_state()
+    assert state.rule and state.engine_dns
     assert firewall.missing_rule_warning() is None  # the cache was dropped by the fix
-    assert firewall.apply_fix() == []  # idempotent: -C finds it
-    assert len(rules(iptables)) == 1
+    assert firewall.apply_fix() == []  # idempotent: -C finds them
+    assert rules(iptables) == APPLIED
+
+
+def test_the_engine_dns_exception_is_exactly_port_53_on_podman_s_bridge_address():
+    assert firewall.PODMAN_BRIDGE == PODMAN_OUTSIDE_BRIDGE
+    assert firewall.BRIDGES == BRIDGE_PREFIX + "+" and firewall.OUTSIDE_BRIDGE == OUTSIDE_BRIDGE
+    for proto, rule in zip(("udp", "tcp"), firewall.ENGINE_DNS_RULES, strict=True):
+        assert firewall.command("-I", rule) == (
+            f"iptables -I INPUT -i oeg-podman -p {proto} --dport 53 -m addrtype "
+            "--dst-type LOCAL --limit-iface-in -j ACCEPT"
+        )
+
+
+def test_exceptions_already_there_are_moved_ahead_of_a_new_drop_rule(iptables: Path):
+    # As left by someone who took the drop rule away: an exception behind a new drop rule
+    # would never match.
+    iptables.write_text(json.dumps([["INPUT", "-j", "OTHER"], list(firewall.ENGINE_DNS_RULES[1])]))
+    done = firewall.apply_fix()
+    assert done[0] == firewall.command("-D", firewall.ENGINE_DNS_RULES[1])
+    assert rules(iptables) == [*APPLIED, ["INPUT", "-j", "OTHER"]]
+
+
+def test_a_missing_exception_is_added_ahead_of_the_drop_rule_already_there(iptables: Path):
+    udp, tcp = map(list, firewall.ENGINE_DNS_RULES)
+    iptables.write_text(json.dumps([udp, list(firewall.RULE)]))
+    done = firewall.apply_fix()
+    assert done == [firewall.command("-I", firewall.ENGINE_DNS_RULES[1])]
+    assert rules(iptables) == [tcp, udp, list(firewall.RULE)]  # udp left where it was
 
 
 def test_the_plain_rule_counts_as_present(iptables: Path):
     iptables.write_text(json.dumps([list(firewall.PLAIN_RULE)]))
     state = firewall.firewall_state()
     assert state.plain_rule and not state.rule and state.protected
+    assert firewall.apply_fix() == [
+        firewall.command("-I", rule) for rule in firewall.ENGINE_DNS_RULES[::-1]
+    ]
     assert firewall.apply_fix() == []
 
 
@@ -241,11 +299,57 @@ def test_the_dns_exception_goes_ahead_of_the_drop(iptables: Path, monkeypatch):
     monkeypatch.setattr(firewall, "docker_nameservers", lambda: ["127.0.0.1"])
     assert firewall.firewall_state().resolvers == ["127.0.0.1"]
     done = firewall.apply_fix()
-    assert len(done) == 3
-    order = rules(iptables)
-    assert order[-1] == list(firewall.RULE)  # inserted first, so now last
-    assert {tuple(r) for r in order[:2]} == set(firewall.DNS_RULES)
+    assert len(done) == 5
+    assert rules(iptables) == [
+        *map(list, firewall.ENGINE_DNS_RULES),
+        *map(list, firewall.DNS_RULES),
+        list(firewall.RULE),
+    ]
     assert firewall.firewall_state().dns_rules
+
+
+def test_an_exception_behind_the_drop_rule_is_seen_and_moved_ahead(iptables: Path):
+    # As an older `doctor --fix` leaves it when it inserts the drop rule after them.
+    iptables.write_text(json.dumps([list(firewall.RULE), *map(list, firewall.ENGINE_DNS_RULES)]))
+    state = firewall.firewall_state()
+    assert state.protected and not state.engine_dns
+    assert state.behind == [firewall.command("-I", r) for r in firewall.ENGINE_DNS_RULES]
+    row = checks.firewall_checks(state, facts(), podman=True)[1]
+    assert row.status == "fail" and "listed after the drop rule" in row.detail
+    done = firewall.apply_fix()
+    assert done == [
+        *(firewall.command("-D", r) for r in firewall.ENGINE_DNS_RULES),
+        *(firewall.command("-I", r) for r in firewall.ENGINE_DNS_RULES[::-1]),
+    ]
+    assert rules(iptables) == APPLIED
+    assert firewall.firewall_state().engine_dns and firewall.apply_fix() == []
+
+
+def test_rules_are_found_in_iptables_own_listing():
+    """``iptables -S`` adds ``-m udp`` and lists ctstates its own way."""
+    listed = {
+        "drop": "-i oeg-+ -m conntrack ! --ctstate RELATED,ESTABLISHED -j DROP",
+        "udp": "-i oeg-podman -p udp -m udp --dport 53 -m addrtype --dst-type LOCAL "
+        "--limit-iface-in -j ACCEPT",
+        "wider": "-i oeg-podman -p udp -m udp --dport 53 -j ACCEPT",
+    }
+    words = {key: ["INPUT", *line.split()] for key, line in listed.items()}
+    assert firewall._lists(firewall.RULE, words["drop"])
+    assert firewall._lists(firewall.PLAIN_RULE, words["drop"])  # a drop either way
+    assert firewall._lists(firewall.ENGINE_DNS_RULES[0], words["udp"])
+    assert not firewall._lists(firewall.ENGINE_DNS_RULES[1], words["udp"])  # tcp
+    assert not firewall._lists(firewall.ENGINE_DNS_RULES[0], words["wider"])
+
+
+def test_engine_setup_firewall_applies_it_once_through_the_command_line(iptables: Path):
+    from orchestrator.cli.engine import engine
+
+    first = CliRunner().invoke(engine, ["setup", "--firewall", "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["firewall"][0] == firewall.command("-I", firewall.RULE)
+    again = CliRunner().invoke(engine, ["setup", "--firewall"])
+    assert again.exit_code == 0 and "already in place" in again.stderr
+    assert rules(iptables) == APPLIED
 
 
 def test_not_root_checks_nothing_and_warns_nothing(monkeypatch):
