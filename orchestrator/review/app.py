@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from orchestrator.audit.timeutil import parse_time
 from orchestrator.config import load_project
@@ -44,7 +44,7 @@ from orchestrator.review.changes import (
     finding_line,
     side_by_side,
 )
-from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
+from orchestrator.review.guard import MINTED_FOR, RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
 from orchestrator.runtime.host_folders import open_audit
 from orchestrator.staging import ChangeSet, ChangeStore, record_change
@@ -102,7 +102,9 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
     env = _environment()
 
     def page(name: str, code: int = 200, **context: Any) -> HTMLResponse:
-        html = env.get_template(name).render(csrf=keys.csrf, project=str(project.root), **context)
+        html = env.get_template(name).render(
+            csrf=keys.csrf, base=keys.base, project=str(project.root), **context
+        )
         return HTMLResponse(html, status_code=code)
 
     def problem(message: str, code: int = 409) -> HTMLResponse:
@@ -382,6 +384,12 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         )
         return page("answered.html", message=f"session {session_id} stopped; {removed}")
 
+    async def another(request: Request) -> Response:
+        """Another browser: a fresh single-use address, made only when asked (a POST)."""
+        if request.method == "POST":
+            return page("another.html", url=keys.url(keys.mint()), minutes=int(MINTED_FOR // 60))
+        return page("another.html", url=None, minutes=int(MINTED_FOR // 60))
+
     async def style(request: Request) -> Response:
         return Response(_STYLE.read_bytes(), media_type="text/css")
 
@@ -397,10 +405,11 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/approvals/{session_id}/{request_id}", answer, methods=["POST"]),
         Route("/sessions", sessions_page),
         Route("/sessions/{session_id}/stop", stop, methods=["POST"]),
+        Route("/another", another, methods=["GET", "POST"]),
         Route("/static/style.css", style),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
-    return guard(Starlette(routes=routes), keys)
+    return guard(Starlette(routes=[Mount(keys.base, routes=routes)]), keys)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import ssl
@@ -28,11 +29,13 @@ def serve(
     listen: str = LOOPBACK,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
-    announce: Callable[[str], None],
+    announce: Callable[[str, str], None],
 ) -> None:
     """Serve the console for ``project_dir`` on ``listen:port`` (0: any free port) until
-    interrupted. ``announce`` gets the address to open, token included, once listening.
-    Any address but :data:`LOOPBACK` needs ``tls_cert`` and ``tls_key`` (HTTPS)."""
+    interrupted. ``announce`` gets, once listening, the address to open (its single-use
+    token included) and the ``file://`` address of the forward file that logs a browser
+    in without that token on its command line (:mod:`orchestrator.review.opener`). Any
+    address but :data:`LOOPBACK` needs ``tls_cert`` and ``tls_key`` (HTTPS)."""
     if (tls_cert is None) != (tls_key is None):
         raise ReviewError("--tls-cert and --tls-key go together: give both, or neither")
     tls = tls_cert is not None and tls_key is not None
@@ -50,6 +53,7 @@ def serve(
 
         from orchestrator.review.app import make_app
         from orchestrator.review.guard import Secrets
+        from orchestrator.review.opener import ForwardFile
     except ImportError as exc:
         raise ReviewError(
             f"the review console needs the 'review' extra ({exc.name} is missing): "
@@ -66,22 +70,23 @@ def serve(
             f"--port {port}: cannot listen on {listen}:{port} ({exc.strerror}); "
             "pick another port or leave --port out"
         ) from None
-    keys = Secrets(port=sock.getsockname()[1], address=listen, tls=tls)
-    app = make_app(project_dir, keys)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        ssl_certfile=str(tls_cert) if tls_cert is not None else None,
-        ssl_keyfile=str(tls_key) if tls_key is not None else None,
-    )
-    server = uvicorn.Server(config)
-    announce(keys.url())
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(sock.close)
+        keys = Secrets(sock.getsockname()[1], address=listen, tls=tls)
+        app = make_app(project_dir, keys)
+        forward = stack.enter_context(ForwardFile(keys.login, keys.token))
+        keys.on_first_login = forward.remove  # the file holds the token: gone once spent
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ssl_certfile=str(tls_cert) if tls_cert is not None else None,
+            ssl_keyfile=str(tls_key) if tls_key is not None else None,
+        )
+        server = uvicorn.Server(config)
+        announce(keys.url(), forward.uri)
         server.run(sockets=[sock])
-    finally:
-        sock.close()
 
 
 def _family(listen: str) -> socket.AddressFamily:
