@@ -5,6 +5,7 @@ tests/integration/test_review_browser.py."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from starlette.testclient import TestClient
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.review.app import make_app
-from orchestrator.review.guard import Secrets
+from orchestrator.review.guard import LOGIN_CSP, Secrets
 from orchestrator.staging import ChangeStore
 from tests.conftest import stop
 from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
@@ -48,12 +49,14 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def client(root: Path, keys: Secrets | None = None, *, login: bool = True) -> TestClient:
-    keys = keys or Secrets(port=PORT)
-    web = TestClient(make_app(root, keys), base_url=f"http://127.0.0.1:{PORT}")
+    """A client of the console whose relative paths are under its prefix (``/audit`` is
+    ``/PREFIX/audit``), logged in with the printed token unless ``login`` is false."""
+    keys = keys or Secrets(PORT)
+    web = TestClient(make_app(root, keys), base_url=f"http://127.0.0.1:{PORT}{keys.base}/")
     web.keys = keys  # type: ignore[attr-defined]
     if login:
         answer = web.get(f"/?token={keys.token}", follow_redirects=False)
-        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        assert answer.status_code == 200 and f'url={keys.base}/"' in answer.text
     return web
 
 
@@ -62,28 +65,142 @@ def audit_ops(root: Path, operation: str | None = None) -> list[str]:
     return [e.operation for e in log.query(AuditFilter(operation=operation))]
 
 
-def test_the_token_is_required_then_kept_in_a_strict_http_only_cookie(project) -> None:
+def test_the_token_is_spent_for_a_session_cookie_scoped_to_the_prefix(project) -> None:
     root, _, stage = project
     stage({"notes.md": b"hello\n"})
     web = client(root, login=False)
+    keys = web.keys
     for path in ("/", "/audit", "/static/style.css", "/nowhere"):
         refused = web.get(path)
         assert refused.status_code == 403, path
         assert "Content-Security-Policy" in refused.headers
     assert web.get("/?token=wrong").status_code == 403
-    web.cookies.set(web.keys.cookie, "wrong")
+    web.cookies.set(keys.cookie, "wrong")
     assert web.get("/").status_code == 403
     web.cookies.clear()
-    first = web.get(f"/?token={web.keys.token}&status=pending", follow_redirects=False)
-    assert first.status_code == 303 and first.headers["location"] == "/?status=pending"
-    cookie = first.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+    first = web.get(f"/?token={keys.token}&status=pending", follow_redirects=False)
+    assert first.status_code == 200
+    # the page goes on without the token (a refresh: a same-site navigation, which
+    # carries a SameSite=Strict cookie where a redirect after a cross-site POST would not)
+    assert f'<meta http-equiv="refresh" content="0; url={keys.base}/?status=pending">' in (
+        first.text
+    )
+    assert keys.token not in first.text
+    assert first.headers["content-security-policy"] == LOGIN_CSP
+    header = first.headers["set-cookie"]
+    name, _, rest = header.partition("=")
+    session = rest.split(";", 1)[0]
+    assert name == keys.cookie and session != keys.token and len(session) >= 43
+    attributes = [a.strip().lower() for a in header.split(";")[1:]]
+    assert "httponly" in attributes and "samesite=strict" in attributes
+    assert f"path={keys.base}/" in attributes and "secure" not in attributes
     page = web.get("/")
     assert page.status_code == 200 and "notes.md" not in page.text  # list: no file names
-    # another start of the console has another token: the old cookie is worth nothing
-    other = client(root, Secrets(port=PORT), login=False)
-    other.cookies.set(other.keys.cookie, web.keys.token)
+    # the token worked once: again (in this browser or another) it is refused
+    again = client(root, keys, login=False).get(f"/?token={keys.token}")
+    assert again.status_code == 403 and "used already" in again.text
+    # the cookie is no token: the token as the cookie (as before) is refused
+    stale = client(root, keys, login=False)
+    stale.cookies.set(keys.cookie, keys.token)
+    assert stale.get("/").status_code == 403
+    # another start of the console has other sessions: an old cookie is worth nothing
+    other = client(root, Secrets(PORT), login=False)
+    other.cookies.set(other.keys.cookie, session)
     assert other.get("/").status_code == 403
+
+
+def test_only_the_prefix_is_answered(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    keys = web.keys
+    origin = f"http://127.0.0.1:{PORT}"
+    for path in ("/", "/audit", "/static/style.css", f"/{'0' * 32}/", f"{keys.base}x/"):
+        answer = web.get(origin + path)
+        assert answer.status_code == 404, path
+        assert keys.prefix not in answer.text and "Content-Security-Policy" in answer.headers
+    bare = web.get(origin + keys.base + "?status=pending", follow_redirects=False)
+    assert bare.status_code == 303 and bare.headers["location"] == f"{keys.base}/?status=pending"
+    page = web.get("/")
+    assert page.status_code == 200
+    # every link, form and the stylesheet are under the prefix
+    for link in re.findall(r'(?:href|action)="([^"?#]+)', page.text):
+        assert link.startswith(f"{keys.base}/"), link
+
+
+def test_the_forward_files_post_logs_in_once_and_removes_it(project) -> None:
+    root, _, _ = project
+    keys = Secrets(PORT)
+    gone: list[bool] = []
+    keys.on_first_login = lambda: gone.append(True)
+    web = client(root, keys, login=False)
+    assert web.post("/login", data={"token": "wrong"}).status_code == 403
+    foreign = web.post(
+        "/login", data={"token": keys.token}, headers={"origin": "http://evil.example"}
+    )
+    assert foreign.status_code == 403 and gone == []
+    done = web.post("/login", data={"token": keys.token}, headers={"origin": "null"})
+    assert done.status_code == 200 and f'url={keys.base}/"' in done.text and gone == [True]
+    assert web.get("/").status_code == 200
+    late = client(root, keys, login=False)
+    assert late.post("/login", data={"token": keys.token}).status_code == 403
+    assert late.get("/").status_code == 403 and gone == [True]
+
+
+def test_another_browser_gets_a_fresh_single_use_address(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    keys = web.keys
+    shown = web.get("/another").text
+    assert "?token=" not in shown and 'name="csrf"' in shown
+    assert web.post("/another", data={}).status_code == 403  # no CSRF token: no address
+    made = web.post("/another", data={"csrf": keys.csrf})
+    assert made.status_code == 200
+    [url] = re.findall(r'<pre class="address">([^<]+)</pre>', made.text)
+    assert url.startswith(f"http://127.0.0.1:{PORT}{keys.base}/?token=")
+    token = url.split("token=", 1)[1]
+    assert token != keys.token
+    other = client(root, keys, login=False)
+    assert other.get(f"/?token={token}").status_code == 200
+    assert other.get("/").status_code == 200
+    assert client(root, keys, login=False).get(f"/?token={token}").status_code == 403
+    assert client(root, login=False).get("/another").status_code == 403
+
+
+def test_a_minted_token_expires(project, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.review.guard as guard_module
+
+    root, _, _ = project
+    keys = Secrets(PORT)
+    token = keys.mint()
+    later = guard_module.time.monotonic() + guard_module.MINTED_FOR + 1
+    monkeypatch.setattr(guard_module.time, "monotonic", lambda: later)
+    assert client(root, keys, login=False).get(f"/?token={token}").status_code == 403
+    # the printed token does not expire
+    assert client(root, keys, login=False).get(f"/?token={keys.token}").status_code == 200
+
+
+def test_the_forward_file_is_private_holds_the_token_and_goes(tmp_path, monkeypatch) -> None:
+    import stat
+
+    from orchestrator.review.opener import ForwardFile
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    keys = Secrets(PORT)
+    with ForwardFile(keys.login, keys.token) as forward:
+        assert forward.folder.parent == tmp_path
+        assert stat.S_IMODE(forward.folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE(forward.path.stat().st_mode) == 0o600
+        assert forward.uri == forward.path.as_uri() and keys.token not in forward.uri
+        text = forward.path.read_text()
+        assert f'<form method="post" action="{keys.login}">' in text
+        assert f'name="token" value="{keys.token}"' in text
+        forward.remove()
+        assert not forward.folder.exists()
+        forward.remove()  # once is enough; again is nothing
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/not/used")
+    with ForwardFile(keys.login, keys.token) as forward:
+        assert forward.path.is_file() and not str(forward.folder).startswith("relative")
+    assert not forward.folder.exists()
 
 
 def test_every_answer_carries_the_strict_headers(project) -> None:
@@ -285,7 +402,7 @@ def test_a_raw_file_is_only_ever_a_download(project) -> None:
     change_id = stage({"page.html": b"<script>window.__pwned=1</script>\n"})
     web = client(root)
     page = web.get(f"/changes/{change_id}").text
-    assert f'href="/changes/{change_id}/raw/0"' in page
+    assert f'href="{web.keys.base}/changes/{change_id}/raw/0"' in page
     answer = web.get(f"/changes/{change_id}/raw/0")
     assert answer.status_code == 200
     assert answer.content == b"<script>window.__pwned=1</script>\n"
@@ -383,6 +500,7 @@ def test_tls_options_are_checked_in_one_line(project, tmp_path: Path) -> None:
 def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_path: Path) -> None:
     import http.client
     import ssl
+    import urllib.parse
 
     root, _, _ = project
     cert, key = self_signed(tmp_path, "127.0.0.2")
@@ -394,21 +512,21 @@ def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_pa
     try:
         line = process.stdout.readline() if process.stdout else ""
         assert line.startswith("review console: https://127.0.0.2:"), line
-        url = line.removeprefix("review console: ").strip()
-        port = int(url.split(":")[2].split("/")[0])
+        url = urllib.parse.urlsplit(line.removeprefix("review console: ").strip())
+        port, home = url.port, url.path
         context = ssl.create_default_context(cafile=str(cert))
         web = http.client.HTTPSConnection("127.0.0.2", port, context=context, timeout=30)
-        web.request("GET", "/?" + url.split("?", 1)[1])
+        web.request("GET", f"{home}?{url.query}")
         login = web.getresponse()
         login.read()
-        assert login.status == 303
+        assert login.status == 200
         cookie_header = login.getheader("set-cookie", "")
         assert "secure" in cookie_header.lower() and "httponly" in cookie_header.lower()
         cookie = cookie_header.split(";", 1)[0]
-        web.request("GET", "/", headers={"Cookie": cookie})
+        web.request("GET", home, headers={"Cookie": cookie})
         page = web.getresponse()
         assert page.status == 200 and "Change sets" in page.read().decode()
-        web.request("GET", "/", headers={"Cookie": cookie, "Host": f"127.0.0.1:{port}"})
+        web.request("GET", home, headers={"Cookie": cookie, "Host": f"127.0.0.1:{port}"})
         wrong = web.getresponse()
         assert wrong.status == 421 and b"127.0.0.2:" in wrong.read()
         web.close()
@@ -595,7 +713,7 @@ def test_live_sessions_and_their_calls_are_shown_as_inert_text(project) -> None:
             assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
             assert "\\x1b[2J" in html and "\\u202e" in html
         approvals = web.get("/approvals").text
-        assert 'action="/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
+        assert f'action="{web.keys.base}/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
     finally:
         owner.close()
 
