@@ -34,6 +34,8 @@ from orchestrator.audit.timeutil import parse_time
 from orchestrator.config import load_project
 from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
+from orchestrator.review.arguments import PREVIEW_CHARS, flatten, preview
+from orchestrator.review.arguments import page_of as args_page_of
 from orchestrator.review.changes import (
     FINDINGS,
     DiffLine,
@@ -45,7 +47,7 @@ from orchestrator.review.changes import (
     side_by_side,
 )
 from orchestrator.review.guard import MINTED_FOR, RAW_CSP, ASGIApp, Secrets, guard
-from orchestrator.review.live import answer_approval, live_sessions, stop_session
+from orchestrator.review.live import answer_approval, live_sessions, stop_session, waiting_call
 from orchestrator.runtime.host_folders import open_audit
 from orchestrator.staging import ChangeSet, ChangeStore, record_change
 
@@ -70,14 +72,10 @@ def _finalize(value: Any) -> Any:
     return escape(value)
 
 
-#: At most this many characters of a tool call's arguments are shown (a write's content).
-ARGS_SHOWN = 4000
-
-
-def _clip(text: str) -> str:
-    if len(text) <= ARGS_SHOWN:
-        return text
-    return f"{text[:ARGS_SHOWN]}… ({len(text) - ARGS_SHOWN} more characters not shown)"
+def _as_text(value: str) -> Shown:
+    """A waiting call's argument as the text it is: line breaks and tabs kept, every other
+    character that could hide or reorder text escaped (and a backslash doubled), once."""
+    return Shown(escape(value, keep="\t\n"))
 
 
 def _environment() -> Environment:
@@ -89,7 +87,8 @@ def _environment() -> Environment:
     )
     env.filters["shown"] = Shown
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
-    env.filters["clip"] = _clip
+    env.filters["as_text"] = _as_text
+    env.filters["thousands"] = lambda number: f"{number:,}"
     env.globals["finding_line"] = finding_line
     env.globals["side_by_side"] = side_by_side
     return env
@@ -335,7 +334,38 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             sessions = await run_in_threadpool(live_sessions, project)
         except OrchestratorError as exc:
             return problem(str(exc), 500)
-        return page("approvals.html", sessions=sessions)
+        shown = {
+            (s.id, str(p.get("id"))): preview(flatten(p.get("args")))
+            for s in sessions
+            for p in s.pending
+        }
+        return page("approvals.html", sessions=sessions, shown=shown, preview_chars=PREVIEW_CHARS)
+
+    async def waiting(request: Request) -> Response:
+        """One waiting call, its arguments whole (paged), and the decision."""
+        try:
+            number = int(request.query_params.get("page") or 1)
+        except ValueError:
+            number = 0
+        if number < 1:
+            return problem("page: give a page number, 1 or more", 400)
+        session_id = request.path_params["session_id"]
+        request_id = request.path_params["request_id"]
+        try:
+            info, call = await run_in_threadpool(waiting_call, project, session_id, request_id)
+        except OrchestratorError as exc:
+            return problem(str(exc), 404)
+        values = flatten(call.get("args"))
+        size = len(json.dumps(call.get("args"), ensure_ascii=False).encode("utf-8", "replace"))
+        return page(
+            "call.html",
+            session_id=session_id,
+            info=info,
+            call=call,
+            values=values,
+            size=size,
+            paged=args_page_of(values, number),
+        )
 
     async def answer(request: Request) -> Response:
         action = form(request, "action")
@@ -402,6 +432,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/changes/{change_id}/reject", reject, methods=["POST"]),
         Route("/audit", audit_page),
         Route("/approvals", approvals),
+        Route("/approvals/{session_id}/{request_id}", waiting, methods=["GET"]),
         Route("/approvals/{session_id}/{request_id}", answer, methods=["POST"]),
         Route("/sessions", sessions_page),
         Route("/sessions/{session_id}/stop", stop, methods=["POST"]),

