@@ -305,6 +305,8 @@ async def _refusal(request: Request, keys: Secrets) -> Response | None:
         answered = " or ".join(sorted(keys.hosts))
         return _refuse(f"refused: wrong Host header (this console answers {answered} only)", 421)
     path = request.url.path
+    if path == "/favicon.ico":  # asked by browsers at the root, where no cookie goes
+        return Response(status_code=204)
     first, slash, _ = path[1:].partition("/")
     if not _same(first, keys.prefix):
         return _refuse("not found", 404)  # says nothing of the prefix

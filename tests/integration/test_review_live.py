@@ -24,7 +24,13 @@ from orchestrator import labels
 from orchestrator.audit import AuditFilter, AuditLog
 from tests.integration import test_review_browser as browsing
 from tests.integration.conftest import alive, cli, wait_until
-from tests.integration.test_review_browser import assert_nothing_ran, base_of, console_for, shot
+from tests.integration.test_review_browser import (
+    assert_nothing_ran,
+    base_of,
+    console_for,
+    login,
+    shot,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -112,7 +118,7 @@ def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
     name = f'/notes/"><img src="{canary.base}/name" onerror="window.__pwned=1">.md'
     content = '<script>window.__pwned=1</script><svg onload="alert(1)"></svg>\u202eevil'
     with console_for(root) as url:
-        browser.get(url)
+        login(browser, url)
         browser.get(f"{base_of(url)}/approvals")
         assert "No call is waiting" in browser.find_element(By.TAG_NAME, "main").text
 

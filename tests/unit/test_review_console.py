@@ -118,6 +118,7 @@ def test_only_the_prefix_is_answered(project) -> None:
         answer = web.get(origin + path)
         assert answer.status_code == 404, path
         assert keys.prefix not in answer.text and "Content-Security-Policy" in answer.headers
+    assert web.get(origin + "/favicon.ico").status_code == 204  # browsers ask at the root
     bare = web.get(origin + keys.base + "?status=pending", follow_redirects=False)
     assert bare.status_code == 303 and bare.headers["location"] == f"{keys.base}/?status=pending"
     page = web.get("/")
