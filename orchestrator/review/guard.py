@@ -110,6 +110,8 @@ class Secrets:
         self.token = secrets.token_urlsafe(32)
         """The printed token: logs one browser in, once."""
         self.csrf = secrets.token_urlsafe(32)
+        self.clock: Callable[[], float] = time.monotonic
+        """When minted tokens expire is measured on this clock."""
         self.on_first_login: Callable[[], None] | None = None
         """Called once, when the printed token is spent (the forward file is removed)."""
         self._lock = threading.Lock()
@@ -168,7 +170,7 @@ class Secrets:
         """A new single-use token for another browser, good for :data:`MINTED_FOR` s."""
         token = secrets.token_urlsafe(32)
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             self._tokens = {t: end for t, end in self._tokens.items() if end > now}
             minted = [t for t, end in self._tokens.items() if end != float("inf")]
             for old in minted[: max(0, len(minted) - _MAX_MINTED + 1)]:
@@ -184,7 +186,7 @@ class Secrets:
             if found is None:
                 return None
             ends = self._tokens.pop(found)
-            if ends <= time.monotonic():
+            if ends <= self.clock():
                 return None
             session = secrets.token_urlsafe(32)
             self._sessions.add(session)

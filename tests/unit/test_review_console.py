@@ -167,17 +167,25 @@ def test_another_browser_gets_a_fresh_single_use_address(project) -> None:
     assert client(root, login=False).get("/another").status_code == 403
 
 
-def test_a_minted_token_expires(project, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.review.guard as guard_module
+def test_a_minted_token_expires(project) -> None:
+    from orchestrator.review.guard import MINTED_FOR
 
     root, _, _ = project
     keys = Secrets(PORT)
-    token = keys.mint()
-    later = guard_module.time.monotonic() + guard_module.MINTED_FOR + 1
-    monkeypatch.setattr(guard_module.time, "monotonic", lambda: later)
-    assert client(root, keys, login=False).get(f"/?token={token}").status_code == 403
+    now = [1000.0]
+    keys.clock = lambda: now[0]
+    late, soon = keys.mint(), keys.mint()
+    now[0] += MINTED_FOR - 1
+    assert client(root, keys, login=False).get(f"/?token={soon}").status_code == 200
+    now[0] += 2
+    assert client(root, keys, login=False).get(f"/?token={late}").status_code == 403
     # the printed token does not expire
     assert client(root, keys, login=False).get(f"/?token={keys.token}").status_code == 200
+    # at most 16 minted tokens wait at once: the oldest go first
+    oldest = keys.mint()
+    newest = [keys.mint() for _ in range(16)]
+    assert client(root, keys, login=False).get(f"/?token={oldest}").status_code == 403
+    assert client(root, keys, login=False).get(f"/?token={newest[0]}").status_code == 200
 
 
 def test_the_forward_file_is_private_holds_the_token_and_goes(tmp_path, monkeypatch) -> None:
