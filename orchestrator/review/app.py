@@ -286,7 +286,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             return problem(str(exc), 400)
         try:
             with open_audit(project) as audit:
-                entries, verified = audit_entries(
+                entries, clipped, verified = audit_entries(
                     audit, run=run, operation=operation, since=since, until=until
                 )
         except OrchestratorError as exc:
@@ -294,6 +294,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         return page(
             "audit.html",
             entries=entries,
+            entries_clipped=clipped,
             verified=verified,
             run=run,
             operation=operation,

@@ -758,7 +758,7 @@ def waiting_owner(root: Path, args: object, session_id: str = "s1") -> FakeOwner
             "id": "req1",
             "tool": "write",
             "args": args,
-            "description": "write to /notes/a.sh",
+            "description": f"write to {args['path'] if isinstance(args, dict) else '?'}",
             "asked_at": "2026-01-01T00:00:00+00:00",
         }
     ]
@@ -848,3 +848,32 @@ def test_arguments_are_flattened_with_their_places_and_sizes() -> None:
     assert paged.pages == 1 and [p.value.name for p in paged.parts] == ["a", "b"]
     last = page_of(values, 9, size=5)  # 13 characters: page 9 is the last, 3
     assert (last.number, [p.value.name for p in last.parts]) == (3, ['"x y"', "o"])
+
+
+def test_what_a_page_leaves_out_is_said(project) -> None:
+    from orchestrator.review.changes import AUDIT_LIMIT
+
+    root, _, stage = project
+    long_first = stage({"a.md": b"a\n"}, message="x" * 81)
+    two_lines = stage({"b.md": b"b\n"}, message="first\n\nsecond")
+    short = stage({"c.md": b"c\n"}, message="short")
+    web = client(root)
+    rows = {
+        change_id: row
+        for row in web.get("/").text.split("<tr>")
+        for change_id in (long_first, two_lines, short)
+        if change_id[:12] in row
+    }
+    assert (
+        "x" * 80 + '<span class="clipped"' in rows[long_first] and "x" * 81 not in rows[long_first]
+    )
+    assert 'first<span class="clipped"' in rows[two_lines]
+    assert 'class="clipped"' not in rows[short]
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    for number in range(AUDIT_LIMIT):
+        log.record("run.started", run_id=f"run-{number}")
+    assert "CLIPPED" not in web.get("/audit?operation=run.*").text
+    log.record("run.started", run_id="run-last")
+    page = web.get("/audit?operation=run.*").text
+    assert f"CLIPPED: only the most recent {AUDIT_LIMIT} entries are shown" in page
+    assert "run-last" in page and ">run-0<" not in page
