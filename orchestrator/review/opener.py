@@ -36,16 +36,28 @@ _PAGE = """<!doctype html>
 """
 
 
+def _private_folder(parents: list[str | None]) -> Path:
+    """A new folder of a random name, mode 0700, in the first of ``parents`` that takes
+    one (None: the system's temporary folder): mkdtemp makes it or fails, so nobody else
+    can have put anything in it. Raises the last OSError when none does."""
+    failed: OSError | None = None
+    for parent in parents:
+        try:
+            return Path(tempfile.mkdtemp(prefix="orchestrator-review-", dir=parent))
+        except OSError as exc:
+            failed = exc
+    assert failed is not None
+    raise failed
+
+
 class ForwardFile:
     """The forward file of one console start (see the module's docstring); removed by
     :meth:`remove` (idempotent) or on leaving the ``with`` block."""
 
     def __init__(self, login: str, token: str) -> None:
         runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-        parent = runtime if os.path.isabs(runtime) and os.path.isdir(runtime) else None
-        # mkdtemp makes a new folder of a random name, mode 0700, or fails: nobody else
-        # can have put anything in it
-        self.folder = Path(tempfile.mkdtemp(prefix="orchestrator-review-", dir=parent))
+        parents = [runtime] if os.path.isabs(runtime) and os.path.isdir(runtime) else []
+        self.folder = _private_folder([*parents, None])
         self.path = self.folder / "open.html"
         self._lock = threading.Lock()
         self._removed = False

@@ -74,7 +74,14 @@ def serve(
         stack.callback(sock.close)
         keys = Secrets(sock.getsockname()[1], address=listen, tls=tls)
         app = make_app(project_dir, keys)
-        forward = stack.enter_context(ForwardFile(keys.login, keys.token))
+        try:
+            forward = stack.enter_context(ForwardFile(keys.login, keys.token))
+        except OSError as exc:
+            where = exc.filename or "a new folder"
+            raise ReviewError(
+                f"cannot write the file that opens the browser ({where}: {exc.strerror}); "
+                "set XDG_RUNTIME_DIR or TMPDIR to a folder you can write"
+            ) from None
         keys.on_first_login = forward.remove  # the file holds the token: gone once spent
         config = uvicorn.Config(
             app,

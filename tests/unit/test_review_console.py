@@ -877,3 +877,23 @@ def test_what_a_page_leaves_out_is_said(project) -> None:
     page = web.get("/audit?operation=run.*").text
     assert f"CLIPPED: only the most recent {AUDIT_LIMIT} entries are shown" in page
     assert "run-last" in page and ">run-0<" not in page
+
+
+def test_a_forward_file_that_cannot_be_written_is_one_line(project, monkeypatch) -> None:
+    import orchestrator.review.opener as opener
+    from orchestrator.review.server import ReviewError, serve
+
+    root, _, _ = project
+
+    def refused(**kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", "/run/user/7/orchestrator-review-x")
+
+    monkeypatch.setattr(opener.tempfile, "mkdtemp", refused)
+    announced: list[str] = []
+    with pytest.raises(ReviewError) as failed:
+        serve(root, announce=lambda url, forward: announced.append(url))
+    assert str(failed.value) == (
+        "cannot write the file that opens the browser (/run/user/7/orchestrator-review-x: "
+        "Permission denied); set XDG_RUNTIME_DIR or TMPDIR to a folder you can write"
+    )
+    assert announced == []
