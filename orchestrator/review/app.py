@@ -335,12 +335,8 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             sessions = await run_in_threadpool(live_sessions, project)
         except OrchestratorError as exc:
             return problem(str(exc), 500)
-        shown = {
-            (s.id, str(p.get("id"))): preview(flatten(p.get("args")))
-            for s in sessions
-            for p in s.pending
-        }
-        return page("approvals.html", sessions=sessions, shown=shown, preview_chars=PREVIEW_CHARS)
+        calls = [(s, p, preview(flatten(p.get("args")))) for s in sessions for p in s.pending]
+        return page("approvals.html", sessions=sessions, calls=calls, preview_chars=PREVIEW_CHARS)
 
     async def waiting(request: Request) -> Response:
         """One waiting call, its arguments whole (paged), and the decision."""
