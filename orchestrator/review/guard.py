@@ -116,7 +116,7 @@ class Secrets:
         """Called once, when the printed token is spent (the forward file is removed)."""
         self._lock = threading.Lock()
         self._tokens: dict[str, float] = {self.token: float("inf")}
-        """Unspent tokens -> when they expire (monotonic)."""
+        """Unspent tokens -> when they expire (on :attr:`clock`; the printed one never)."""
         self._sessions: set[str] = set()
 
     @property
