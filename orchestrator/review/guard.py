@@ -311,7 +311,11 @@ async def _refusal(request: Request, keys: Secrets) -> Response | None:
         return Response(status_code=204)
     first, slash, _ = path[1:].partition("/")
     if not _same(first, keys.prefix):
-        return _refuse("not found", 404)  # says nothing of the prefix
+        return _refuse(  # says nothing of the prefix
+            "not found: the console's address changes at each start; open the one "
+            "orchestrator review printed",
+            404,
+        )
     if not slash:  # /PREFIX: the cookie's path is /PREFIX/
         query = request.url.query
         return RedirectResponse(f"{keys.base}/" + (f"?{query}" if query else ""), 303)
