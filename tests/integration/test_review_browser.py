@@ -511,6 +511,8 @@ def test_the_browser_opened_by_the_console_keeps_token_and_cookie_to_the_console
         if driver is not None:
             with contextlib.suppress(Exception):
                 driver.quit()
+        if not browser_pid and pid_file.is_file() and pid_file.read_text().strip():
+            browser_pid = int(pid_file.read_text())
         if browser_pid and alive(browser_pid):
             os.kill(browser_pid, signal.SIGKILL)
         stop(process)
