@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
+import signal
 import socket
 import ssl
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
@@ -70,7 +73,7 @@ def serve(
             f"--port {port}: cannot listen on {listen}:{port} ({exc.strerror}); "
             "pick another port or leave --port out"
         ) from None
-    with contextlib.ExitStack() as stack:
+    with _cleaned_up_on_sigterm(), contextlib.ExitStack() as stack:
         stack.callback(sock.close)
         keys = Secrets(sock.getsockname()[1], address=listen, tls=tls)
         app = make_app(project_dir, keys)
@@ -94,6 +97,35 @@ def serve(
         server = uvicorn.Server(config)
         announce(keys.url(), forward.uri)
         server.run(sockets=[sock])
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised once uvicorn has shut down, so that the forward file goes too."""
+
+
+@contextlib.contextmanager
+def _cleaned_up_on_sigterm() -> Iterator[None]:
+    """Run the block with SIGTERM raising :class:`_Terminated`: uvicorn shuts down on it,
+    then raises it again with the handler it found, and the default one would end the
+    process before the block's clean-up (the forward file's removal). Once the block is
+    left, the process ends by SIGTERM as it would have."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # should the signal not end it
+    finally:
+        if signal.getsignal(signal.SIGTERM) is terminated:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _family(listen: str) -> socket.AddressFamily:

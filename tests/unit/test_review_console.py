@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -897,3 +898,33 @@ def test_a_forward_file_that_cannot_be_written_is_one_line(project, monkeypatch)
         "Permission denied); set XDG_RUNTIME_DIR or TMPDIR to a folder you can write"
     )
     assert announced == []
+
+
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT])
+def test_the_forward_file_goes_when_the_console_is_stopped(
+    project, tmp_path: Path, sent: signal.Signals
+) -> None:
+    import os
+
+    root, _, _ = project
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+    try:
+        assert process.stdout is not None
+        process.stdout.readline()
+        forward = Path(process.stdout.readline().split()[2].removeprefix("file://"))
+        assert forward.is_file() and forward.parent.parent == runtime
+        process.send_signal(sent)
+        process.wait(timeout=30)
+    finally:
+        stop(process)
+    assert list(runtime.iterdir()) == []
+    # SIGTERM ends it as SIGTERM does; Ctrl-C as the command line's interruption does
+    assert process.returncode == (-signal.SIGTERM if sent == signal.SIGTERM else 130)
