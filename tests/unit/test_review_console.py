@@ -4,6 +4,7 @@ tests/integration/test_review_browser.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -691,7 +692,8 @@ class FakeOwner:
                 }
             ],
         }
-        threading.Thread(target=self.serve, daemon=True).start()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
 
     def serve(self) -> None:
         while True:
@@ -706,6 +708,12 @@ class FakeOwner:
                 stream.flush()
 
     def close(self) -> None:
+        # shut down first: that wakes the thread's accept(); a socket only closed would
+        # leave it waiting on the descriptor's number, which the next socket made in this
+        # process reuses (another test's server, whose connections it would then take)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=30)
         self.sock.close()
 
 
