@@ -78,8 +78,9 @@ def main() -> int:
         run_scanners(change, store, scanners_for())
         render_diff(change, store, root, color=False)
         baseline = time.perf_counter() - started
-        keys = Secrets(port=48999)
-        web = TestClient(make_app(root, keys), base_url=f"http://127.0.0.1:{keys.port}")
+        keys = Secrets(48999)
+        base_url = f"http://127.0.0.1:{keys.port}{keys.base}/"  # paths below are under it
+        web = TestClient(make_app(root, keys), base_url=base_url)
         web.get(f"/?token={keys.token}")
         listed = min(timed(web, "/") for _ in range(3))
         shown = timed(web, f"/changes/{big}")  # the first view: scanners run, too

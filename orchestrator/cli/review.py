@@ -7,6 +7,7 @@ It only starts :func:`orchestrator.review.server.serve`; errors are
 
 from __future__ import annotations
 
+import threading
 import webbrowser
 from pathlib import Path
 
@@ -33,7 +34,7 @@ __all__ = ["review"]
     help="PEM certificate (chain) to serve HTTPS with.",
 )
 @click.option("--tls-key", type=click.Path(path_type=Path), help="PEM private key of --tls-cert.")
-@click.option("--no-browser", is_flag=True, help="Only print the address; open no browser.")
+@click.option("--no-browser", is_flag=True, help="Only print the addresses; open no browser.")
 @project_option
 def review(
     port: int,
@@ -45,16 +46,20 @@ def review(
 ) -> None:
     """Serve the review console for the project on 127.0.0.1 until Ctrl-C.
 
-    Prints `review console: http://127.0.0.1:PORT/?token=TOKEN`; the token is new at each
-    start and every request needs it (a cookie after the first). Another address only with
-    --tls-cert and --tls-key (then https://ADDR:PORT/).
+    Prints `review console: http://127.0.0.1:PORT/PREFIX/?token=TOKEN` and a file that
+    opens it; the browser is given the file, never the token. The token logs one browser
+    in, once; the page 'Another browser' makes a new one. Another address only with
+    --tls-cert and --tls-key (then https://ADDR:PORT/PREFIX/).
     """
     from orchestrator.review.server import serve
 
-    def announce(url: str) -> None:
+    def announce(url: str, forward: str) -> None:
         click.echo(f"review console: {url}")
+        click.echo(f"or open {forward} (the token in both works once, in one browser)")
         if not no_browser:
-            webbrowser.open(url)
+            # The file's address on the command line, not the token's; in a thread: a
+            # browser command that waits until the browser closes must not hold the server.
+            threading.Thread(target=webbrowser.open, args=(forward,), daemon=True).start()
 
     serve(
         project_dir,

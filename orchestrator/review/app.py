@@ -28,12 +28,14 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from orchestrator.audit.timeutil import parse_time
 from orchestrator.config import load_project
 from orchestrator.errors import OrchestratorError
 from orchestrator.escaping import escape
+from orchestrator.review.arguments import PREVIEW_CHARS, flatten, preview
+from orchestrator.review.arguments import page_of as args_page_of
 from orchestrator.review.changes import (
     FINDINGS,
     DiffLine,
@@ -44,8 +46,8 @@ from orchestrator.review.changes import (
     finding_line,
     side_by_side,
 )
-from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
-from orchestrator.review.live import answer_approval, live_sessions, stop_session
+from orchestrator.review.guard import MINTED_FOR, RAW_CSP, ASGIApp, Secrets, guard
+from orchestrator.review.live import answer_approval, live_sessions, stop_session, waiting_call
 from orchestrator.runtime.host_folders import open_audit
 from orchestrator.staging import ChangeSet, ChangeStore, record_change
 
@@ -70,14 +72,10 @@ def _finalize(value: Any) -> Any:
     return escape(value)
 
 
-#: At most this many characters of a tool call's arguments are shown (a write's content).
-ARGS_SHOWN = 4000
-
-
-def _clip(text: str) -> str:
-    if len(text) <= ARGS_SHOWN:
-        return text
-    return f"{text[:ARGS_SHOWN]}… ({len(text) - ARGS_SHOWN} more characters not shown)"
+def _as_text(value: str) -> Shown:
+    """A waiting call's argument as the text it is: line breaks and tabs kept, every other
+    character that could hide or reorder text escaped (and a backslash doubled), once."""
+    return Shown(escape(value, keep="\t\n"))
 
 
 def _environment() -> Environment:
@@ -89,7 +87,8 @@ def _environment() -> Environment:
     )
     env.filters["shown"] = Shown
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
-    env.filters["clip"] = _clip
+    env.filters["as_text"] = _as_text
+    env.filters["thousands"] = lambda number: f"{number:,}"
     env.globals["finding_line"] = finding_line
     env.globals["side_by_side"] = side_by_side
     return env
@@ -102,7 +101,9 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
     env = _environment()
 
     def page(name: str, code: int = 200, **context: Any) -> HTMLResponse:
-        html = env.get_template(name).render(csrf=keys.csrf, project=str(project.root), **context)
+        html = env.get_template(name).render(
+            csrf=keys.csrf, base=keys.base, project=str(project.root), **context
+        )
         return HTMLResponse(html, status_code=code)
 
     def problem(message: str, code: int = 409) -> HTMLResponse:
@@ -285,7 +286,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             return problem(str(exc), 400)
         try:
             with open_audit(project) as audit:
-                entries, verified = audit_entries(
+                entries, clipped, verified = audit_entries(
                     audit, run=run, operation=operation, since=since, until=until
                 )
         except OrchestratorError as exc:
@@ -293,6 +294,7 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         return page(
             "audit.html",
             entries=entries,
+            entries_clipped=clipped,
             verified=verified,
             run=run,
             operation=operation,
@@ -333,7 +335,34 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
             sessions = await run_in_threadpool(live_sessions, project)
         except OrchestratorError as exc:
             return problem(str(exc), 500)
-        return page("approvals.html", sessions=sessions)
+        calls = [(s, p, preview(flatten(p.get("args")))) for s in sessions for p in s.pending]
+        return page("approvals.html", sessions=sessions, calls=calls, preview_chars=PREVIEW_CHARS)
+
+    async def waiting(request: Request) -> Response:
+        """One waiting call, its arguments whole (paged), and the decision."""
+        try:
+            number = int(request.query_params.get("page") or 1)
+        except ValueError:
+            number = 0
+        if number < 1:
+            return problem("page: give a page number, 1 or more", 400)
+        session_id = request.path_params["session_id"]
+        request_id = request.path_params["request_id"]
+        try:
+            info, call = await run_in_threadpool(waiting_call, project, session_id, request_id)
+        except OrchestratorError as exc:
+            return problem(str(exc), 404)
+        values = flatten(call.get("args"))
+        size = len(json.dumps(call.get("args"), ensure_ascii=False).encode("utf-8", "replace"))
+        return page(
+            "call.html",
+            session_id=session_id,
+            info=info,
+            call=call,
+            values=values,
+            size=size,
+            paged=args_page_of(values, number),
+        )
 
     async def answer(request: Request) -> Response:
         action = form(request, "action")
@@ -382,6 +411,12 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         )
         return page("answered.html", message=f"session {session_id} stopped; {removed}")
 
+    async def another(request: Request) -> Response:
+        """Another browser: a fresh single-use address, made only when asked (a POST)."""
+        if request.method == "POST":
+            return page("another.html", url=keys.url(keys.mint()), minutes=int(MINTED_FOR // 60))
+        return page("another.html", url=None, minutes=int(MINTED_FOR // 60))
+
     async def style(request: Request) -> Response:
         return Response(_STYLE.read_bytes(), media_type="text/css")
 
@@ -394,13 +429,15 @@ def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
         Route("/changes/{change_id}/reject", reject, methods=["POST"]),
         Route("/audit", audit_page),
         Route("/approvals", approvals),
+        Route("/approvals/{session_id}/{request_id}", waiting, methods=["GET"]),
         Route("/approvals/{session_id}/{request_id}", answer, methods=["POST"]),
         Route("/sessions", sessions_page),
         Route("/sessions/{session_id}/stop", stop, methods=["POST"]),
+        Route("/another", another, methods=["GET", "POST"]),
         Route("/static/style.css", style),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon, no error
     ]
-    return guard(Starlette(routes=routes), keys)
+    return guard(Starlette(routes=[Mount(keys.base, routes=routes)]), keys)
 
 
 @dataclass(frozen=True)

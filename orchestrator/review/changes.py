@@ -102,6 +102,8 @@ class ChangeView:
     root: Path | None
     files: list[FileDiff]
     trail: list[AuditEntry] = field(default_factory=list)
+    trail_clipped: bool = False
+    """Whether older entries of the trail than :data:`AUDIT_LIMIT` were left out."""
 
 
 def target_root(project: Project, change: ChangeSet) -> Path | None:
@@ -204,9 +206,10 @@ def change_view(
     change, scans = scanned_change(project, store, change_id)
     root = target_root(project, change)
     trail: list[AuditEntry] = []
+    clipped = False
     if change.run_id or change.session_id:
-        trail = audit.query(
-            AuditFilter(run=change.run_id, session=change.session_id, limit=AUDIT_LIMIT)
+        trail, clipped = _recent(
+            audit, AuditFilter(run=change.run_id, session=change.session_id, limit=AUDIT_LIMIT + 1)
         )
     return ChangeView(
         change=change,
@@ -216,7 +219,16 @@ def change_view(
         root=root,
         files=annotated(change, diff_files(change, store, root), scans),
         trail=trail,
+        trail_clipped=clipped,
     )
+
+
+def _recent(audit: AuditLog, wanted: AuditFilter) -> tuple[list[AuditEntry], bool]:
+    """The last :data:`AUDIT_LIMIT` entries ``wanted`` (asked with one more), oldest
+    first, and whether any older one was left out."""
+    entries = audit.query(wanted)
+    clipped = len(entries) > AUDIT_LIMIT
+    return (entries[-AUDIT_LIMIT:] if clipped else entries), clipped
 
 
 #: A hunk header of a unified diff: where its lines start in the new file.
@@ -318,12 +330,13 @@ def audit_entries(
     operation: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-) -> tuple[list[AuditEntry], VerifyResult]:
-    """The most recent entries matching ``run`` and ``operation`` (``run.*`` is a prefix),
-    from ``since`` (inclusive) to ``until`` (exclusive), newest first, and the
-    verification of the whole chain."""
-    entries = audit.query(
-        AuditFilter(run=run, operation=operation, since=since, until=until, limit=AUDIT_LIMIT)
+) -> tuple[list[AuditEntry], bool, VerifyResult]:
+    """The most recent :data:`AUDIT_LIMIT` entries matching ``run`` and ``operation``
+    (``run.*`` is a prefix), from ``since`` (inclusive) to ``until`` (exclusive), newest
+    first; whether older ones were left out; the verification of the whole chain."""
+    entries, clipped = _recent(
+        audit,
+        AuditFilter(run=run, operation=operation, since=since, until=until, limit=AUDIT_LIMIT + 1),
     )
     entries.reverse()
-    return entries, audit.verify()
+    return entries, clipped, audit.verify()

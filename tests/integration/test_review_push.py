@@ -17,7 +17,13 @@ import pytest
 from orchestrator.audit import AuditFilter, AuditLog
 from tests.integration import test_review_browser as browsing
 from tests.integration.test_clearance_push import GitHTTPServer, files_holding, needs_http_backend
-from tests.integration.test_review_browser import assert_nothing_ran, base_of, shot, submit
+from tests.integration.test_review_browser import (
+    assert_nothing_ran,
+    base_of,
+    login,
+    shot,
+    submit,
+)
 from tests.unit.test_clearance_fakes import git, make_repo
 from tests.unit.test_review_console import audit_ops, client, make_project
 
@@ -195,7 +201,7 @@ def test_clear_and_push_in_the_browser(console, browser, canary, project, tmp_pa
     git(tmp_path, "init", "-q", "--bare", str(remote))
     git(root, "remote", "add", "origin", f"file://{remote}")
     change_id = stage({"report.md": b"findings\n"}, run_id="run-push")
-    browser.get(console)
+    login(browser, console)
     browser.get(f"{base_of(console)}/changes/{change_id}")
     button = browser.find_element(By.CSS_SELECTOR, 'button[value="push"]')
     assert button.text == "Clear and push to origin"

