@@ -420,12 +420,28 @@ class BuildSettings(Strict):
     """Names from the project's ``credentials`` a Dockerfile's ``RUN
     --mount=type=secret,id=NAME`` may mount (a file of mode 0400, for that one step, never
     in a layer); any other secret mount is refused."""
+    images: list[str] = []
+    """Local images a Dockerfile may name in ``FROM`` and ``COPY --from``, on top of the
+    images the orchestrator ships (``orchestrator/base``, ``worker``, ``agent``): names or
+    patterns (``debian:bookworm``, ``debian:*``, ``my-org/*``; a name without a tag
+    matches every tag). Any other image is refused; the egress and credential proxies'
+    images always are."""
 
     @field_validator("allow")
     @classmethod
     def _valid(cls, allow: list[str]) -> list[str]:
         validate_allowlist(allow)
         return allow
+
+    @field_validator("images")
+    @classmethod
+    def _patterns(cls, images: list[str]) -> list[str]:
+        for pattern in images:
+            if not pattern or any(c.isspace() for c in pattern):
+                raise ValueError(f"'{pattern}': an image name or pattern has no spaces")
+            if any(c in pattern for c in "[]!\\"):
+                raise ValueError(f"'{pattern}': only '*' and '?' are wildcards here")
+        return images
 
 
 class ProjectConfig(Strict):

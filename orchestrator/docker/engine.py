@@ -526,7 +526,9 @@ class DockerEngine(DockerClient):
         return credproxy.proxy_log(self, container_id)
 
     def list_managed(self) -> list[ManagedObject]:
-        label = {"label": labels.MANAGED}
+        # Only ``managed=true``: a container made from an image whose labels say otherwise
+        # carries this label explicitly (labels.NEUTRAL), never the image's.
+        label = {"label": f"{labels.MANAGED}=true"}
         found: list[ManagedObject] = []
         with engine_errors("listing the orchestrator's objects"):
             for c in self.api.containers(all=True, filters=label):
