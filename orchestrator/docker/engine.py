@@ -531,9 +531,18 @@ class DockerEngine(DockerClient):
         label = {"label": f"{labels.MANAGED}=true"}
         found: list[ManagedObject] = []
         with engine_errors("listing the orchestrator's objects"):
+            # Images carrying an owner (not one of the orchestrator's: its builder refuses
+            # them): a container whose owner is its image's was made by someone else.
+            owners = {
+                str(i["Id"]): _owner_of(i.get("Labels") or {})
+                for i in self.api.images(all=True, filters={"label": labels.MANAGED})
+            }
             for c in self.api.containers(all=True, filters=label):
                 name = (c.get("Names") or [""])[0].lstrip("/")
-                tags = credproxy_spares.owner_labels(name, c.get("Labels") or {})
+                given = c.get("Labels") or {}
+                if owners.get(str(c.get("ImageID") or "")) == _owner_of(given):
+                    continue
+                tags = credproxy_spares.owner_labels(name, given)
                 found.append(ManagedObject("container", c["Id"], name, tags))
             # Build steps' containers carry no labels (they would pass into the image):
             # their names say who owns them (docker/build.py).
@@ -567,3 +576,9 @@ class DockerEngine(DockerClient):
                 if "already in progress" not in str(exc.explanation or ""):
                     raise  # another gc is removing it: as good as gone
         return True
+
+
+def _owner_of(found: dict[str, str]) -> tuple[str, str, str]:
+    """The owner labels of an object (or an image), as ``gc`` compares them."""
+    return (found.get(labels.OWNER_PID, ""), found.get(labels.OWNER_START, ""),
+            found.get(labels.OWNER_NS, ""))  # fmt: skip
