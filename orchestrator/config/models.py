@@ -406,6 +406,15 @@ class IsolationSettings(Strict):
     full: Isolation = "runc"
 
 
+def _image_pattern(pattern: str) -> str:
+    """A ``build.images`` entry: a name or a pattern of ``*`` and ``?``."""
+    if not pattern or any(c.isspace() for c in pattern):
+        raise ValueError(f"'{pattern}': an image name or pattern has no spaces")
+    if any(c in pattern for c in "[]!\\"):
+        raise ValueError(f"'{pattern}': only '*' and '?' are wildcards in an image pattern")
+    return pattern
+
+
 class BuildSettings(Strict):
     """``build:``: what ``orchestrator build`` gives a Dockerfile's steps (docs/build.md)."""
 
@@ -420,7 +429,7 @@ class BuildSettings(Strict):
     """Names from the project's ``credentials`` a Dockerfile's ``RUN
     --mount=type=secret,id=NAME`` may mount (a file of mode 0400, for that one step, never
     in a layer); any other secret mount is refused."""
-    images: list[str] = []
+    images: list[Annotated[str, AfterValidator(_image_pattern)]] = []
     """Local images a Dockerfile may name in ``FROM`` and ``COPY --from``, on top of the
     images the orchestrator ships (``orchestrator/base``, ``worker``, ``agent``): names or
     patterns (``debian:bookworm``, ``debian:*``, ``my-org/*``; a name without a tag
@@ -432,16 +441,6 @@ class BuildSettings(Strict):
     def _valid(cls, allow: list[str]) -> list[str]:
         validate_allowlist(allow)
         return allow
-
-    @field_validator("images")
-    @classmethod
-    def _patterns(cls, images: list[str]) -> list[str]:
-        for pattern in images:
-            if not pattern or any(c.isspace() for c in pattern):
-                raise ValueError(f"'{pattern}': an image name or pattern has no spaces")
-            if any(c in pattern for c in "[]!\\"):
-                raise ValueError(f"'{pattern}': only '*' and '?' are wildcards here")
-        return images
 
 
 class ProjectConfig(Strict):
