@@ -531,8 +531,9 @@ class DockerEngine(DockerClient):
         label = {"label": f"{labels.MANAGED}=true"}
         found: list[ManagedObject] = []
         with engine_errors("listing the orchestrator's objects"):
-            # Images carrying an owner (not one of the orchestrator's: its builder refuses
-            # them): a container whose owner is its image's was made by someone else.
+            # Images carrying an owner (its builder refuses them; a commit of a run's
+            # container carries one): a container whose owner and run id are its image's
+            # was made by someone else.
             owners = {
                 str(i["Id"]): _owner_of(i.get("Labels") or {})
                 for i in self.api.images(all=True, filters={"label": labels.MANAGED})
@@ -578,7 +579,9 @@ class DockerEngine(DockerClient):
         return True
 
 
-def _owner_of(found: dict[str, str]) -> tuple[str, str, str]:
-    """The owner labels of an object (or an image), as ``gc`` compares them."""
+def _owner_of(found: dict[str, str]) -> tuple[str, str, str, str]:
+    """The owner labels of a container (or an image) and its run id, as ``gc`` compares
+    them: a container the orchestrator made has its owner and a run id of its own (a
+    container made from a snapshot of a run gets a new run id), never all its image's."""
     return (found.get(labels.OWNER_PID, ""), found.get(labels.OWNER_START, ""),
-            found.get(labels.OWNER_NS, ""))  # fmt: skip
+            found.get(labels.OWNER_NS, ""), found.get(labels.RUN_ID, ""))  # fmt: skip
