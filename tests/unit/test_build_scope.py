@@ -96,7 +96,8 @@ def _build(tmp_path: Path, text: str, engine: _Engine | None = None, **options: 
     (tmp_path / "Dockerfile").write_text(text)
     limits = StepLimits(memory=1 << 30, cpus=1.0, pids=100, timeout_s=60.0, disk=1 << 30)
     builder = Builder(engine or _Engine(), _Audit(), Context.open(tmp_path),  # type: ignore[arg-type]
-                      parse(tmp_path / "Dockerfile", text), limits, **options)  # fmt: skip
+                      parse(tmp_path / "Dockerfile", text), limits, cache_key=b"k" * 32,
+                      **options)  # fmt: skip
     with pytest.raises(BuildRefused) as refused:
         builder.build(None, None)
     return str(refused.value).removeprefix(f"{tmp_path}/")
