@@ -23,6 +23,36 @@ SHARED = f"{PREFIX}.shared"
 OWNER_PID = f"{PREFIX}.owner-pid"
 OWNER_START = f"{PREFIX}.owner-start"
 OWNER_NS = f"{PREFIX}.owner-pidns"
+#: A role some containers carry (a credential proxy, a spare): read by ``gc``'s listing.
+ROLE = f"{PREFIX}.role"
+
+#: Every label ``gc`` (and the listings it calls) reads on a container, with the value a
+#: container the orchestrator makes carries when it has no other: each is set explicitly
+#: on every container it makes. The engine merges an image's labels into a container's
+#: (the container's own win), so an image carrying ``io.orchestrator.shared=true`` or a
+#: dead owner's pid would otherwise decide what ``gc`` does with the container.
+NEUTRAL = {
+    MANAGED: "false",
+    SHARED: "false",
+    OWNER_PID: "",
+    OWNER_START: "",
+    OWNER_NS: "",
+    RUN_ID: "",
+    WORKER: "",
+    TRUST: "",
+    SESSION: "",
+    ROLE: "",
+}
+
+
+def explicit(given: dict[str, str]) -> dict[str, str]:
+    """``given`` with every label of :data:`NEUTRAL` it lacks set to its neutral value."""
+    return {**NEUTRAL, **given}
+
+
+def is_orchestrator_label(name: str) -> bool:
+    """Whether ``name`` is in the orchestrator's label namespace (any case)."""
+    return name.lower().startswith(f"{PREFIX}.")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@
 See docs/build.md. The modules: :mod:`.dockerfile` (parse, check, stages; pure),
 :mod:`.words` (quotes and ``$VAR``; pure), :mod:`.context` (the context as hostile input),
 :mod:`.engine` (the engine seam), :mod:`.secrets` (``RUN --mount=type=secret``: the
-project's declared build secrets, a file for one step), :mod:`.builder` (the steps, the
-cache, the audit); :mod:`.agent` builds the agent image with it.
+project's declared build secrets, a file for one step), :mod:`.bases` (the images a
+project's builds may name), :mod:`.scope` (the project's cache key), :mod:`.builder` (the
+steps, the cache, the audit); :mod:`.agent` builds the agent image with it.
 """
 
 from __future__ import annotations
@@ -61,19 +62,25 @@ def build_image(
     allow: list[str] | None = None,
     say: Callable[[str], None] | None = None,
     engine: StepEngine | None = None,
+    labels: dict[str, str] | None = None,
+    cache_key: bytes | None = None,
 ) -> BuildResult:
     """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
     ``context`` with the project's limits (``memory``... override them for this build),
     audited in the project's log; tag the image ``tag``. ``allow``: destinations this
     build's steps may reach too, on top of the project's ``build.allow`` (given at run
     time, never written into a file: the host's apt archives for ``orchestrator images
-    build``). Raises :class:`BuildRefused`
+    build``). ``labels``: labels of the orchestrator's own to put on the image (the
+    agent image's; a Dockerfile may not set them). ``cache_key``: the cache's key, instead
+    of the project's (see :mod:`.scope`). Raises :class:`BuildRefused`
     (one line: ``FILE:LINE: INSTRUCTION: why``) or :class:`StepFailed` (a ``RUN`` failed:
     its exit code is ``exit_code``)."""
+    from orchestrator.build.bases import BaseImages
     from orchestrator.build.builder import Builder
     from orchestrator.build.context import Context
     from orchestrator.build.dockerfile import parse
     from orchestrator.build.engine import StepLimits
+    from orchestrator.build.scope import project_cache_key
     from orchestrator.config import Resources, load_project
     from orchestrator.policy.grant import resolve_limits
     from orchestrator.runtime import open_audit
@@ -90,6 +97,8 @@ def build_image(
     overrides = Resources(memory=memory, cpus=cpus, pids=pids, timeout=timeout)
     limits = resolve_limits(overrides, settings.resources, loaded.config.defaults.resources)
     step_limits = StepLimits.of(limits, disk=disk or settings.disk or DEFAULT_DISK)
+    cache_key = cache_key or project_cache_key(loaded)
+    images = BaseImages(tuple(settings.images), str(loaded.file))
     audit = open_audit(loaded)
     try:
         try:
@@ -112,7 +121,8 @@ def build_image(
                               build_args=build_args, no_cache=no_cache,
                               allow=[*settings.allow, *(allow or [])],
                               services=[s.network for s in loaded.config.network.services],
-                              secrets=_secrets(loaded, audit), say=say)  # fmt: skip
+                              secrets=_secrets(loaded, audit), say=say, cache_key=cache_key,
+                              images=images, labels=labels)  # fmt: skip
             return builder.build(target, tag)
         finally:
             folder.close()

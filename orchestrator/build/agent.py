@@ -45,6 +45,8 @@ def build_agent_image(
     read from the host's /etc/apt now) and nothing else. Returns the image id."""
     from orchestrator.build import build_image as build_dockerfile
     from orchestrator.config import PROJECT_FILE
+    from orchestrator.labels import PREFIX
+    from orchestrator.runtime.state_key import derived_key
 
     sources = host_sources() if sources is None else sources
     allow = apt_allowlist(sources)
@@ -65,6 +67,10 @@ def build_agent_image(
             build_args={"WORKER": WORKER_IMAGE,
                         "APT_SOURCES": "\n".join(s.line() for s in reachable)},
             allow=allow,
+            # The orchestrator's own label (a Dockerfile may not set one), and a cache of
+            # this user's: the project is new each time.
+            labels={f"{PREFIX}.image": "agent"},
+            cache_key=derived_key("build-cache:agent-image"),
             memory=AGENT_BUILD_MEMORY,
             timeout=AGENT_BUILD_TIMEOUT_S,
             say=progress,

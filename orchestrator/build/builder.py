@@ -11,10 +11,18 @@ whole configuration, and the container removed on every path. ``ADD <url>`` fetc
 file first, in a container of its own through the build allowlist's egress proxy
 (:mod:`.fetch`), and reads it back to take its digest.
 
-The cache: a step's key is the sha256 of (the builder's version, the parent image's id, the
-configuration instructions since the last layer, the instruction as expanded, the digests
-of the context files it reads). Each committed image carries its key as a label, so a step
-whose key is found is not run again. ``--no-cache`` runs every step.
+The cache: a step's key is an HMAC-SHA256, under the project's own cache key (32 random
+bytes in its sandbox root, :mod:`.scope`), of (the builder's version, the parent image's
+id, the configuration instructions since the last layer, the instruction as expanded, the
+digests of the context files it reads; for a ``RUN`` with network, the build's allowlist
+and service networks). Each committed image carries its key as a label, so a step whose
+key is found is not run again; another project, which has another cache key, never finds
+it. ``--no-cache`` runs every step.
+
+Labels: a Dockerfile's ``LABEL io.orchestrator.*`` is refused, and so is a base image
+(``FROM``, ``COPY --from``) carrying such a label other than the builder's own: the engine
+would carry it into the image and into every container made from it (``gc`` reads them).
+Images a build may name at all are the project's ``build.images`` (:mod:`.bases`).
 
 The audit log gets ``build.started``, one ``build.step`` per instruction (its key, its
 outcome, whether it came from the cache), the egress proxy's decisions on each step's
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import io
 import json
 import logging
@@ -42,6 +51,7 @@ from email.utils import parsedate_to_datetime
 from typing import IO, Any
 
 from orchestrator.audit import AuditLog
+from orchestrator.build.bases import BaseImages
 from orchestrator.build.context import Context, Item, Placed, is_archive, unpack_members, write_tar
 from orchestrator.build.dockerfile import (
     LAYERS,
@@ -71,14 +81,16 @@ from orchestrator.build.fetch import (
 )
 from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_part
 from orchestrator.build.words import WordError, expand
+from orchestrator.config.allowlist import validate_allowlist
+from orchestrator.credproxy import CREDPROXY_IMAGE
 from orchestrator.egress import PROXY_IMAGE, PROXY_URL, network_env
 from orchestrator.errors import OrchestratorError
-from orchestrator.labels import PREFIX
+from orchestrator.labels import PREFIX, is_orchestrator_label
 
 log = logging.getLogger(__name__)
 
 #: Part of every cache key: a builder that builds differently never reuses older layers.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 CACHE_LABEL = f"{PREFIX}.build.key"
 PROVENANCE = {
     "dockerfile": f"{PREFIX}.build.dockerfile-digest",
@@ -86,6 +98,13 @@ PROVENANCE = {
     "builder": f"{PREFIX}.build.builder-version",
     "runtime": f"{PREFIX}.build.runtime",
 }
+#: The orchestrator's labels a base image may carry: the builder's own (set again, with
+#: its own values, on every image a build commits) and what ``orchestrator images build``
+#: puts on the images it ships. ``gc`` reads none of them.
+INHERITABLE = frozenset({CACHE_LABEL, *PROVENANCE.values(), f"{PREFIX}.image",
+                         f"{PREFIX}.suite"})  # fmt: skip
+#: Images no build may read, whatever ``build.images`` says (compared by image id).
+PROTECTED = {PROXY_IMAGE: "the egress proxy's", CREDPROXY_IMAGE: "the credential proxy's"}
 DEFAULT_SHELL = ["/bin/sh", "-c"]
 #: The image configuration fields a build sets (Docker's names).
 CONFIG_FIELDS = ("Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts",
@@ -196,12 +215,15 @@ class Builder:
         dockerfile: Dockerfile,
         limits: StepLimits,
         *,
+        cache_key: bytes,
         build_args: Mapping[str, str] | None = None,
         no_cache: bool = False,
         allow: list[str] | None = None,
         services: list[str] | None = None,
         secrets: BuildSecrets | None = None,
         say: Say | None = None,
+        images: BaseImages | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
         self.limits, self.no_cache = limits, no_cache
@@ -223,6 +245,14 @@ class Builder:
         """The files ``ADD <url>`` fetched, closed at the end of the build."""
         self.secrets = secrets or BuildSecrets({}, "the project file")
         """What ``RUN --mount=type=secret`` may mount (the project's ``build.secrets``)."""
+        self.cache_key = cache_key
+        """The project's cache key: every step's key is an HMAC under it, so a build finds
+        only what a build of the same project committed (:mod:`.scope`)."""
+        self.images = images or BaseImages()
+        """The images ``FROM`` and ``COPY --from`` may name (``build.images``)."""
+        self.own_labels = dict(labels or {})
+        """Labels the caller (never a Dockerfile) puts on the image: the agent image's."""
+        self._protected: dict[str, str] | None = None
 
     # -- the whole build -----------------------------------------------------------------
 
@@ -249,6 +279,7 @@ class Builder:
                 state = self._stage(stage)
                 self.results[stage.index] = state
             provenance = {
+                **self.own_labels,
                 PROVENANCE["dockerfile"]: f"sha256:{dockerfile_digest}",
                 PROVENANCE["context"]: f"sha256:{self._context_digest()}",
                 PROVENANCE["builder"]: BUILDER_VERSION,
@@ -301,6 +332,9 @@ class Builder:
             if base.lower() != "scratch" and not (earlier and earlier.index < stage.index):
                 self._local_image(base, stage.line, "FROM")
             for instruction in stage.instructions:
+                if instruction.keyword == "LABEL":  # names as written: checked before any step
+                    self._check_labels(instruction, [w for w in instruction.words[::2]
+                                                     if "$" not in w], {})  # fmt: skip
                 if instruction.keyword == "ADD":  # a URL as written: checked before any step
                     where = f"{self.file.where(instruction.line)}: ADD"
                     for word in instruction.words[:-1]:
@@ -330,15 +364,56 @@ class Builder:
                             f"{self.secrets.declared_in} (one of its credentials)",
                         )
 
+    def _check_labels(
+        self, instruction: Instruction, names: list[str], variables: Mapping[str, str]
+    ) -> None:
+        """A Dockerfile never sets the orchestrator's labels (``gc`` and the cache read
+        them): refused, naming the label."""
+        for name in names:
+            label = self._expand(name, variables, instruction)
+            if is_orchestrator_label(label):
+                raise self.file.refuse(
+                    instruction,
+                    f"{label}: the {PREFIX}.* labels are the orchestrator's own; a "
+                    "Dockerfile may not set them (name yours otherwise)",
+                )
+
     def _local_image(self, ref: str, line: int, keyword: str) -> tuple[str, dict[str, Any]]:
+        """A local image the project's builds may name: on this machine, on the project's
+        list, none of the proxies', carrying none of the orchestrator's labels but the
+        builder's own."""
+        where = f"{self.file.where(line)}: {keyword}"
         found = self.engine.image(ref)
         if found is None:
             raise BuildRefused(
-                f"{self.file.where(line)}: {keyword}: image '{ref}' is not on this machine and "
+                f"{where}: image '{ref}' is not on this machine and "
                 "nothing is pulled: load it (`docker load -i FILE`), build it (`orchestrator "
                 f"build`), or pull it where a registry answers (`docker pull {ref}`)"
             )
+        if not self.images.allows(ref):
+            raise BuildRefused(f"{where}: {self.images.refusal(ref)}")
+        whose = self._protected_images().get(found[0])
+        if whose is not None:
+            raise BuildRefused(f"{where}: image '{ref}' is {whose} image: no build may read it")
+        labels = found[1].get("Labels") or {}
+        foreign = sorted(k for k in labels if is_orchestrator_label(k) and k not in INHERITABLE)
+        if foreign:
+            raise BuildRefused(
+                f"{where}: image '{ref}' carries the label {foreign[0]}, which only the "
+                "orchestrator sets (the engine would pass it into the image and every "
+                "container made from it): rebuild that image without it"
+            )
         return found
+
+    def _protected_images(self) -> dict[str, str]:
+        """The ids of the images no build may read (those on this machine)."""
+        if self._protected is None:
+            self._protected = {}
+            for name, whose in PROTECTED.items():
+                found = self.engine.image(name)
+                if found is not None:
+                    self._protected[found[0]] = whose
+        return self._protected
 
     # -- one stage -----------------------------------------------------------------------
 
@@ -415,6 +490,8 @@ class Builder:
             if keyword == "ENV" and len(pairs) % 2:
                 raise self.file.refuse(instruction, "expected NAME=VALUE pairs")
             values = dict(zip(pairs[::2], pairs[1::2], strict=True))
+            if keyword == "LABEL":
+                self._check_labels(instruction, list(words[::2]), variables)
             if keyword == "ENV":
                 env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
                 env.update(values)
@@ -483,7 +560,11 @@ class Builder:
 
     def _key(self, state: _State, instruction: Instruction, parts: list[str]) -> str:
         body = [BUILDER_VERSION, state.image, *state.pending, instruction.keyword, *parts]
-        return hashlib.sha256(json.dumps(body).encode()).hexdigest()
+        return self._mac(json.dumps(body))
+
+    def _mac(self, body: str) -> str:
+        """A cache key: the HMAC of ``body`` under the project's cache key."""
+        return hmac.new(self.cache_key, body.encode(), hashlib.sha256).hexdigest()
 
     def _layer(self, state: _State, instruction: Instruction) -> tuple[str, str]:
         mounts: list[tuple[SecretMount, str]] = []
@@ -491,6 +572,8 @@ class Builder:
             spec, mounts = self._run_spec(state, instruction)
             parts = [json.dumps([spec.command, spec.scratch])]
             parts += [key_part(mount, target) for mount, target in mounts]
+            if spec.network is not None:  # what the step could reach
+                parts += [json.dumps([self._allowlist(), sorted(set(self.services))])]
             key = self._key(state, instruction, parts)
             apply: Callable[[str], None] = lambda c: self._run(c, instruction)  # noqa: E731
         else:
@@ -515,6 +598,11 @@ class Builder:
         self.committed.append(image)
         state.image, state.pending = image, []
         return key, "built"
+
+    def _allowlist(self) -> list[str]:
+        """The build's allowlist, normalised (the same hosts in any order or spelling)."""
+        entries = validate_allowlist(self.allow)
+        return sorted({f"{e.host}:{e.port}" for e in entries})
 
     def _open_network(self) -> str:
         if self.network is None:
@@ -766,8 +854,9 @@ class Builder:
         source_stage = instruction.flag("from")
         heredocs = dict(instruction.heredocs)
         if source_stage is not None:
-            source_image = self._source_image(self._expand(source_stage, self.global_args,
-                                                           instruction))  # fmt: skip
+            source_image = self._source_image(
+                self._expand(source_stage, self.global_args, instruction), instruction.line
+            )
             parts = [source_image, *sources, dest, chown or "", chmod_text or ""]
 
             def apply_from(container: str) -> None:
@@ -983,14 +1072,11 @@ class Builder:
             raise BuildRefused(f"{where}: {url}: the download was cut short")
         return _Download(data, digest.hexdigest(), size, _mtime(answer.modified))
 
-    def _source_image(self, source: str) -> str:
+    def _source_image(self, source: str, line: int) -> str:
         stage = self.file.stage_named(source)
         if stage is not None and stage.index in self.results:
             return self.results[stage.index].image
-        found = self.engine.image(source)
-        if found is None:
-            raise BuildRefused(f"{self.file.path}: image '{source}' is not on this machine")
-        return found[0]
+        return self._local_image(source, line, "COPY")[0]
 
     def _copy_from(
         self, container: str, image: str, sources: list[str], dest: str, into_folder: bool,
@@ -1066,11 +1152,11 @@ class Builder:
             return state.image
         config = dict(state.config)
         config["Labels"] = {**(config.get("Labels") or {}), **extra_labels}
-        key = hashlib.sha256(
+        key = self._mac(
             json.dumps(
                 [BUILDER_VERSION, state.image, *state.pending, config], sort_keys=True, default=str
-            ).encode()
-        ).hexdigest()
+            )
+        )
         image = None if self.no_cache else self.engine.cached(key, state.image)
         if image is None:
             container = self.engine.create(self._spec(state, []), self.limits)

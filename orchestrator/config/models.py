@@ -406,6 +406,15 @@ class IsolationSettings(Strict):
     full: Isolation = "runc"
 
 
+def _image_pattern(pattern: str) -> str:
+    """A ``build.images`` entry: a name or a pattern of ``*`` and ``?``."""
+    if not pattern or any(c.isspace() for c in pattern):
+        raise ValueError(f"'{pattern}': an image name or pattern has no spaces")
+    if any(c in pattern for c in "[]!\\"):
+        raise ValueError(f"'{pattern}': only '*' and '?' are wildcards in an image pattern")
+    return pattern
+
+
 class BuildSettings(Strict):
     """``build:``: what ``orchestrator build`` gives a Dockerfile's steps (docs/build.md)."""
 
@@ -420,6 +429,12 @@ class BuildSettings(Strict):
     """Names from the project's ``credentials`` a Dockerfile's ``RUN
     --mount=type=secret,id=NAME`` may mount (a file of mode 0400, for that one step, never
     in a layer); any other secret mount is refused."""
+    images: list[Annotated[str, AfterValidator(_image_pattern)]] = []
+    """Local images a Dockerfile may name in ``FROM`` and ``COPY --from``, on top of the
+    images the orchestrator ships (``orchestrator/base``, ``worker``, ``agent``): names or
+    patterns (``debian:bookworm``, ``debian:*``, ``my-org/*``; a name without a tag
+    matches every tag). Any other image is refused; the egress and credential proxies'
+    images always are."""
 
     @field_validator("allow")
     @classmethod

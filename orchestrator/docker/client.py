@@ -157,8 +157,9 @@ class DockerClient:
         return True
 
     def labels_for(self, extra: dict[str, str]) -> dict[str, str]:
-        """The labels every created object carries: the plan's plus the owner's."""
-        return {**extra, **self._owner_labels}
+        """The labels every created object carries: the plan's plus the owner's, and every
+        other label ``gc`` reads set to its neutral value (an image's never stands)."""
+        return labels.explicit({**extra, **self._owner_labels})
 
 
 def wait_exit(

@@ -274,7 +274,7 @@ def _start_spare(engine: DockerClient, user: str, image: str) -> None:
     folder.mkdir(mode=0o700)
     if os.geteuid() == 0:
         os.chown(folder, *proxy_ids())
-    spare_labels = {
+    spare_labels = labels.explicit({
         labels.MANAGED: "true",
         labels.SHARED: "true",
         ROLE_LABEL: SPARE_ROLE,
@@ -282,7 +282,7 @@ def _start_spare(engine: DockerClient, user: str, image: str) -> None:
         _USER_LABEL: user,
         _NS_LABEL: labels.current_owner().pid_ns,
         _MAKER_LABEL: str(os.getpid()),
-    }
+    })  # fmt: skip
     try:
         with engine_errors(f"starting the spare credential proxy {name}"):
             created = engine.api.create_container(

@@ -556,7 +556,9 @@ def _create(
                 image=PROXY_IMAGE,
                 name=name,
                 environment=proxy_environment(entries, excluded),
-                labels={**shared_labels("proxy", key, allowed), EGRESS_VERSION: PROXY_VERSION},
+                labels=labels.explicit(
+                    {**shared_labels("proxy", key, allowed), EGRESS_VERSION: PROXY_VERSION}
+                ),
                 host_config=host_config,
                 healthcheck=_healthcheck(),
                 use_config_proxy=False,

@@ -526,12 +526,24 @@ class DockerEngine(DockerClient):
         return credproxy.proxy_log(self, container_id)
 
     def list_managed(self) -> list[ManagedObject]:
-        label = {"label": labels.MANAGED}
+        # Only ``managed=true``: a container made from an image whose labels say otherwise
+        # carries this label explicitly (labels.NEUTRAL), never the image's.
+        label = {"label": f"{labels.MANAGED}=true"}
         found: list[ManagedObject] = []
         with engine_errors("listing the orchestrator's objects"):
+            # Images carrying an owner (its builder refuses them; a commit of a run's
+            # container carries one): a container whose owner and run id are its image's
+            # was made by someone else.
+            owners = {
+                str(i["Id"]): _owner_of(i.get("Labels") or {})
+                for i in self.api.images(all=True, filters={"label": labels.MANAGED})
+            }
             for c in self.api.containers(all=True, filters=label):
                 name = (c.get("Names") or [""])[0].lstrip("/")
-                tags = credproxy_spares.owner_labels(name, c.get("Labels") or {})
+                given = c.get("Labels") or {}
+                if owners.get(str(c.get("ImageID") or "")) == _owner_of(given):
+                    continue
+                tags = credproxy_spares.owner_labels(name, given)
                 found.append(ManagedObject("container", c["Id"], name, tags))
             # Build steps' containers carry no labels (they would pass into the image):
             # their names say who owns them (docker/build.py).
@@ -565,3 +577,11 @@ class DockerEngine(DockerClient):
                 if "already in progress" not in str(exc.explanation or ""):
                     raise  # another gc is removing it: as good as gone
         return True
+
+
+def _owner_of(found: dict[str, str]) -> tuple[str, str, str, str]:
+    """The owner labels of a container (or an image) and its run id, as ``gc`` compares
+    them: a container the orchestrator made has its owner and a run id of its own (a
+    container made from a snapshot of a run gets a new run id), never all its image's."""
+    return (found.get(labels.OWNER_PID, ""), found.get(labels.OWNER_START, ""),
+            found.get(labels.OWNER_NS, ""), found.get(labels.RUN_ID, ""))  # fmt: skip

@@ -74,7 +74,7 @@ def sessions_in_use(engine: Inventory) -> set[str]:
         obj.labels[labels.SESSION]
         for obj in engine.list_managed()
         if obj.kind == "container"
-        and labels.SESSION in obj.labels
+        and obj.labels.get(labels.SESSION)
         and labels.owner_state(obj.labels) != "gone"
     }
 

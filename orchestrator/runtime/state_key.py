@@ -25,7 +25,7 @@ from typing import Any
 from orchestrator.hostfs.files import read_limited
 from orchestrator.runtime.state_root import StateRootRefused, open_private
 
-__all__ = ["KEY_FILE", "key_folder", "sign", "signed_by_us"]
+__all__ = ["KEY_FILE", "derived_key", "key_folder", "key_in", "sign", "signed_by_us"]
 
 KEY_FILE = "record.key"
 _KEY_BYTES = 32
@@ -51,18 +51,25 @@ def _key() -> bytes:
     fix = "or remove it so that the orchestrator makes its own"
     fd, _ = open_private(folder, f"the key folder {folder}", fix)
     try:
-        try:
-            file = os.open(KEY_FILE, _READ, dir_fd=fd)
-        except FileNotFoundError:
-            _make(fd)
-            file = os.open(KEY_FILE, _READ, dir_fd=fd)
-        except OSError as exc:
-            raise StateRootRefused(
-                f"the record key {folder / KEY_FILE} cannot be opened ({exc.strerror}); "
-                f"remove it (`rm {folder / KEY_FILE}`) so that the orchestrator makes a new one"
-            ) from None
+        return key_in(fd, KEY_FILE, folder / KEY_FILE, "the record key")
     finally:
         os.close(fd)
+
+
+def key_in(folder: int, name: str, path: Path, what: str) -> bytes:
+    """The key ``name`` in the private folder ``folder`` (shown as ``path``, named
+    ``what``), made on first use: 32 random bytes, mode 0600, never through a link. A key
+    of another owner, mode or size is refused, naming the fix."""
+    try:
+        file = os.open(name, _READ, dir_fd=folder)
+    except FileNotFoundError:
+        _make(folder, name)
+        file = os.open(name, _READ, dir_fd=folder)
+    except OSError as exc:
+        raise StateRootRefused(
+            f"{what} {path} cannot be opened ({exc.strerror}); "
+            f"remove it (`rm {path}`) so that the orchestrator makes a new one"
+        ) from None
     try:
         info = os.fstat(file)
         key = read_limited(file, _KEY_BYTES + 1)
@@ -71,16 +78,16 @@ def _key() -> bytes:
     good = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
     if not good or info.st_mode & 0o077 or len(key) != _KEY_BYTES:
         raise StateRootRefused(
-            f"the record key {folder / KEY_FILE} is not a {_KEY_BYTES}-byte file of yours "
-            f"that only you can read; remove it (`rm {folder / KEY_FILE}`) so that the "
-            "orchestrator makes a new one (records signed with the old key are then refused)"
+            f"{what} {path} is not a {_KEY_BYTES}-byte file of yours "
+            f"that only you can read; remove it (`rm {path}`) so that the "
+            "orchestrator makes a new one (what was made with the old key is then refused)"
         )
     return key
 
 
-def _make(folder: int) -> None:
+def _make(folder: int, name: str) -> None:
     try:
-        file = os.open(KEY_FILE, _CREATE, 0o600, dir_fd=folder)
+        file = os.open(name, _CREATE, 0o600, dir_fd=folder)
     except FileExistsError:
         return  # another process made it meanwhile
     try:
@@ -88,6 +95,11 @@ def _make(folder: int) -> None:
         os.fsync(file)
     finally:
         os.close(file)
+
+
+def derived_key(purpose: str) -> bytes:
+    """A key of this user's for ``purpose``, derived from the record key."""
+    return hmac.new(_key(), f"derived:{purpose}".encode(), hashlib.sha256).digest()
 
 
 def sign(body: dict[str, Any], where: str) -> str:

@@ -736,7 +736,8 @@ def test_the_proxy_is_hardened_and_shared_not_owned(engine, egress):
         got[eg.EGRESS_KEY] == egress.key
         and got[eg.EGRESS_ALLOW] == "allowed.test:80 allowed.test:443"
     )
-    assert labels.OWNER_PID not in got  # shared objects outlive their creator
+    # Shared objects outlive their creator: no owner (set explicitly, never an image's).
+    assert got[labels.OWNER_PID] == "" and got[labels.OWNER_NS] == ""
     # Between runs the proxy sits on the outside network only; each run's network is the
     # run's own, joined by the proxy for the run's duration.
     assert set(info["NetworkSettings"]["Networks"]) == {eg.OUTSIDE_NETWORK}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.build.bases import BaseImages
 from orchestrator.build.builder import Builder
 from orchestrator.build.context import Context
 from orchestrator.build.dockerfile import BuildRefused, SecretMount, parse
@@ -28,7 +29,7 @@ class _Engine:
     """Only what a build does before its first step: look its images up."""
 
     def image(self, ref: str) -> tuple[str, dict[str, Any]]:
-        return "sha256:" + "0" * 64, {}
+        return "sha256:" + hashlib.sha256(ref.encode()).hexdigest(), {}
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a refused build called the engine's {name}")
@@ -47,7 +48,8 @@ def _builder(tmp_path: Path, text: str, secrets: BuildSecrets) -> tuple[Builder,
     audit = _Audit()
     limits = StepLimits(memory=1 << 30, cpus=1.0, pids=100, timeout_s=60.0, disk=1 << 30)
     parsed = parse(tmp_path / "Dockerfile", text)
-    builder = Builder(_Engine(), audit, Context.open(tmp_path), parsed, limits, secrets=secrets)  # type: ignore[arg-type]
+    builder = Builder(_Engine(), audit, Context.open(tmp_path), parsed, limits, secrets=secrets,  # type: ignore[arg-type]
+                      images=BaseImages(("base",)), cache_key=b"k" * 32)  # fmt: skip
     return builder, audit
 
 

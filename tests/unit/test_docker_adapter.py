@@ -148,6 +148,45 @@ def test_every_created_container_carries_the_owner_labels():
     assert api.labels[labels.RUN_ID] == "r1"
     assert api.labels[labels.OWNER_PID] == str(owner.pid)
     assert api.labels[labels.MANAGED] == "true"
+    # Every label gc reads is set, so that none of an image's stands (the engine merges an
+    # image's labels into a container's, the container's own winning).
+    assert set(labels.NEUTRAL) <= set(api.labels)
+    assert api.labels[labels.SHARED] == "false"
+
+
+def test_gc_lists_managed_containers_but_not_one_whose_owner_is_its_images():
+    forged = {labels.MANAGED: "true", labels.OWNER_PID: "999999", labels.OWNER_START: "1",
+              labels.OWNER_NS: labels.current_owner().pid_ns}  # fmt: skip
+
+    class Listing:
+        def __init__(self):
+            self.filters = []
+
+        def images(self, all, filters):
+            self.filters.append(filters)
+            return [{"Id": "sha256:forged", "Labels": forged}]
+
+        def containers(self, all, filters):
+            self.filters.append(filters)
+            if filters.get("name"):
+                return []
+            return [
+                {"Id": "theirs", "Names": ["/theirs"], "ImageID": "sha256:forged",
+                 "Labels": dict(forged)},
+                {"Id": "ours", "Names": ["/ours"], "ImageID": "sha256:forged",
+                 "Labels": {**forged, labels.OWNER_PID: "4242", labels.RUN_ID: "r2"}},
+            ]  # fmt: skip
+
+        def networks(self, filters):
+            return []
+
+        def volumes(self, filters):
+            return {"Volumes": []}
+
+    api = Listing()
+    found = DockerEngine(client=api).list_managed()
+    assert [o.name for o in found] == ["ours"]
+    assert {"label": f"{labels.MANAGED}=true"} in api.filters  # managed=false is not ours
 
 
 def test_the_plan_s_seccomp_profile_and_ulimits_reach_the_engine():

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from orchestrator import labels
 from orchestrator.config.allowlist import validate_allowlist
 from orchestrator.egress import (
     PROXY_ALIAS,
@@ -56,6 +57,7 @@ def proxy_task_template(
     return {
         "ContainerSpec": {
             "Image": PROXY_IMAGE,
+            "Labels": labels.explicit({}),  # every label gc reads: never the image's
             "Env": [
                 f"{name}={value}"
                 for name, value in proxy_environment(validate_allowlist(egress), private).items()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from orchestrator import labels
 from orchestrator.errors import EngineError
 from orchestrator.plan import SECRETS_DIR, ContainerSpec
 
@@ -244,6 +245,7 @@ def probe_template(image: str, checks: list[BindCheck], uid: int, gid: int) -> d
     return {
         "ContainerSpec": {
             "Image": image,
+            "Labels": labels.explicit({}),  # every label gc reads: never the image's
             "Command": probe_command(checks),
             "User": f"{uid}:{gid}",
             "ReadOnly": True,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import labels
 from orchestrator.plan import SECRETS_DIR, ContainerSpec
 
 __all__ = [
@@ -156,7 +157,9 @@ def service_spec(
         "User": spec.user,
         "Dir": spec.workdir,
         "Env": [f"{key}={value}" for key, value in spec.env.items()],
-        "Labels": dict(spec.labels),
+        # Every label gc reads, explicitly: never the image's (managed=false: the service
+        # is what the orchestrator owns and removes).
+        "Labels": labels.explicit(dict(spec.labels)),
         "ReadOnly": spec.read_only_rootfs,
         "Mounts": mounts,
         "CapabilityDrop": ["ALL"],
