@@ -162,9 +162,9 @@ def _describe(
             for f in scan.findings
         ]
     sensitive = sensitive_paths(scans)
-    if sensitive and change.target.kind == "repo":
+    if sensitive:
         lines.append(
-            "clearing    needs "
+            ("clearing    needs " if change.target.kind == "repo" else "applying    needs ")
             + " ".join(f"--ack-sensitive {shlex.quote(escape(p))}" for p in sensitive)
         )
     lines.append(

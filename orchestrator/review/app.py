@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import shlex
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -90,6 +91,7 @@ def _environment() -> Environment:
     env.filters["shown"] = Shown
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
     env.filters["clip"] = _clip
+    env.filters["shell"] = shlex.quote
     env.globals["finding_line"] = finding_line
     env.globals["side_by_side"] = side_by_side
     return env

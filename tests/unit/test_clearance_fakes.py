@@ -222,9 +222,11 @@ def stage_real(
     trust: str = "workspace",
     run_id: str | None = "run1",
     message: str = "Add the report",
+    zone: str | None = None,
 ) -> str:
-    """Stage a repo change set with the real staging package: ``new`` maps paths to their
-    new content (None: deleted), ``base`` holds what they were computed against."""
+    """Stage a repo change set (a ``zone``'s when given) with the real staging package:
+    ``new`` maps paths to their new content (None: deleted), ``base`` holds what they were
+    computed against."""
     from orchestrator.config.models import OutboxLimits
     from orchestrator.staging import ChangeMeta, ChangeStore, ChangeTarget, collect_dir
 
@@ -243,7 +245,7 @@ def stage_real(
     meta = ChangeMeta(
         worker=worker,
         trust=trust,
-        target=ChangeTarget.repo(),
+        target=ChangeTarget.repo() if zone is None else ChangeTarget.zone(zone),
         run_id=run_id,
         session_id="s1",
         message=message,
