@@ -48,7 +48,8 @@ from orchestrator.review.changes import (
 from orchestrator.review.guard import RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session
 from orchestrator.runtime.host_folders import open_audit
-from orchestrator.staging import ChangeSet, ChangeStore, record_change
+from orchestrator.runtime.outbox import change_store
+from orchestrator.staging import ChangeSet, record_change
 
 if TYPE_CHECKING:
     from orchestrator.clearance import ClearResult
@@ -100,7 +101,7 @@ def _environment() -> Environment:
 def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
     """The console for the project in ``project_dir``, answering only with ``keys``."""
     project = load_project(project_dir)
-    store = ChangeStore(project.sandbox_root / "changes")
+    store = change_store(project)  # checked, then reached through its descriptor
     env = _environment()
 
     def page(name: str, code: int = 200, **context: Any) -> HTMLResponse:
