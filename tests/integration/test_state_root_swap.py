@@ -66,7 +66,7 @@ def test_a_name_swapped_after_the_check_redirects_no_write_or_read(project, tmp_
     assert [e.operation for e in audit.query(AuditFilter(operation="test.*"))] == ops
     assert audit.verify().ok
     audit.close()
-    with pytest.raises(StateRootRefused):  # a later check sees the swap, and refuses it
-        with control_dir(loaded, create=True):
-            pass
+    # A later check sees the swap, and refuses it.
+    with pytest.raises(StateRootRefused), control_dir(loaded, create=True):
+        pass
     assert not (decoy / "control").exists()
