@@ -42,6 +42,7 @@ from orchestrator.audit.filters import AuditFilter, LineMatcher
 from orchestrator.audit.prune import PruneResult, prune_locked
 from orchestrator.audit.redact import TextRedactor
 from orchestrator.audit.timeutil import format_timestamp, utc_now
+from orchestrator.errors import AuditError
 from orchestrator.hostfs.paths import open_path
 
 __all__ = ["AuditLog"]
@@ -112,6 +113,16 @@ class AuditLog:
         self._folder = folder
         if folder is not None:
             weakref.finalize(self, _close_quietly, folder)
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """Errors name the log's path, not the descriptor link it is reached through."""
+        try:
+            yield
+        except AuditError as exc:
+            if self._folder is None:
+                raise
+            raise AuditError(str(exc).replace(str(self._at), str(self.path))) from None
 
     @property
     def _at(self) -> Path:
@@ -325,7 +336,8 @@ class AuditLog:
         flt = flt or AuditFilter()
         if flt.limit == 0:
             return
-        snapshot = open_snapshot(self._at)
+        with self._named():
+            snapshot = open_snapshot(self._at)
         if snapshot is None:
             return
         handle, size = snapshot
@@ -380,7 +392,8 @@ class AuditLog:
 
     def verify(self) -> VerifyResult:
         """Check the whole chain; see :mod:`orchestrator.audit.chain` for the rules."""
-        return verify_file(self._at)
+        with self._named():
+            return verify_file(self._at)
 
     def prune(self, older_than: timedelta) -> PruneResult:
         """Drop the entries older than ``older_than`` and head the log with an anchor.
@@ -394,4 +407,5 @@ class AuditLog:
             return PruneResult(dropped=0, kept=0)
         with self._locked():
             now = utc_now()
-            return prune_locked(self._at, now - older_than, now)
+            with self._named():
+                return prune_locked(self._at, now - older_than, now)
