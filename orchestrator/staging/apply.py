@@ -64,6 +64,14 @@ def apply_to_zone(
     failing, sensitive = split_sensitive(blocking(run_scanners(change, store, scanners)))
     problem = acknowledgement_problem(change_id, sensitive, acknowledged)
     if problem is not None:
+        if audit is not None:
+            audit.record(
+                "change.refused",
+                allowed=False,
+                zone=zone,
+                reason=problem,
+                metadata={"change": change_id, "paths": list(sensitive)},
+            )
         raise StagingError(f"change set {change_id}: {problem}")
     if failing and not override_scanners:
         names = ", ".join(r.name for r in failing)

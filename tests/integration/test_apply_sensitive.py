@@ -67,6 +67,8 @@ def test_override_never_passes_files_that_run_code(project, tmp_path):
     [ack] = audit.query(AuditFilter(operation="change.acknowledged"))
     assert sorted(ack.metadata["paths"]) == ["Makefile", "conftest.py"]
     assert not audit.query(AuditFilter(operation="change.override"))
+    refused = audit.query(AuditFilter(operation="change.refused"))
+    assert len(refused) == 4 and not any(e.allowed for e in refused)
 
 
 def test_other_findings_still_need_the_override_as_well(project, tmp_path):
