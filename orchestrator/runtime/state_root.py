@@ -24,12 +24,12 @@ links: the code that touches them never follows one (:mod:`orchestrator.hostfs`)
 The check holds for the folder it opened, not for the name: whoever may write the folder
 above (the project folder's owner, when root runs in a user's project) can rename the
 checked root away and put a link or a folder of their own in its place. So the audit log,
-the change store and the session control folder are reached through the checked
-descriptor (:func:`open_state_root`, :func:`open_state_folder`), never through the name
-again (code that takes paths gets ``/proc/<pid>/fd/<fd>``, which names the opened folder
-itself). Run, session, workspace and batch folders are still reached by name (walked
-without following a link where a worker writes them); docs/security.md's trust inventory
-says what that leaves.
+the change store, the session control folder and a run's mount sources are reached
+through the checked descriptor (:func:`open_state_root`, :func:`open_state_folder`),
+never through the name again (code that takes paths gets ``/proc/<pid>/fd/<fd>``, which
+names the opened folder itself). What is written into run, session, workspace and batch
+folders is still reached by name (made and walked without following a link);
+docs/security.md's trust inventory says what that leaves.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from, what was swapped in."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,10 @@ import pytest
 from orchestrator.audit import AuditFilter, AuditLog
 from orchestrator.config import load_project
 from orchestrator.runtime.host_folders import open_audit
+from orchestrator.runtime.mount_sources import MountSources
 from orchestrator.runtime.outbox import change_store
 from orchestrator.runtime.session_server import control_dir
-from orchestrator.runtime.state_root import StateRootRefused
+from orchestrator.runtime.state_root import StateRootRefused, open_state_root
 from orchestrator.staging import ChangeStore
 from tests.unit.test_clearance_fakes import stage_real
 
@@ -70,3 +72,37 @@ def test_a_name_swapped_after_the_check_redirects_no_write_or_read(project, tmp_
     with pytest.raises(StateRootRefused), control_dir(loaded, create=True):
         pass
     assert not (decoy / "control").exists()
+
+
+@pytest.mark.parametrize("planted", ["link", "folder"])
+def test_a_mount_source_in_the_sandbox_root_is_held_from_the_checked_root(
+    project, tmp_path, planted
+):
+    """A run's mount sources inside the sandbox root (session, workspace and run folders)
+    are opened from the checked root's descriptor: after a swap of the root's name the
+    engine is given (as root) a pin of the checked folder, and the run sees the swap."""
+    loaded = load_project(project.root)
+    root = loaded.sandbox_root
+    session = root / "sessions" / "s1"
+    session.mkdir(parents=True)
+    (session / "marker").write_text("checked\n")
+    decoy = tmp_path / "decoy"
+    (decoy / "sessions" / "s1").mkdir(parents=True)
+    (decoy / "sessions" / "s1" / "marker").write_text("decoy\n")
+    fd = open_state_root(loaded)
+    moved = root.with_name(root.name + "-checked")
+    os.rename(root, moved)
+    if planted == "link":
+        root.symlink_to(decoy)
+    else:
+        os.rename(decoy, root)
+    sources = MountSources(f"swap-{uuid.uuid4().hex[:8]}", pin=os.geteuid() == 0)
+    try:
+        sources.hold([(str(session), True)], beneath=(root, fd))
+        if os.geteuid() == 0:  # the engine would mount the pin: the checked folder
+            assert Path(sources.source(str(session)), "marker").read_text() == "checked\n"
+        [problem] = sources.changed()  # and the run stops: its path leads elsewhere now
+        assert str(session) in problem
+    finally:
+        sources.release()
+        os.close(fd)
