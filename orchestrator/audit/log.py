@@ -42,6 +42,7 @@ from orchestrator.audit.filters import AuditFilter, LineMatcher
 from orchestrator.audit.prune import PruneResult, prune_locked
 from orchestrator.audit.redact import TextRedactor
 from orchestrator.audit.timeutil import format_timestamp, utc_now
+from orchestrator.errors import AuditError
 from orchestrator.hostfs.paths import open_path
 
 __all__ = ["AuditLog"]
@@ -81,6 +82,11 @@ class _Handles:
         self.lock_fd = self.dir_fd = -1
 
 
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 class AuditLog:
     """An append-only, hash-chained JSON-lines log of what the orchestrator did.
 
@@ -89,14 +95,41 @@ class AuditLog:
     entries. Failures to read or write raise :class:`~orchestrator.errors.AuditError`.
     """
 
-    def __init__(self, path: Path, *, redact: Iterable[str] = ()) -> None:
-        """Use the log at ``path``, redacting every value of ``redact``."""
+    def __init__(
+        self, path: Path, *, redact: Iterable[str] = (), folder: int | None = None
+    ) -> None:
+        """Use the log at ``path``, redacting every value of ``redact``.
+
+        ``folder``, a descriptor of the log's folder (checked by the caller), is then the
+        log's own (closed when the log is collected): everything is read and written
+        through it, never through the names of ``path``'s folders, which may be swapped
+        after the check."""
         self.path = Path(path)
         self.lock_path = lock_path_for(self.path)
         self._redactor = TextRedactor(redact)
         self._mutex = threading.Lock()
         self._handles = _Handles()
         self._finalizer = weakref.finalize(self, self._handles.close)
+        self._folder = folder
+        if folder is not None:
+            weakref.finalize(self, _close_quietly, folder)
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """Errors name the log's path, not the descriptor link it is reached through."""
+        try:
+            yield
+        except AuditError as exc:
+            if self._folder is None:
+                raise
+            raise AuditError(str(exc).replace(str(self._at), str(self.path))) from None
+
+    @property
+    def _at(self) -> Path:
+        """Where reads go: ``path``, or the same name through the held folder."""
+        if self._folder is None:
+            return self.path
+        return Path(f"/proc/{os.getpid()}/fd/{self._folder}", self.path.name)
 
     def __repr__(self) -> str:
         """Name the log's path."""
@@ -244,6 +277,8 @@ class AuditLog:
             handles.lock_fd = handles.log_fd = handles.dir_fd = -1
             handles.identity = handles.tail = None
             handles.pid = os.getpid()
+        if handles.dir_fd < 0 and self._folder is not None:
+            handles.dir_fd = os.dup(self._folder)
         if handles.dir_fd < 0:
             try:  # each missing folder made in the one above it, none through a link
                 handles.dir_fd = open_path(self.path.parent.absolute(), create=0o700)
@@ -301,7 +336,8 @@ class AuditLog:
         flt = flt or AuditFilter()
         if flt.limit == 0:
             return
-        snapshot = open_snapshot(self.path)
+        with self._named():
+            snapshot = open_snapshot(self._at)
         if snapshot is None:
             return
         handle, size = snapshot
@@ -356,7 +392,8 @@ class AuditLog:
 
     def verify(self) -> VerifyResult:
         """Check the whole chain; see :mod:`orchestrator.audit.chain` for the rules."""
-        return verify_file(self.path)
+        with self._named():
+            return verify_file(self._at)
 
     def prune(self, older_than: timedelta) -> PruneResult:
         """Drop the entries older than ``older_than`` and head the log with an anchor.
@@ -366,8 +403,9 @@ class AuditLog:
         """
         if older_than < timedelta(0):
             raise ValueError(f"older_than must not be negative, not {older_than}")
-        if not self.path.exists() and not self.path.is_symlink():
+        if not self._at.exists() and not self._at.is_symlink():
             return PruneResult(dropped=0, kept=0)
         with self._locked():
             now = utc_now()
-            return prune_locked(self.path, now - older_than, now)
+            with self._named():
+                return prune_locked(self._at, now - older_than, now)

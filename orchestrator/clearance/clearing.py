@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,6 +57,7 @@ from orchestrator.clearance.summary import (
     trailer_value,
 )
 from orchestrator.errors import CredentialError, OrchestratorError
+from orchestrator.staging.scanners import acknowledgement_problem
 from orchestrator.staging.worktree import UnsafePath, WorkTree, temp_name
 
 if TYPE_CHECKING:
@@ -320,22 +320,9 @@ def _apply_and_commit(clearing: Clearing, changeset: ChangeSet, status: str) -> 
 
 def _check_acknowledged(clearing: Clearing, sensitive: tuple[str, ...]) -> None:
     """Every path that runs code by itself must be acknowledged by name, and only those."""
-    missing = [path for path in sensitive if path not in clearing.acknowledged]
-    if missing:
-        flags = " ".join(f"--ack-sensitive {shlex.quote(path)}" for path in missing[:10])
-        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
-        raise clearing.repo.error(
-            f"it changes {len(missing)} file(s) that run code by themselves at the next "
-            f"build, test or CI run: {', '.join(missing[:10])}{more}; read them in "
-            f"`orchestrator staged show {clearing.change_id}`, then pass {flags}{more}"
-        )
-    unknown = [path for path in clearing.acknowledged if path not in sensitive]
-    if unknown:
-        listed = ", ".join(sensitive) or "none"
-        raise clearing.repo.error(
-            f"--ack-sensitive {shlex.quote(unknown[0])} names no file of it that runs code "
-            f"by itself (those are: {listed}); fix the path"
-        )
+    problem = acknowledgement_problem(clearing.change_id, sensitive, clearing.acknowledged)
+    if problem is not None:
+        raise clearing.repo.error(problem)
 
 
 def _open(repo: Path, change_id: str, redactor: TextRedactor) -> GitRepo:

@@ -23,14 +23,37 @@ def deletes_allowed(project: Project, worker: Worker, zone: str) -> bool:
 @click.command("apply")
 @click.argument("change_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--override-scanners", is_flag=True, help="Apply despite failing scanners (audited).")
+@click.option(
+    "--override-scanners",
+    is_flag=True,
+    help="Apply despite failing scanners (recorded in the audit log); files that run code "
+    "by themselves still need --ack-sensitive.",
+)
+@click.option(
+    "--ack-sensitive",
+    "acknowledged",
+    metavar="PATH",
+    multiple=True,
+    help="Acknowledge that PATH, a file that runs code at the next build, test or CI run "
+    "(conftest.py, Makefile, .github/workflows/...), was read; needed for each such file "
+    "(recorded in the audit log). Repeatable.",
+)
 @project_option
-def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path) -> None:
+def apply(
+    change_id: str,
+    yes: bool,
+    override_scanners: bool,
+    acknowledged: tuple[str, ...],
+    project_dir: Path,
+) -> None:
     """Apply CHANGE_ID (an `ask` zone's change set) to its zone, after confirmation.
 
-    A change set that deletes in a zone whose approval says `delete: blocked` is refused
-    whole (`staged show` says so beforehand; reject it), and a file that changed in the zone
-    since the run is a conflict: in both cases nothing is applied.
+    Each file in it that runs code by itself (conftest.py, Makefile, CI files,
+    executables: `staged show` lists them) must be named with --ack-sensitive;
+    --override-scanners does not cover them. A change set that deletes in a zone whose
+    approval says `delete: blocked` is refused whole (`staged show` says so beforehand;
+    reject it), and a file that changed in the zone since the run is a conflict: in both
+    cases nothing is applied.
     """
     from orchestrator.config import load_project, load_worker
     from orchestrator.errors import OrchestratorError
@@ -65,6 +88,7 @@ def apply(change_id: str, yes: bool, override_scanners: bool, project_dir: Path)
         project.zones[zone].host_path,
         allow_delete=allow_delete,
         override_scanners=override_scanners,
+        acknowledged=acknowledged,
         scanners=scanners_for(
             limits=limits,
             suffixes=config.suffixes,

@@ -118,9 +118,12 @@ def audit_log_path(project_dir: Path | None) -> Path:
 
 def _open_log(ctx: click.Context, project_dir: Path | None) -> AuditLog:
     """Open the log of ``--project``, given here or to the ``audit`` group."""
+    from orchestrator.config import load_project
+    from orchestrator.runtime.host_folders import open_audit
+
     if project_dir is None and ctx.parent is not None:
         project_dir = ctx.parent.params.get("project_dir")
-    return AuditLog(audit_log_path(project_dir))
+    return open_audit(load_project(project_dir or Path(".")))
 
 
 def _make_filter(params: dict[str, Any], limit: int | None) -> AuditFilter:

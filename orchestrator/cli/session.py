@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -39,6 +39,9 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
 from orchestrator.vocabulary import TRUST_ORDER
 
+if TYPE_CHECKING:
+    from orchestrator.config import Project
+
 #: How long ``start`` waits for the owner to open the session (image start, zone checks).
 START_WAIT_S = 300.0
 REMOTE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):(/.*)$")
@@ -48,11 +51,10 @@ class SessionCliError(OrchestratorError):
     """A session command failed before or outside the session's own operations."""
 
 
-def _sandbox_root(project_dir: Path) -> Path:
+def _project(project_dir: Path) -> Project:
     from orchestrator.config import load_project
-    from orchestrator.runtime.state_root import checked_state_root
 
-    return checked_state_root(load_project(project_dir))
+    return load_project(project_dir)
 
 
 @contextlib.contextmanager
@@ -60,7 +62,7 @@ def _owner(project_dir: Path, session_id: str) -> Iterator[Any]:
     """A connection to the live owner of ``session_id``; one clear error otherwise."""
     from orchestrator.runtime.session_server import connect, control_dir
 
-    with control_dir(_sandbox_root(project_dir)) as fd:
+    with control_dir(_project(project_dir)) as fd:
         sock = connect(fd, session_id) if fd is not None and "/" not in session_id else None
     if sock is None:
         raise SessionCliError(
@@ -129,8 +131,10 @@ def _open_options(func: Any) -> Any:
 def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None:
     """Open a live sandbox for WORKER, owned by a background process; print its id."""
     from orchestrator.runtime.session_server import control_dir
+    from orchestrator.runtime.state_root import checked_state_root
 
-    root = _sandbox_root(project_dir)
+    project = _project(project_dir)
+    root = checked_state_root(project)
     args = [sys.executable, "-m", "orchestrator", "session", "serve", worker,
             "--project", str(project_dir.resolve())]  # fmt: skip
     for name, value in options.items():
@@ -143,7 +147,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
             args += [flag, repr(value) if isinstance(value, float) else str(value)]
         elif name in {"idle_timeout", "max_lifetime"}:
             args += [flag, "never"]
-    with control_dir(root, create=True):
+    with control_dir(project, create=True):
         pass
     log_path = root / "control" / f"owner-{os.getpid()}-{time.monotonic_ns()}.log"
     read_end, write_end = os.pipe()
@@ -243,7 +247,7 @@ def serve(worker: str, project_dir: Path, ready_fd: int, log_path: Path, **optio
     except BaseException as exc:  # noqa: BLE001 - whatever it was, start must hear it
         tell({"error": _one_line(exc)})
         raise SystemExit(Exit.ERROR) from None
-    with opened as live, control_dir(orch.project.sandbox_root, create=True) as fd:
+    with opened as live, control_dir(orch.project, create=True) as fd:
         assert fd is not None
         try:
             server = SessionServer(live, fd)
@@ -524,7 +528,7 @@ def list_(project_dir: Path, as_json: bool) -> None:
     from orchestrator.runtime.session_server import SUFFIX, connect, control_dir, request
 
     found = []
-    with control_dir(_sandbox_root(project_dir)) as fd:
+    with control_dir(_project(project_dir)) as fd:
         names = sorted(n for n in os.listdir(fd) if n.endswith(SUFFIX)) if fd is not None else []
         for name in names:
             assert fd is not None

@@ -48,11 +48,10 @@ def _emit(data: Any) -> None:
 def open_store(project_dir: Path) -> tuple[Project, ChangeStore]:
     """The project in ``project_dir`` and its change-set store."""
     from orchestrator.config import load_project
-    from orchestrator.runtime.state_root import checked_state_root
-    from orchestrator.staging import ChangeStore
+    from orchestrator.runtime.outbox import change_store
 
     project = load_project(project_dir)
-    return project, ChangeStore(checked_state_root(project) / "changes")
+    return project, change_store(project)
 
 
 def _record(project: Project, operation: str, change: ChangeSet, **extra: Any) -> None:
@@ -162,9 +161,9 @@ def _describe(
             for f in scan.findings
         ]
     sensitive = sensitive_paths(scans)
-    if sensitive and change.target.kind == "repo":
+    if sensitive:
         lines.append(
-            "clearing    needs "
+            ("clearing    needs " if change.target.kind == "repo" else "applying    needs ")
             + " ".join(f"--ack-sensitive {shlex.quote(escape(p))}" for p in sensitive)
         )
     lines.append(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import shlex
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,7 +50,8 @@ from orchestrator.review.changes import (
 from orchestrator.review.guard import MINTED_FOR, RAW_CSP, ASGIApp, Secrets, guard
 from orchestrator.review.live import answer_approval, live_sessions, stop_session, waiting_call
 from orchestrator.runtime.host_folders import open_audit
-from orchestrator.staging import ChangeSet, ChangeStore, record_change
+from orchestrator.runtime.outbox import change_store
+from orchestrator.staging import ChangeSet, record_change
 
 if TYPE_CHECKING:
     from orchestrator.clearance import ClearResult
@@ -89,6 +91,7 @@ def _environment() -> Environment:
     env.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
     env.filters["as_text"] = _as_text
     env.filters["thousands"] = lambda number: f"{number:,}"
+    env.filters["shell"] = shlex.quote
     env.globals["finding_line"] = finding_line
     env.globals["side_by_side"] = side_by_side
     return env
@@ -97,7 +100,7 @@ def _environment() -> Environment:
 def make_app(project_dir: Path, keys: Secrets) -> ASGIApp:
     """The console for the project in ``project_dir``, answering only with ``keys``."""
     project = load_project(project_dir)
-    store = ChangeStore(project.sandbox_root / "changes")
+    store = change_store(project)  # checked, then reached through its descriptor
     env = _environment()
 
     def page(name: str, code: int = 200, **context: Any) -> HTMLResponse:

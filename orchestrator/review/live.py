@@ -37,10 +37,9 @@ class LiveSession:
 def live_sessions(project: Project) -> list[LiveSession]:
     """The sessions whose owner answers, oldest first (a dead owner's socket is skipped)."""
     from orchestrator.runtime.session_server import SUFFIX, control_dir
-    from orchestrator.runtime.state_root import checked_state_root
 
     found: list[LiveSession] = []
-    with control_dir(checked_state_root(project)) as fd:
+    with control_dir(project) as fd:
         if fd is None:
             return []
         for name in sorted(n for n in os.listdir(fd) if n.endswith(SUFFIX)):
@@ -82,9 +81,8 @@ def _ask(fd: int, session_id: str, message: dict[str, Any]) -> Any:
 
 def _one(project: Project, session_id: str, message: dict[str, Any], *, wait: float) -> Any:
     from orchestrator.runtime.session_server import connect, control_dir, request
-    from orchestrator.runtime.state_root import checked_state_root
 
-    with control_dir(checked_state_root(project)) as fd:
+    with control_dir(project) as fd:
         ok_name = "/" not in session_id and session_id not in ("", ".", "..")
         sock = connect(fd, session_id) if fd is not None and ok_name else None
     if sock is None:

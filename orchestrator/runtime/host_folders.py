@@ -23,7 +23,7 @@ from orchestrator.policy.grant import ZoneGrant
 from orchestrator.prepare import Prepared
 from orchestrator.runtime import run_folders
 from orchestrator.runtime.session_folders import touch
-from orchestrator.runtime.state_root import checked_state_root
+from orchestrator.runtime.state_root import checked_state_root, open_state_root
 
 AUDIT_FILE = "audit.jsonl"
 
@@ -149,8 +149,9 @@ def _copy_folder(folder: int, into: Path, uid: int, gid: int) -> None:
 
 def open_audit(project: Project) -> AuditLog:
     """The project's audit log, in its sandbox root, made and checked first
-    (:mod:`~orchestrator.runtime.state_root`)."""
-    return AuditLog(checked_state_root(project) / AUDIT_FILE)
+    (:mod:`~orchestrator.runtime.state_root`), and reached through the checked root's
+    descriptor from then on."""
+    return AuditLog(project.sandbox_root / AUDIT_FILE, folder=open_state_root(project))
 
 
 def project_owner(root: Path) -> tuple[int, int]:

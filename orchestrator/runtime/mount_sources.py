@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator import labels
-from orchestrator.hostfs.paths import Identity, PathRefused, identity, open_path
+from orchestrator.hostfs.paths import Identity, PathRefused, identity, open_beneath, open_path
 
 __all__ = ["PIN_ROOT", "MountSources", "sweep_pins"]
 
@@ -92,17 +92,23 @@ class MountSources:
     def pinned(self) -> bool:
         return bool(self._pins)
 
-    def hold(self, sources: Iterable[tuple[str, bool]]) -> None:
+    def hold(
+        self, sources: Iterable[tuple[str, bool]], *, beneath: tuple[Path, int] | None = None
+    ) -> None:
         """Open each ``(host path, read_only)`` without following links (:class:`PathRefused`
         names a link on the way) and, when pinning, pin it (read-only when every mount of
-        that path is: the engine makes each mount read-only or not on its own)."""
+        that path is: the engine makes each mount read-only or not on its own).
+
+        ``beneath`` is a checked folder (the sandbox root) and its descriptor: paths inside
+        it are opened from that descriptor, never through its name, which whoever may
+        write the folder above could have swapped since the check."""
         wanted: dict[str, bool] = {}
         for path, read_only in sources:
             wanted[path] = wanted.get(path, True) and read_only
         for path, read_only in wanted.items():
             if path in self._held:
                 continue
-            fd = open_path(Path(path), file_ok=True)
+            fd = _open_source(Path(path), beneath)
             folder = stat.S_ISDIR(os.fstat(fd).st_mode)
             self._held[path] = (fd, identity(fd), folder)
             if self.pin:
@@ -180,6 +186,24 @@ class MountSources:
                 _remove(target)
             raise
         return target
+
+
+def _open_source(path: Path, beneath: tuple[Path, int] | None) -> int:
+    """``path`` opened without following a link: from ``beneath``'s descriptor when it
+    lies inside that folder, else walked from ``/``."""
+    if beneath is None or path == beneath[0] or not path.is_relative_to(beneath[0]):
+        return open_path(path, file_ok=True)
+    relative = path.relative_to(beneath[0]).as_posix()
+    try:
+        try:
+            return open_beneath(beneath[1], relative, folder=True)
+        except NotADirectoryError:
+            return open_beneath(beneath[1], relative)
+    except OSError as exc:
+        reason = f"{path} cannot be opened inside the checked {beneath[0]}: {exc.strerror}"
+        raise PathRefused(
+            path, path, reason, missing=exc.errno == errno.ENOENT, link=None
+        ) from None
 
 
 def _private_pin_root() -> None:

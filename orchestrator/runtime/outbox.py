@@ -61,9 +61,13 @@ def zone_limits(project: Project, zone: str) -> OutboxLimits:
 
 
 def change_store(project: Project) -> ChangeStore:
+    """The project's change store, checked with its sandbox root, and reached through the
+    descriptors the check opened from then on (never through the folders' names)."""
+    from orchestrator.runtime.state_root import open_state_folder
     from orchestrator.staging import ChangeStore
 
-    return ChangeStore(project.sandbox_root / CHANGES_FOLDER)
+    folder = open_state_folder(project, CHANGES_FOLDER)
+    return ChangeStore(project.sandbox_root / CHANGES_FOLDER, folder=folder)
 
 
 class StagingReader:

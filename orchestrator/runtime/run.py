@@ -58,6 +58,7 @@ from orchestrator.runtime.removal import Interrupted
 from orchestrator.runtime.secrets import RedactingSink, StreamRedactor, delivered
 from orchestrator.runtime.session_folders import remove_if_empty
 from orchestrator.runtime.setid import SetidSweep, refuse_setid, setid_reason
+from orchestrator.runtime.state_root import open_state_root
 
 log = logging.getLogger(__name__)
 
@@ -411,18 +412,23 @@ class Run:
         sources = [(m.source, m.read_only) for m in self._bound()]
         self.sources = MountSources(self.spec.run_id, pin=self._pin)
         self._stack.callback(lambda: self.sources.release())
+        # The sandbox root checked again, then used by its descriptor (not by its name).
+        root = open_state_root(self.prepared.project)
+        beneath = (self.prepared.project.sandbox_root, root)
         try:
             try:
-                self.sources.hold(sources)
+                self.sources.hold(sources, beneath=beneath)
             except PermissionError as exc:  # root without CAP_SYS_ADMIN: checked paths only
                 log.warning("run %s: cannot pin mount sources (%s)", self.spec.run_id, exc)
                 self.sources.release()
                 self.sources = MountSources(self.spec.run_id, pin=False)
-                self.sources.hold(sources)
+                self.sources.hold(sources, beneath=beneath)
         except PathRefused as refused:
             self._violation([f"{refused.path}: {refused.reason}"], "before its container existed")
         except OSError as exc:
             raise OrchestratorError(f"could not hold the run's mount sources: {exc}") from None
+        finally:
+            os.close(root)
 
     def _bound(self) -> list[Mount]:
         """The plan's bind mounts whose host folders the backend mounts."""

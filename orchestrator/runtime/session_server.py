@@ -42,8 +42,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
@@ -51,6 +50,9 @@ from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.session import Session
 from orchestrator.sandbox import as_dict
 from orchestrator.tools.waiting import Answered, PendingApprovals
+
+if TYPE_CHECKING:
+    from orchestrator.config import Project
 
 log = logging.getLogger(__name__)
 
@@ -79,26 +81,36 @@ class ControlError(OrchestratorError):
 
 
 @contextlib.contextmanager
-def control_dir(sandbox_root: Path, *, create: bool = False) -> Iterator[int | None]:
-    """A descriptor of ``<sandbox root>/control`` (None when missing and not ``create``).
+def control_dir(project: Project, *, create: bool = False) -> Iterator[int | None]:
+    """A descriptor of ``<sandbox root>/control`` (None when missing and not ``create``),
+    opened from the checked sandbox root's descriptor (never through its name again).
 
     The folder must be a real folder (no link), owned by this uid, mode 0700. Socket paths
     are used through ``/proc/self/fd/<fd>/<name>``: short, and never via a swapped link.
     """
-    path = sandbox_root / CONTROL
-    if create:
-        sandbox_root.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
+    from orchestrator.runtime.state_root import open_state_root
+
+    path = project.sandbox_root / CONTROL
+    root = open_state_root(project)
     try:
-        fd = os.open(path, DIR_FLAGS)
-    except FileNotFoundError:
         if create:
-            raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(CONTROL, 0o700, dir_fd=root)
+        try:
+            fd = os.open(CONTROL, DIR_FLAGS, dir_fd=root)
+        except FileNotFoundError:
+            if create:
+                raise
+            fd = -1
+        except OSError as exc:
+            raise ControlError(
+                f"{path} is not a usable folder ({exc.strerror}); remove it"
+            ) from None
+    finally:
+        os.close(root)
+    if fd < 0:
         yield None
         return
-    except OSError as exc:
-        raise ControlError(f"{path} is not a usable folder ({exc.strerror}); remove it") from None
     try:
         info = os.fstat(fd)
         if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:

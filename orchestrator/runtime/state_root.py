@@ -20,6 +20,16 @@ link, making what is missing (the root itself mode 0700, with a ``.gitignore`` h
 
 The folders a worker writes (sessions, workspaces, run inputs) are inside and may hold its
 links: the code that touches them never follows one (:mod:`orchestrator.hostfs`).
+
+The check holds for the folder it opened, not for the name: whoever may write the folder
+above (the project folder's owner, when root runs in a user's project) can rename the
+checked root away and put a link or a folder of their own in its place. So the audit log,
+the change store, the session control folder and a run's mount sources are reached
+through the checked descriptor (:func:`open_state_root`, :func:`open_state_folder`),
+never through the name again (code that takes paths gets ``/proc/<pid>/fd/<fd>``, which
+names the opened folder itself). What is written into run, session, workspace and batch
+folders is still reached by name (made and walked without following a link);
+docs/security.md's trust inventory says what that leaves.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ __all__ = [
     "StateRootRefused",
     "checked_state_root",
     "open_private",
+    "open_state_folder",
     "open_state_root",
 ]
 
@@ -71,6 +82,37 @@ def open_state_root(project: Project) -> int:
         _untracked_by_git(fd, root)
         if created or not _exists(fd, GITIGNORE):
             _write_gitignore(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_state_folder(project: Project, name: str) -> int:
+    """A descriptor of the folder ``name`` directly in the checked sandbox root (made, mode
+    0700, when missing), opened from the root's own descriptor without following a link;
+    refused unless it is this user's and nobody else may write it."""
+    root = open_state_root(project)
+    where = project.sandbox_root / name
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=root)
+        try:
+            fd = os.open(name, DIR_FLAGS, dir_fd=root)
+        except OSError as exc:
+            raise _refusal(root, name, where, f"the state folder {where}", exc) from None
+    finally:
+        os.close(root)
+    try:
+        info = os.fstat(fd)
+        fix = "or set sandbox.root in orchestrator.yaml to a folder only you can write"
+        if info.st_uid != os.geteuid():
+            raise _not_yours(where, info.st_uid, f"the state folder {where}", fix)
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise StateRootRefused(
+                f"the state folder {where} has mode {stat.S_IMODE(info.st_mode):04o}: other "
+                f"users may write it. `chmod 700 {where}`"
+            )
     except BaseException:
         os.close(fd)
         raise

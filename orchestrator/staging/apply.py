@@ -1,10 +1,12 @@
 """Applying an approved change set to its zone (``approval.write: ask``). Host only.
 
 A worker with ``ask`` writes to a private copy of the zone; the difference became a change
-set targeting that zone. Applying it checks every blob, runs the scanners, refuses
-deletions the zone's approval blocks, refuses any file that changed in the zone since the
-run (a conflict is reported, never merged), and writes through :class:`WorkTree`, which
-never follows a symlink. Re-running after a crash skips what is already in place.
+set targeting that zone. Applying it checks every blob, runs the scanners (files that run
+code by themselves must each be acknowledged by name: ``--override-scanners`` does not cover
+them, as for ``clear``), refuses deletions the zone's approval blocks, refuses any file that
+changed in the zone since the run (a conflict is reported, never merged), and writes through
+:class:`WorkTree`, which never follows a symlink. Re-running after a crash skips what is
+already in place.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from pathlib import Path
 from orchestrator.audit import AuditLog
 from orchestrator.staging.errors import StagingError
 from orchestrator.staging.manifest import ChangeSet
-from orchestrator.staging.scanners import DEFAULT_SCANNERS, Scanner, blocking, run_scanners
+from orchestrator.staging.scanners import (
+    DEFAULT_SCANNERS,
+    Scanner,
+    acknowledgement_problem,
+    blocking,
+    run_scanners,
+    split_sensitive,
+)
 from orchestrator.staging.store import ChangeStore
 from orchestrator.staging.worktree import UnsafePath, WorkTree, temp_name
 
@@ -37,17 +46,33 @@ def apply_to_zone(
     *,
     allow_delete: bool,
     override_scanners: bool = False,
+    acknowledged: Sequence[str] = (),
     scanners: Sequence[Scanner] = DEFAULT_SCANNERS,
     audit: AuditLog | None = None,
 ) -> Applied:
-    """Apply ``change_id`` (a zone target, pending or approved) to ``zone_root``."""
+    """Apply ``change_id`` (a zone target, pending or approved) to ``zone_root``.
+
+    ``acknowledged`` names each file that runs code by itself (the ``sensitive-paths``
+    scanner's findings) that the person applying has read: all of them and only those;
+    ``override_scanners`` covers the other scanners' findings, never these."""
     change = store.verify_blobs(change_id)
     zone = _zone_of(change)
     if change.status not in ("pending", "approved"):
         raise StagingError(
             f"change set {change_id} is {change.status}; only pending or approved ones apply"
         )
-    failing = blocking(run_scanners(change, store, scanners))
+    failing, sensitive = split_sensitive(blocking(run_scanners(change, store, scanners)))
+    problem = acknowledgement_problem(change_id, sensitive, acknowledged)
+    if problem is not None:
+        if audit is not None:
+            audit.record(
+                "change.refused",
+                allowed=False,
+                zone=zone,
+                reason=problem,
+                metadata={"change": change_id, "paths": list(sensitive)},
+            )
+        raise StagingError(f"change set {change_id}: {problem}")
     if failing and not override_scanners:
         names = ", ".join(r.name for r in failing)
         raise StagingError(
@@ -97,6 +122,14 @@ def apply_to_zone(
                 written += 1
     except UnsafePath as exc:
         raise StagingError(f"change set {change_id}: {exc}; nothing more applied") from None
+    if sensitive and audit is not None:
+        audit.record(
+            "change.acknowledged",
+            allowed=True,
+            zone=zone,
+            reason="files that run code by themselves acknowledged by name",
+            metadata={"change": change_id, "paths": list(sensitive)},
+        )
     if failing and audit is not None:
         audit.record("change.override", allowed=True, zone=zone, metadata={"change": change_id})
     store.set_status(change_id, "applied", reason=f"applied to zone {zone}", expect=change.status)

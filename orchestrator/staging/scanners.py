@@ -9,6 +9,7 @@ was seen, never the secret itself, since they are stored in the manifest and the
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -38,10 +39,12 @@ __all__ = [
     "SensitivePathScanner",
     "SizeScanner",
     "SuffixScanner",
+    "acknowledgement_problem",
     "blocking",
     "run_scanners",
     "scanners_for",
     "sensitive_pattern",
+    "split_sensitive",
 ]
 
 
@@ -353,3 +356,38 @@ def run_scanners(
 def blocking(results: Sequence[ScanResult]) -> list[ScanResult]:
     """The results that block clearance (not ``ok``); empty means clear to go."""
     return [result for result in results if not result.ok]
+
+
+def split_sensitive(failing: Sequence[ScanResult]) -> tuple[list[ScanResult], tuple[str, ...]]:
+    """``failing`` without the ``sensitive-paths`` result, and the paths it found: those
+    are acknowledged by name, never overridden. A finding without a path (the scanner
+    crashed) leaves the result among the others, where it blocks as usual."""
+    paths = [f.path for r in failing if r.name == SENSITIVE for f in r.findings]
+    if not paths or not all(paths):
+        return list(failing), ()
+    return [r for r in failing if r.name != SENSITIVE], tuple(dict.fromkeys(paths))
+
+
+def acknowledgement_problem(
+    change_id: str, sensitive: Sequence[str], acknowledged: Sequence[str]
+) -> str | None:
+    """Why ``acknowledged`` does not cover ``sensitive`` (files that run code by themselves)
+    exactly, as one line naming the paths and the flags that fix it; None when it does."""
+    missing = [path for path in sensitive if path not in acknowledged]
+    if missing:
+        flags = " ".join(f"--ack-sensitive {shlex.quote(path)}" for path in missing[:10])
+        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+        return (
+            f"it changes {len(missing)} file(s) that run code by themselves at the next "
+            f"build, test or CI run: {', '.join(missing[:10])}{more} (--override-scanners "
+            f"does not cover them); read them in `orchestrator staged show {change_id}`, then "
+            f"pass {flags}{more}"
+        )
+    unknown = [path for path in acknowledged if path not in sensitive]
+    if unknown:
+        listed = ", ".join(sensitive) or "none"
+        return (
+            f"--ack-sensitive {shlex.quote(unknown[0])} names no file of it that runs code "
+            f"by itself (those are: {listed}); fix the path"
+        )
+    return None

@@ -24,6 +24,7 @@ import shutil
 import stat
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -89,12 +90,35 @@ def _digest_fd(fd: int) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 class ChangeStore:
     """Change sets under ``root`` (normally ``<sandbox root>/changes``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, folder: int | None = None) -> None:
+        """The store at ``root``; with ``folder``, a descriptor of that folder (checked by
+        the caller), which the store then owns (closed when it is collected) and reaches
+        everything through: ``root`` only names it, and a folder or link swapped in for
+        ``root``'s name (or one above it) after the check is never used."""
         self.root = Path(root)
-        self.lock_file = self.root / ".lock"
+        self._folder = folder
+        if folder is not None:
+            weakref.finalize(self, _close_quietly, folder)
+
+    @property
+    def _at(self) -> Path:
+        """Where the store is reached: ``root``, or the held folder by this process's id
+        (a path git, run by this process, can open too)."""
+        if self._folder is None:
+            return self.root
+        return Path(f"/proc/{os.getpid()}/fd/{self._folder}")
+
+    @property
+    def lock_file(self) -> Path:
+        return self._at / ".lock"
 
     def __repr__(self) -> str:
         return f"ChangeStore({str(self.root)!r})"
@@ -102,11 +126,11 @@ class ChangeStore:
     # -- paths -----------------------------------------------------------------------
 
     def _ensure(self) -> None:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._at.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def folder(self, change_id: str) -> Path:
         """The folder of change set ``change_id`` (the id is checked, never a path)."""
-        return self.root / check_id(change_id)
+        return self._at / check_id(change_id)
 
     def blob_path(self, change_id: str, sha256: str) -> Path:
         """Where the blob ``sha256`` of ``change_id`` is stored."""
@@ -133,7 +157,7 @@ class ChangeStore:
     def scratch(self) -> Iterator[Path]:
         """A private temporary folder inside the store, for collecting on its filesystem."""
         self._ensure()
-        folder = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=self.root))
+        folder = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=self._at))
         try:
             yield folder
         finally:
@@ -145,7 +169,7 @@ class ChangeStore:
         """Store ``collected`` as a new ``pending`` change set; atomic, never overwrites."""
         self._ensure()
         self.clean_stale()
-        building = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=self.root))
+        building = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=self._at))
         try:
             blobs = building / "blobs"
             blobs.mkdir(mode=0o700)
@@ -219,18 +243,18 @@ class ChangeStore:
 
     def _publish(self, building: Path, change: ChangeSet) -> ChangeSet:
         with locked(self.lock_file):
-            while (self.root / change.id).exists() or (self.root / change.id).is_symlink():
+            while (self._at / change.id).exists() or (self._at / change.id).is_symlink():
                 change = dataclasses.replace(change, id=secrets.token_hex(6))
             write_durably(building / MANIFEST, _encode(change), mode=0o400)
             fsync_dir(building)
-            os.rename(building, self.root / change.id)
-            fsync_dir(self.root)
+            os.rename(building, self._at / change.id)
+            fsync_dir(self._at)
         return change
 
     def clean_stale(self) -> int:
         """Remove temporary folders whose process is gone (or that are a day old)."""
         removed = 0
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as entries:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._at) as entries:
             for entry in entries:
                 match = _TEMP.match(entry.name)
                 if not match or not entry.is_dir(follow_symlinks=False):
@@ -251,7 +275,7 @@ class ChangeStore:
         except FileNotFoundError:
             if folder.is_dir():
                 raise ManifestError(
-                    f"change set {change_id} has no {MANIFEST}; remove {folder}"
+                    f"change set {change_id} has no {MANIFEST}; remove {self.root / change_id}"
                 ) from None
             raise ChangeNotFound(change_id, self.root) from None
         except OSError as exc:
@@ -264,10 +288,12 @@ class ChangeStore:
             change = ChangeSet.from_dict(json.loads(raw))
         except (ValueError, UnicodeDecodeError) as exc:
             raise ManifestError(
-                f"manifest of change set {change_id} is damaged ({exc}); inspect or remove {folder}"
+                f"manifest of change set {change_id} is damaged ({exc}); inspect or remove "
+                f"{self.root / change_id}"
             ) from None
         if change.id != change_id:
-            raise ManifestError(f"manifest in {folder} names another id ({change.id})")
+            shown = self.root / change_id
+            raise ManifestError(f"manifest in {shown} names another id ({change.id})")
         return change
 
     def resolve(self, text: str) -> str:
@@ -285,7 +311,7 @@ class ChangeStore:
 
     def _ids(self) -> builtins.list[str]:
         try:
-            with os.scandir(self.root) as entries:
+            with os.scandir(self._at) as entries:
                 return [
                     e.name for e in entries if ID.match(e.name) and e.is_dir(follow_symlinks=False)
                 ]

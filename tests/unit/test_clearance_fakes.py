@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -29,6 +30,9 @@ from orchestrator.clearance.store import (
     ScanFinding,
     Scanners,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.staging import ChangeStore as StagingStore
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,7 @@ _AS_SCANNERS: Scanners = FakeScanners()
 
 
 def stage_real(
-    store_root: Path,
+    store_root: Path | StagingStore,
     work: Path,
     *,
     new: dict[str, bytes | None],
@@ -222,9 +226,11 @@ def stage_real(
     trust: str = "workspace",
     run_id: str | None = "run1",
     message: str = "Add the report",
+    zone: str | None = None,
 ) -> str:
-    """Stage a repo change set with the real staging package: ``new`` maps paths to their
-    new content (None: deleted), ``base`` holds what they were computed against."""
+    """Stage a repo change set (a ``zone``'s when given) with the real staging package:
+    ``new`` maps paths to their new content (None: deleted), ``base`` holds what they were
+    computed against."""
     from orchestrator.config.models import OutboxLimits
     from orchestrator.staging import ChangeMeta, ChangeStore, ChangeTarget, collect_dir
 
@@ -239,11 +245,11 @@ def stage_real(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
             target.chmod((modes or {}).get(rel, 0o644))
-    store = ChangeStore(store_root)
+    store = store_root if isinstance(store_root, ChangeStore) else ChangeStore(store_root)
     meta = ChangeMeta(
         worker=worker,
         trust=trust,
-        target=ChangeTarget.repo(),
+        target=ChangeTarget.repo() if zone is None else ChangeTarget.zone(zone),
         run_id=run_id,
         session_id="s1",
         message=message,

@@ -353,6 +353,21 @@ def test_a_file_that_runs_code_needs_its_acknowledgement_as_on_the_command_line(
     assert "clearance.acknowledged" in audit_ops(root)
 
 
+def test_a_zone_change_set_names_the_acknowledgements_staged_apply_needs(project) -> None:
+    root, store, stage = project
+    change_id = stage({"conftest.py": b"import os\n", "a b/Makefile": b"all:\n"}, zone="notes")
+    web = client(root)
+    page = web.get(f"/changes/{change_id}").text
+    flags = "--ack-sensitive &#39;a b/Makefile&#39; --ack-sensitive conftest.py"
+    assert f"orchestrator staged apply {change_id} {flags}</code>" in page
+    assert 'name="ack"' not in page  # applied on the command line only, never here
+    refused = web.post(
+        f"/changes/{change_id}/clear", data={"csrf": web.keys.csrf, "override": "yes"}
+    )
+    assert refused.status_code == 409
+    assert store.get(change_id).status == "pending"
+
+
 def test_the_audit_page_filters_and_shows_a_broken_chain_in_red(project) -> None:
     root, _, stage = project
     stage({"a.md": b"a\n"}, run_id="run-a")
