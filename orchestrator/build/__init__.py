@@ -60,6 +60,7 @@ def build_image(
     disk: int | None = None,
     allow: list[str] | None = None,
     say: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
     engine: StepEngine | None = None,
 ) -> BuildResult:
     """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
@@ -67,7 +68,8 @@ def build_image(
     audited in the project's log; tag the image ``tag``. ``allow``: destinations this
     build's steps may reach too, on top of the project's ``build.allow`` (given at run
     time, never written into a file: the host's apt archives for ``orchestrator images
-    build``). Raises :class:`BuildRefused`
+    build``). ``say`` gets each line of the build's progress (a step's output among it:
+    untrusted text), ``warn`` a warning (default: ``say``). Raises :class:`BuildRefused`
     (one line: ``FILE:LINE: INSTRUCTION: why``) or :class:`StepFailed` (a ``RUN`` failed:
     its exit code is ``exit_code``)."""
     from orchestrator.build.builder import Builder
@@ -112,12 +114,21 @@ def build_image(
                               build_args=build_args, no_cache=no_cache,
                               allow=[*settings.allow, *(allow or [])],
                               services=[s.network for s in loaded.config.network.services],
-                              secrets=_secrets(loaded, audit), say=say)  # fmt: skip
+                              secrets=_secrets(loaded, audit), say=say, warn=warn,
+                              host_rule_missing=_host_rule_missing)  # fmt: skip
             return builder.build(target, tag)
         finally:
             folder.close()
     finally:
         audit.close()
+
+
+def _host_rule_missing() -> bool:
+    """Whether the host's firewall rule for the egress bridges is missing (checked once
+    per process, as root only, as ``run`` checks it)."""
+    from orchestrator.doctor.firewall import missing_rule_warning
+
+    return missing_rule_warning() is not None
 
 
 def _secrets(project: Project, audit: AuditLog) -> BuildSecrets:

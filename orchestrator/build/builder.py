@@ -96,6 +96,13 @@ CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
               "/etc/ssl/cert.pem")  # fmt: skip
 #: Bytes of a fetch container's output kept (its answer is the last line).
 _FETCH_OUTPUT = 64 << 10
+#: Said once per build whose steps get the build's network while the host's firewall rule
+#: is missing (as ``run`` says it for an allowlisted worker).
+HOST_RULE_WARNING = (
+    "warning: allowlisted build steps can reach services on this host through the build "
+    "network's gateway: the firewall rule is missing; apply it with `orchestrator doctor "
+    "--fix` (docs/build.md, docs/network.md)"
+)
 #: A file put into an empty /tmp before a ``RUN`` step starts (see ``_step_container``).
 TMP_MARKER = ".orchestrator-build-keeps-tmp"
 
@@ -202,11 +209,17 @@ class Builder:
         services: list[str] | None = None,
         secrets: BuildSecrets | None = None,
         say: Say | None = None,
+        warn: Say | None = None,
+        host_rule_missing: Callable[[], bool] | None = None,
     ) -> None:
         self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
         self.limits, self.no_cache = limits, no_cache
         self.build_args = dict(build_args or {})
         self.say: Say = say or (lambda line: None)
+        self.warn: Say = warn or self.say
+        """Where a warning about the build goes (``orchestrator: warning: ...``)."""
+        self.host_rule_missing = host_rule_missing or (lambda: False)
+        """Whether the host's firewall rule for the egress bridges is known to be missing."""
         self.build_id = uuid.uuid4().hex[:12]
         self.steps: list[StepRecord] = []
         self.committed: list[str] = []
@@ -519,6 +532,10 @@ class Builder:
     def _open_network(self) -> str:
         if self.network is None:
             self.network = self.engine.open_network(self.build_id, self.allow, self.services)
+            # Once per build, as ``run`` does: without the host's firewall rule a step on
+            # the build's network reaches the host's services through its gateway.
+            if self.host_rule_missing():
+                self.warn(HOST_RULE_WARNING)
         return self.network
 
     def commit_config(self, config: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -573,7 +590,9 @@ class Builder:
     ) -> tuple[StepSpec, list[tuple[SecretMount, str]]]:
         env_names = {e.partition("=")[0] for e in state.config.get("Env") or []}
         args = {k: v for k, v in state.args.items() if k not in env_names}
-        if self.allow:  # the proxy, like a build argument: never in the image's environment
+        # ``RUN --network=none``: no network at all, not even the proxy.
+        networked = bool(self.allow) and instruction.flag("network") != "none"
+        if networked:  # the proxy, like a build argument: never in the image's environment
             args.update(network_env())
         if instruction.json:
             argv = list(instruction.words)
@@ -605,7 +624,7 @@ class Builder:
                                        "target=/: name a file")  # fmt: skip
             secrets.append((found, target))
         spec = self._spec(state, argv, tuple(scratch))
-        return (replace(spec, network="allowlist") if self.allow else spec), secrets
+        return (replace(spec, network="allowlist") if networked else spec), secrets
 
     def _step_container(self, spec: StepSpec, instruction: Instruction) -> str:
         """A step's container; a ``RUN`` step's has its /tmp reach its layer, as in

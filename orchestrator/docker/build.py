@@ -45,7 +45,7 @@ from orchestrator.build.engine import (
 from orchestrator.docker import networks, podman, runtimes, seccomp
 from orchestrator.docker.buildnames import container_name
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
-from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
+from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES, NO_RESOLVER
 from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
 from orchestrator.plan import SECCOMP_PROFILE, ContainerSpec, Network
@@ -170,6 +170,10 @@ class DockerStepEngine:
             privileged=False,
             ipc_mode="private",
             extra_hosts=hosts,
+            # As a run's: the engine's DNS answers the build network's names (``proxy``)
+            # and forwards any other to "this host" in the step's own namespace, where
+            # nothing answers; no query leaves it (CVE-2024-29018's channel).
+            dns=NO_RESOLVER,
         )
         # The command as the entrypoint and an empty Cmd: a commit then takes nothing of
         # either from the container (see orchestrator.build.builder.commit_config).
