@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DISK",
+    "DEFAULT_DISK_TOTAL",
     "BuildRefused",
     "BuildResult",
     "StepFailed",
@@ -42,6 +43,8 @@ __all__ = [
 
 #: Bytes a step may add to its layer, unless the build says otherwise.
 DEFAULT_DISK = 4 << 30
+#: Bytes all the steps a build runs may add together, unless the build says otherwise.
+DEFAULT_DISK_TOTAL = 16 << 30
 
 
 def build_image(
@@ -58,13 +61,15 @@ def build_image(
     pids: int | None = None,
     timeout: float | None = None,
     disk: int | None = None,
+    disk_total: int | None = None,
     allow: list[str] | None = None,
     say: Callable[[str], None] | None = None,
     warn: Callable[[str], None] | None = None,
     engine: StepEngine | None = None,
 ) -> BuildResult:
     """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
-    ``context`` with the project's limits (``memory``... override them for this build),
+    ``context`` with the project's limits (``memory``... override them for this build;
+    ``disk``: bytes a step may add, ``disk_total``: bytes all its steps may add together),
     audited in the project's log; tag the image ``tag``. ``allow``: destinations this
     build's steps may reach too, on top of the project's ``build.allow`` (given at run
     time, never written into a file: the host's apt archives for ``orchestrator images
@@ -91,7 +96,11 @@ def build_image(
     settings = loaded.config.build
     overrides = Resources(memory=memory, cpus=cpus, pids=pids, timeout=timeout)
     limits = resolve_limits(overrides, settings.resources, loaded.config.defaults.resources)
-    step_limits = StepLimits.of(limits, disk=disk or settings.disk or DEFAULT_DISK)
+    step_limits = StepLimits.of(
+        limits,
+        disk=disk or settings.disk or DEFAULT_DISK,
+        disk_total=disk_total or settings.disk_total or DEFAULT_DISK_TOTAL,
+    )
     audit = open_audit(loaded)
     try:
         try:

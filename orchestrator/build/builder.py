@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import logging
 import posixpath
@@ -42,7 +41,15 @@ from email.utils import parsedate_to_datetime
 from typing import IO, Any
 
 from orchestrator.audit import AuditLog
-from orchestrator.build.context import Context, Item, Placed, is_archive, unpack_members, write_tar
+from orchestrator.build.context import (
+    Context,
+    Item,
+    Placed,
+    is_archive,
+    planned,
+    tar_members,
+    unpack_members,
+)
 from orchestrator.build.dockerfile import (
     LAYERS,
     BuildRefused,
@@ -54,7 +61,7 @@ from orchestrator.build.dockerfile import (
     mount_options,
     secret_mounts,
 )
-from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
+from orchestrator.build.engine import ENTRY_BYTES, StepEngine, StepLimits, StepSpec
 from orchestrator.build.fetch import (
     CA_FILE,
     DOWNLOAD,
@@ -70,6 +77,7 @@ from orchestrator.build.fetch import (
     parse_checksum,
 )
 from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_part
+from orchestrator.build.tarstream import Member, chunks_of, count, stream
 from orchestrator.build.words import WordError, expand
 from orchestrator.egress import PROXY_IMAGE, PROXY_URL, network_env
 from orchestrator.errors import OrchestratorError
@@ -90,6 +98,8 @@ DEFAULT_SHELL = ["/bin/sh", "-c"]
 #: The image configuration fields a build sets (Docker's names).
 CONFIG_FIELDS = ("Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts",
                  "Volumes", "Shell", "StopSignal", "Healthcheck")  # fmt: skip
+#: Bytes of an ``ADD <url>`` download kept in memory; past it, in an unnamed temporary file
+#: (removed as it is made), never more than the step may add.
 _SPOOL = 32 << 20
 #: The host's trusted certificates, for an https ``ADD <url>`` (the first one found).
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
@@ -223,6 +233,8 @@ class Builder:
         self.build_id = uuid.uuid4().hex[:12]
         self.steps: list[StepRecord] = []
         self.committed: list[str] = []
+        self.disk_used = 0
+        """What the steps this build ran added to their layers so far."""
         self.deadline = 0.0
         self.global_args: dict[str, str] = {}
         self.results: dict[int, _State] = {}
@@ -505,7 +517,7 @@ class Builder:
             parts = [json.dumps([spec.command, spec.scratch])]
             parts += [key_part(mount, target) for mount, target in mounts]
             key = self._key(state, instruction, parts)
-            apply: Callable[[str], None] = lambda c: self._run(c, instruction)  # noqa: E731
+            apply: Callable[[str], int] = lambda c: self._run(c, instruction)  # noqa: E731
         else:
             key, apply, spec = self._copy_plan(state, instruction)
         self.say(f"[{instruction.line}] {instruction.original.splitlines()[0][:120]}")
@@ -515,13 +527,20 @@ class Builder:
                 self.say("  (cached)")
                 state.image, state.pending = cached, []
                 return key, "cached"
+        where = f"{self.file.where(instruction.line)}: {instruction.keyword}"
+        if self._room() <= 0:
+            raise StepFailed(
+                f"{where}: the build's disk budget ({_mib(self.limits.disk_total)}, "
+                f"--disk-total) is used up by the steps before it: not run",
+                125,
+            )
         if spec.network is not None:
             spec = replace(spec, network=self._open_network())
         with self._secret_files(instruction, mounts) as files:
             spec = replace(spec, secrets=tuple((f.source, f.target) for f in files))
             container = self._step_container(spec, instruction)
             try:
-                apply(container)
+                self.disk_used += apply(container)
                 image = self.engine.commit(container, self.commit_config(state.config, key))
             finally:
                 self.engine.remove(container)
@@ -537,6 +556,24 @@ class Builder:
             if self.host_rule_missing():
                 self.warn(HOST_RULE_WARNING)
         return self.network
+
+    def _room(self) -> int:
+        """Bytes the next step may add: the step's limit, or what is left of the build's
+        budget when that is less."""
+        return min(self.limits.disk, self.limits.disk_total - self.disk_used)
+
+    def _step_limits(self) -> StepLimits:
+        return replace(self.limits, disk=max(self._room(), 0))
+
+    def _over(self) -> str:
+        """The limit a step went past, in words."""
+        if self._room() < self.limits.disk:
+            return (
+                f"what is left of the build's disk budget ({_mib(self._room())} of "
+                f"{_mib(self.limits.disk_total)}, --disk-total; the steps before it added "
+                f"{_mib(self.disk_used)})"
+            )
+        return f"the step's disk limit ({_mib(self.limits.disk)}, --disk)"
 
     def commit_config(self, config: Mapping[str, Any], key: str) -> dict[str, Any]:
         """The whole image configuration for a commit. Docker fills fields a commit leaves
@@ -640,7 +677,7 @@ class Builder:
         step runs its command as it is."""
         mounted = "/tmp" in {posixpath.normpath(p) for p in spec.scratch}  # gVisor keeps off
         if instruction.keyword != "RUN" or mounted:
-            return self.engine.create(spec, self.limits)
+            return self.engine.create(spec, self._step_limits())
         marker = f"/tmp/{TMP_MARKER}"
         # What the shell itself exports is unset (unless the step's environment has it).
         given = {e.partition("=")[0] for e in spec.env}
@@ -648,23 +685,26 @@ class Builder:
         script = (f"/bin/rm -f -- {marker} 2>/dev/null || /usr/bin/rm -f -- {marker} || "
                   f'exit 125\n{unset}exec "$@"')  # fmt: skip
         wrapped = replace(spec, command=["/bin/sh", "-c", script, "sh", *spec.command])
-        container = self.engine.create(wrapped, self.limits)
+        container = self.engine.create(wrapped, self._step_limits())
         try:
             owner = self._tmp_owner(container, spec.user)
             if owner is not None:
-                with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                        info = tarfile.TarInfo(marker.lstrip("/"))
-                        info.mode, info.uid, info.gid = 0o600, owner, 0
-                        tar.addfile(info)
-                    out.seek(0)
-                    self.engine.put_archive(container, out)
+                info = tarfile.TarInfo(marker.lstrip("/"))
+                info.mode, info.uid, info.gid = 0o600, owner, 0
+                self._put(container, [(info, [])], "/tmp")
                 return container
         except BaseException:
             self.engine.remove(container)
             raise
         self.engine.remove(container)
-        return self.engine.create(spec, self.limits)
+        return self.engine.create(spec, self._step_limits())
+
+    def _put(self, container: str, members: list[Member], where: str) -> None:
+        """A few small members of the builder's own into the container."""
+        limit = sum(ENTRY_BYTES + m.size for m, _ in members)
+        self.engine.put_archive(
+            container, stream(members, limit, lambda why: BuildRefused(f"{where}: {why}"))
+        )
 
     def _tmp_owner(self, container: str, user: str) -> int | None:
         """The step's uid, when its /tmp is an empty folder it can remove a file from and
@@ -684,7 +724,7 @@ class Builder:
                 return None
         return uid if uid == 0 or folder.mode & 0o002 else None
 
-    def _run(self, container: str, instruction: Instruction) -> None:
+    def _run(self, container: str, instruction: Instruction) -> int:
         values = self.secrets.read()
         redactor = None
         if values:  # the output of any step after a secret was read: a step may keep it
@@ -703,7 +743,7 @@ class Builder:
 
         since = datetime.now(UTC)
         try:
-            outcome = self.engine.run(container, self.limits, self.deadline, show)
+            outcome = self.engine.run(container, self._step_limits(), self.deadline, show)
         finally:
             say(redactor.flush() if redactor else b"", end=True)
             if self.network is not None:
@@ -721,8 +761,8 @@ class Builder:
             )
         if outcome.disk_exceeded:
             raise StepFailed(
-                f"{where}: wrote more than the build's disk limit "
-                f"({self.limits.disk >> 20} MiB) to its layer: stopped",
+                f"{where}: added more than {self._over()} to its layer (files, folders and "
+                "links all counted): stopped",
                 125,
             )
         if outcome.exit_code != 0:
@@ -732,6 +772,7 @@ class Builder:
             raise StepFailed(
                 f"{where}: exited {outcome.exit_code}{memory}{said}", outcome.exit_code
             )
+        return outcome.added
 
     def _record_egress(self, line: int, since: datetime) -> None:
         """The step's requests through the egress proxy: one ``build.egress`` each, up to
@@ -771,7 +812,7 @@ class Builder:
 
     def _copy_plan(
         self, state: _State, instruction: Instruction
-    ) -> tuple[str, Callable[[str], None], StepSpec]:
+    ) -> tuple[str, Callable[[str], int], StepSpec]:
         variables = state.variables()
         words = [self._expand(w, variables, instruction) for w in instruction.words]
         *sources, dest = words
@@ -789,11 +830,11 @@ class Builder:
                                                            instruction))  # fmt: skip
             parts = [source_image, *sources, dest, chown or "", chmod_text or ""]
 
-            def apply_from(container: str) -> None:
+            def apply_from(container: str) -> int:
                 owner = self._owner(container, chown, where)
                 into = into_folder or self.engine.is_folder(container, dest_path)
-                self._copy_from(container, source_image, sources, dest_path, into, owner,
-                                chmod, where)  # fmt: skip
+                return self._copy_from(container, source_image, sources, dest_path, into,
+                                       owner, chmod, where)  # fmt: skip
 
             spec = self._spec(state, [])
             return self._key(state, instruction, parts), apply_from, spec
@@ -841,7 +882,7 @@ class Builder:
                 digests.append(f"{target}:{item.mode:o}:{self.context.digest(item)}")
         parts = [dest_path, chown or "", chmod_text or "", *digests]
 
-        def apply(container: str) -> None:
+        def apply(container: str) -> int:
             owner = self._owner(container, chown, where)
             chosen = list(placed)
             folder = bool(retarget or (urls and not into_folder)) and self.engine.is_folder(
@@ -850,14 +891,41 @@ class Builder:
             if retarget and folder:  # as Docker does
                 for index, target in retarget:
                     chosen[index] = replace(chosen[index], target=target)
-            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                write_tar(out, self.context, chosen, owner=owner, chmod=chmod)
-                out.seek(0)
-                self.engine.put_archive(container, out)
+            # Everything counted before a byte is written: the files' sizes as walked, an
+            # archive's members as it would unpack, each download's size.
+            room = self._room()
+            files = count(planned(chosen), room)
+            total = files
+            unpacked = []
             for item, target in archives:
-                self._unpack(container, item, target, owner if chown else None, where)
+                found = self._unpacked(item, target, room - total, where)
+                unpacked.append(found)
+                total += found
+                if total > room:
+                    raise self._too_much(where, f"{self.context.root / item.path} unpacks to",
+                                         found)  # fmt: skip
+            downloads = []
             for url in urls:
-                self._put_download(container, url, instruction, folder, owner, chmod, where)
+                member = self._download_member(url, instruction, folder, owner, chmod, where)
+                downloads.append(member)
+                total += ENTRY_BYTES + member[0].size
+            if total > room:
+                raise self._too_much(where, "adds", total)
+
+            def refused(why: str) -> BuildRefused:
+                return BuildRefused(f"{where}: {why}")
+
+            if chosen:
+                members = tar_members(self.context, chosen, owner=owner, chmod=chmod)
+                self.engine.put_archive(container, stream(members, files, refused))
+            for (item, target), size in zip(archives, unpacked, strict=True):
+                with self.context.reader(item) as handle:
+                    members = _owned(unpack_members(handle, target, where),
+                                     owner if chown else None)  # fmt: skip
+                    self.engine.put_archive(container, stream(members, size, refused))
+            if downloads:
+                self.engine.put_archive(container, stream(downloads, total, refused))
+            return total
 
         return self._key(state, instruction, parts), apply, self._spec(state, [])
 
@@ -879,12 +947,13 @@ class Builder:
             source.download = self._download(url, instruction.line, where)
         return source
 
-    def _put_download(
-        self, container: str, source: _UrlSource, instruction: Instruction, folder: bool,
+    def _download_member(
+        self, source: _UrlSource, instruction: Instruction, folder: bool,
         owner: tuple[int, int], chmod: int | None, where: str,
-    ) -> None:  # fmt: skip
-        """The file a URL gave, into the step's layer: mode 0600 (``--chmod``), never
-        unpacked; into ``dest`` when that is a folder (``dest/``, or one in the image)."""
+    ) -> Member:  # fmt: skip
+        """The file a URL gave, as a member for the step's layer: mode 0600 (``--chmod``),
+        never unpacked; into ``dest`` when that is a folder (``dest/``, or one in the
+        image)."""
         download = source.download or self._download(source.url, instruction.line, where)
         source.download = download
         if source.expected is not None and download.digest != source.expected:
@@ -900,11 +969,7 @@ class Builder:
         info.mode = chmod if chmod is not None else URL_MODE
         info.uid, info.gid = owner
         download.data.seek(0)
-        with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                tar.addfile(info, download.data)
-            out.seek(0)
-            self.engine.put_archive(container, out)
+        return info, chunks_of(download.data, download.size)
 
     def _download(self, url: str, line: int, where: str) -> _Download:
         """``url`` fetched through the egress proxy, redirects checked against the
@@ -928,21 +993,19 @@ class Builder:
         spec = StepSpec(image=PROXY_IMAGE, command=["python3", "-c", SCRIPT, url, PROXY_URL],
                         user=f"{FETCH_USER}:{FETCH_USER}", workdir=FOLDER,
                         build_id=self.build_id, network=self._open_network())  # fmt: skip
-        container = self.engine.create(spec, self.limits)
+        limits = self._step_limits()
+        container = self.engine.create(spec, limits)
         try:
-            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    folder = tarfile.TarInfo(FOLDER.lstrip("/"))
-                    folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-                    folder.uid = folder.gid = FETCH_USER
-                    tar.addfile(folder)
-                    bundle = _ca_bundle() if url.lower().startswith("https:") else None
-                    if bundle is not None:
-                        info = tarfile.TarInfo(CA_FILE.lstrip("/"))
-                        info.size, info.mode = len(bundle), 0o644
-                        tar.addfile(info, io.BytesIO(bundle))
-                out.seek(0)
-                self.engine.put_archive(container, out)
+            folder = tarfile.TarInfo(FOLDER.lstrip("/"))
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+            folder.uid = folder.gid = FETCH_USER
+            members: list[Member] = [(folder, None)]
+            bundle = _ca_bundle() if url.lower().startswith("https:") else None
+            if bundle is not None:
+                info = tarfile.TarInfo(CA_FILE.lstrip("/"))
+                info.size, info.mode = len(bundle), 0o644
+                members.append((info, [bundle]))
+            self._put(container, members, where)
             said = bytearray()
 
             def keep(chunk: bytes) -> None:
@@ -951,7 +1014,7 @@ class Builder:
 
             since = datetime.now(UTC)
             try:
-                outcome = self.engine.run(container, self.limits, self.deadline, keep)
+                outcome = self.engine.run(container, limits, self.deadline, keep)
             finally:
                 self._record_egress(line, since)
             if outcome.timed_out:
@@ -963,10 +1026,7 @@ class Builder:
             answer = answer_of(said.decode("utf-8", errors="replace"))
             too_big = answer is not None and answer.too_big
             if outcome.disk_exceeded or too_big or outcome.exit_code == 128 + 25:  # SIGXFSZ
-                raise BuildRefused(
-                    f"{where}: {url}: larger than the build's disk limit "
-                    f"({self.limits.disk >> 20} MiB): stopped"
-                )
+                raise BuildRefused(f"{where}: {url}: larger than {self._over()}: stopped")
             if answer is None:
                 memory = " (killed at the memory limit)" if outcome.oom else ""
                 raise BuildRefused(
@@ -991,11 +1051,8 @@ class Builder:
                     continue
                 while chunk := body.read(1 << 20):
                     size += len(chunk)
-                    if size > self.limits.disk:
-                        raise BuildRefused(
-                            f"{where}: {url}: larger than the build's disk limit "
-                            f"({self.limits.disk >> 20} MiB)"
-                        )
+                    if size > self._room():
+                        raise BuildRefused(f"{where}: {url}: larger than {self._over()}")
                     digest.update(chunk)
                     data.write(chunk)
         if size != answer.size:
@@ -1014,36 +1071,49 @@ class Builder:
     def _copy_from(
         self, container: str, image: str, sources: list[str], dest: str, into_folder: bool,
         owner: tuple[int, int], chmod: int | None, where: str,
-    ) -> None:  # fmt: skip
+    ) -> int:  # fmt: skip
+        """``COPY --from``: the sources' archives read from the image twice, once to count
+        what they add (before anything is written), then streamed into the step."""
+        for source in sources:
+            if any(c in source for c in "*?["):
+                raise BuildRefused(f"{where}: --from: wildcards are not supported")
         source_container = self.engine.create(StepSpec(image=image, command=[]), self.limits)
         try:
-            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    for source in sources:
-                        if any(c in source for c in "*?["):
-                            raise BuildRefused(f"{where}: --from: wildcards are not supported")
-                        try:
-                            stream = self.engine.get_archive(source_container, source)
-                        except FileNotFoundError:
-                            raise BuildRefused(f"{where}: {source}: not found in {image}") from None
-                        _rebase(tar, _ChunkReader(stream), dest, into_folder, owner, chmod, where)
-                out.seek(0)
-                self.engine.put_archive(container, out)
+
+            def members(content: bool) -> Iterator[Member]:
+                for source in sources:
+                    try:
+                        chunks = self.engine.get_archive(source_container, source)
+                    except FileNotFoundError:
+                        raise BuildRefused(f"{where}: {source}: not found in {image}") from None
+                    yield from _rebased(_ChunkReader(chunks), dest, into_folder, owner, chmod,
+                                        where, content=content)  # fmt: skip
+
+            room = self._room()
+            total = count((m for m, _ in members(False)), room)
+            if total > room:
+                raise self._too_much(where, "adds", total)
+
+            def refused(why: str) -> BuildRefused:
+                return BuildRefused(f"{where}: {why}")
+
+            self.engine.put_archive(container, stream(members(True), total, refused))
+            return total
         finally:
             self.engine.remove(source_container)
 
-    def _unpack(
-        self, container: str, item: Item, target: str, owner: tuple[int, int] | None, where: str
-    ) -> None:
-        with self.context.reader(item) as handle, tempfile.SpooledTemporaryFile(_SPOOL) as out:
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for member, data in unpack_members(handle, target, where):
-                    if owner is not None:
-                        member.uid, member.gid = owner
-                    member.uname = member.gname = ""
-                    tar.addfile(member, data)
-            out.seek(0)
-            self.engine.put_archive(container, out)
+    def _too_much(self, where: str, what: str, size: int) -> BuildRefused:
+        return BuildRefused(
+            f"{where}: {what} at least {_mib(size)} (apparent sizes, a block per entry): "
+            f"more than {self._over()} to its layer: nothing was written"
+        )
+
+    def _unpacked(self, item: Item, target: str, room: int, where: str) -> int:
+        """What ``ADD`` of the archive ``item`` would add, from its members' headers (the
+        count stops once past ``room``: a bomb is never unpacked, here or anywhere)."""
+        with self.context.reader(item) as handle:
+            headers = (m for m, _ in unpack_members(handle, target, where, content=False))
+            return count(headers, room)
 
     def _owner(self, container: str, chown: str | None, where: str) -> tuple[int, int]:
         """``--chown=user[:group]`` as numbers, names read from the image's own files."""
@@ -1164,13 +1234,13 @@ class _ChunkReader:
         return data
 
 
-def _rebase(
-    tar: tarfile.TarFile, source: _ChunkReader, dest: str, into_folder: bool,
-    owner: tuple[int, int], chmod: int | None, where: str,
-) -> None:  # fmt: skip
+def _rebased(
+    source: _ChunkReader, dest: str, into_folder: bool, owner: tuple[int, int],
+    chmod: int | None, where: str, *, content: bool = True,
+) -> Iterator[Member]:  # fmt: skip
     """Members of an image's archive (``COPY --from``) renamed under ``dest``: a folder's
     content into it, a file to it (or into it, for ``dest/``); hard links between them
-    kept, renamed the same way."""
+    kept, renamed the same way. Without ``content``, the headers only (data skipped)."""
     with tarfile.open(fileobj=source, mode="r|") as archive:  # type: ignore[call-overload]
         top: str | None = None
         folder = False
@@ -1184,7 +1254,8 @@ def _rebase(
                 return posixpath.join(dest, rest).lstrip("/") if rest else None
             return (posixpath.join(dest, parts[0]) if into_folder else dest).lstrip("/")
 
-        for member in archive:
+        while (member := archive.next()) is not None:
+            archive.members.clear()  # never kept: a stream of millions of headers
             if top is None:
                 top, folder = member.name.strip("/").split("/")[0], member.isdir()
             if member.isdev() or member.isfifo():
@@ -1197,7 +1268,22 @@ def _rebase(
                 copy.mode = chmod
             if copy.islnk():
                 copy.linkname = renamed(member.linkname) or ""
-            tar.addfile(copy, archive.extractfile(member) if member.isreg() else None)
+            data = archive.extractfile(member) if content and member.isreg() else None
+            yield copy, chunks_of(data, member.size) if data is not None else None
+
+
+def _owned(members: Iterator[Member], owner: tuple[int, int] | None) -> Iterator[Member]:
+    """An archive's members owned by ``owner`` (``--chown``; None: as the archive says),
+    without the archive's user and group names."""
+    for member, data in members:
+        if owner is not None:
+            member.uid, member.gid = owner
+        member.uname = member.gname = ""
+        yield member, data
+
+
+def _mib(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
 @dataclass

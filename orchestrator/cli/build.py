@@ -48,13 +48,16 @@ def _size(value: str | None) -> int | None:
 )
 @click.option("--memory", help="Memory per step (e.g. 1g; default: the project's).")
 @click.option("--disk", help="Bytes a step may add to its layer (e.g. 2g; default 4g).")
+@click.option(
+    "--disk-total", help="Bytes all the steps of the build may add together (default 16g)."
+)
 @click.option("--timeout", type=timeout_seconds, help="Seconds the whole build may take.")
 @json_option()
 @raw_option
 def build(
     context: Path, dockerfile: Path | None, tag: str | None, project_dir: Path,
     target: str | None, no_cache: bool, build_args: tuple[str, ...], memory: str | None,
-    disk: str | None, timeout: float | None, as_json: bool,
+    disk: str | None, disk_total: str | None, timeout: float | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Build CONTEXT's Dockerfile step by step, each RUN under gVisor.
 
@@ -78,6 +81,7 @@ def build(
             result = build_image(
                 context, dockerfile=dockerfile, tag=tag, project=project_dir, target=target,
                 no_cache=no_cache, build_args=args, memory=_size(memory), disk=_size(disk),
+                disk_total=_size(disk_total),
                 timeout=timeout, say=lambda line: click.echo(shown(line), err=True),
                 warn=say,
             )  # fmt: skip

@@ -24,10 +24,10 @@ import json
 import tarfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import Any
 
 import requests
 from docker import errors as docker_errors
@@ -35,6 +35,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from orchestrator import labels
 from orchestrator.build.engine import (
+    ENTRY_BYTES,
     STEP_CAPABILITIES,
     Folder,
     Output,
@@ -60,6 +61,8 @@ TAIL = 2048
 CACHE_LABEL = f"{labels.PREFIX}.build.key"
 #: Go's ``os.ModeDir``, in the mode the engine's path stat reports.
 GO_MODE_DIR = 1 << 31
+#: The key of each entry in the engine's list of a container's changes.
+_PATH_KEY = b'"Path":'
 #: A tmpfs for ``RUN --mount=type=cache|tmpfs``.
 SCRATCH_SIZE = 256 << 20
 
@@ -197,9 +200,11 @@ class DockerStepEngine:
         with engine_errors("creating a build step's container"):
             return retrying(create)
 
-    def put_archive(self, container: str, data: IO[bytes]) -> None:
+    def put_archive(self, container: str, data: Iterable[bytes]) -> None:
+        # A generator: the SDK sends it as it comes (chunked), nothing is staged.
+        chunks = iter(data)
         with engine_errors("copying files into a build step"):
-            if not self.api.put_archive(container, "/", data):
+            if not self.api.put_archive(container, "/", chunks):
                 raise EngineError("Docker refused the files of a build step")
 
     def is_folder(self, container: str, path: str) -> bool:
@@ -261,7 +266,8 @@ class DockerStepEngine:
         with engine_errors("starting a build step"):
             self.api.start(container)
         timed_out = disk = False
-        last_poll = 0.0
+        added = 0
+        next_poll = time.monotonic() + DISK_POLL_S
         try:
             while True:
                 left = deadline - time.monotonic()
@@ -270,18 +276,24 @@ class DockerStepEngine:
                     break
                 if self._exited(container, min(left, DISK_POLL_S)):
                     break
-                if time.monotonic() - last_poll >= DISK_POLL_S:
-                    last_poll = time.monotonic()
-                    if self._layer_size(container) > limits.disk:
+                if time.monotonic() >= next_poll:
+                    began = time.monotonic()
+                    added = self.added(container)
+                    if added > limits.disk:
                         disk = True
                         break
+                    # A measure walks the layer: the engine spends at most a third of
+                    # its time on it, however large the layer grew.
+                    spent = time.monotonic() - began
+                    next_poll = time.monotonic() + max(DISK_POLL_S, 2 * spent)
             if timed_out or disk:
                 with engine_errors("stopping a build step"), suppress(docker_errors.APIError):
                     self.api.kill(container)  # (an error: it ended meanwhile)
             with engine_errors("reading a build step's exit state"):
                 state = self.api.inspect_container(container)["State"]
             if not disk and state.get("ExitCode") == 0 and not timed_out:
-                disk = self._layer_size(container) > limits.disk
+                added = self.added(container)
+                disk = added > limits.disk
         finally:
             reader.join(5)
             reader.close()
@@ -289,6 +301,7 @@ class DockerStepEngine:
             exit_code=int(state.get("ExitCode", -1)),
             timed_out=timed_out,
             disk_exceeded=disk,
+            added=added,
             oom=bool(state.get("OOMKilled")),
             tail=reader.tail.decode("utf-8", errors="replace"),
             clipped=reader.clipped,
@@ -298,13 +311,37 @@ class DockerStepEngine:
         action = "waiting for a build step"
         return wait_exit(self.api, container, max(timeout, 0.05), action) is not None
 
-    def _layer_size(self, container: str) -> int:
+    def added(self, container: str) -> int:
+        """What the container added to its layer: the engine's ``SizeRw`` (the apparent
+        sizes of its files, a sparse file's holes too, and its links' targets; a folder or
+        an empty file counts nothing there, and a file of many hard links once) and
+        :data:`ENTRY_BYTES` for each entry of the layer's changes (files, folders, links,
+        deletions, whatever their number)."""
+        api: Any = self.api
         with engine_errors("measuring a build step's layer"):
-            # The SDK's inspect has no ``size``; the API does (SizeRw: the layer's bytes).
-            api: Any = self.api
+            # The SDK's inspect has no ``size``; the API does.
             url = api._url("/containers/{0}/json", container)
             found = api._result(api._get(url, params={"size": 1}), json=True)
-        return int(found.get("SizeRw") or 0)
+            entries = self._entries(container)
+        return int(found.get("SizeRw") or 0) + ENTRY_BYTES * entries
+
+    def _entries(self, container: str) -> int:
+        """The number of entries in the container's layer's changes, counted as the
+        engine's answer streams in (one ``"Path":`` each: a quote inside a path is
+        escaped, so a path cannot forge one), never held whole."""
+        api: Any = self.api
+        answer = api._get(api._url("/containers/{0}/changes", container), stream=True)
+        try:
+            api._raise_for_status(answer)
+            count, carry = 0, b""
+            for chunk in answer.iter_content(1 << 16):
+                data = carry + chunk
+                count += data.count(_PATH_KEY)
+                # What could be the start of a key cut between two chunks.
+                carry = data[-(len(_PATH_KEY) - 1) :]
+            return count
+        finally:
+            answer.close()
 
     def commit(self, container: str, config: Mapping[str, Any]) -> str:
         with engine_errors("committing a build step"):
