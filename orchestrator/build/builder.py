@@ -759,7 +759,8 @@ class Builder:
                 f"({self.limits.timeout_s:g} s): stopped",
                 125,
             )
-        if outcome.disk_exceeded:
+        # (SIGXFSZ, 128 + 25: a file grew past the limit, the file-size limit stopped it)
+        if outcome.disk_exceeded or outcome.exit_code == 128 + 25:
             raise StepFailed(
                 f"{where}: added more than {self._over()} to its layer (files, folders and "
                 "links all counted): stopped",

@@ -291,7 +291,7 @@ class DockerStepEngine:
                     self.api.kill(container)  # (an error: it ended meanwhile)
             with engine_errors("reading a build step's exit state"):
                 state = self.api.inspect_container(container)["State"]
-            if not disk and state.get("ExitCode") == 0 and not timed_out:
+            if not disk and not timed_out:  # (a step that failed on a full file, too)
                 added = self.added(container)
                 disk = added > limits.disk
         finally:
