@@ -193,8 +193,9 @@ for line in open("/proc/net/route").read().splitlines()[1:]:
     if fields[1] == "00000000":
         gateway = socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for _ in range(3):
+for _ in range(6):  # spaced: the first may wait for the gateway's address to resolve
     sock.sendto(b"control", (gateway, 9))
+    time.sleep(0.5)
 sock.close()
 print("PROBE " + json.dumps(out), flush=True)
 """
