@@ -5,8 +5,10 @@ step's container runs under gVisor's build runtime (``orchestrator-runsc-build``
 reach the container's layer, see :mod:`.runtimes`), as root inside the sandbox with
 Docker's default capabilities less ``NET_RAW``, ``MKNOD`` and ``AUDIT_WRITE``,
 ``no-new-privileges``, the project's seccomp profile, no network, the build's memory,
-CPU and process limits, a file-size limit and a watch on its layer's size (the disk
-limit), its output read through an attach and clipped (the logging driver is ``none``: the
+CPU and process limits, a file-size limit and a watch on what it adds to its layer (the
+disk limit: the engine's size of the layer and a block for every entry of its changes),
+the resolver "this host" (no DNS query leaves it), its output read through an attach and
+clipped (the logging driver is ``none``: the
 engine keeps nothing of it on the host).
 
 A step's container carries no labels: labels would pass into the committed image and from

@@ -299,3 +299,58 @@ def test_a_missing_host_firewall_rule_is_said_once_per_allowlisted_build(builds,
             "orchestrator: warning: allowlisted build steps can reach services on this host "
             "through the build network's gateway" in done.stderr
         )
+
+
+def test_what_fits_is_streamed_in_whole_and_leaves_no_temporary_file(builds, project, tmp_path):
+    """A 40 MiB file, a folder of small files and an archive with a link and a hard link,
+    under limits they fit in: in the image as they were, nothing in the build's TMPDIR."""
+    context: Path = builds.context
+    big = os.urandom(1 << 20) * 40
+    (context / "big.bin").write_bytes(big)
+    (context / "small").mkdir()
+    for n in range(200):
+        (context / "small" / f"s{n}.txt").write_text(f"{n}\n")
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        folder = tarfile.TarInfo("pkg")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        info = tarfile.TarInfo("pkg/data.txt")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"inside"))
+        link = tarfile.TarInfo("pkg/soft")
+        link.type, link.linkname = tarfile.SYMTYPE, "data.txt"
+        tar.addfile(link)
+        hard = tarfile.TarInfo("pkg/hard")
+        hard.type, hard.linkname = tarfile.LNKTYPE, "pkg/data.txt"
+        tar.addfile(hard)
+    (context / "pkg.tar.gz").write_bytes(raw.getvalue())
+    own = tmp_path / "build-tmp"
+    own.mkdir()
+    tag = f"orchestrator-test/build-{builds.marker}:fits"
+    (context / "Dockerfile").write_text(
+        f"FROM {WORKER_IMAGE}\nLABEL test.mark={builds.marker}\nCOPY big.bin /big.bin\n"
+        "COPY small /small\nADD --chown=1000:1000 pkg.tar.gz /opt/\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "build", str(context), "--project",
+         str(project.root), "-t", tag, "--disk", "48m", "--disk-total", "64m", "--no-cache"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "TMPDIR": str(own)},
+    )  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert list(own.iterdir()) == []
+        shown = docker("run", "--rm", "--entrypoint", "sh", tag, "-c",
+                       "sha256sum /big.bin | cut -c1-64; ls /small | wc -l; cat /small/s7.txt; "
+                       "cd /opt/pkg; readlink soft; cat hard; stat -c '%u %h' data.txt")  # fmt: skip
+        assert shown.stdout.split("\n")[:6] == [
+            hashlib.sha256(big).hexdigest(),
+            "200",
+            "7",
+            "data.txt",
+            "inside",
+            "1000 2",
+        ], shown.stdout + shown.stderr
+    finally:
+        docker("rmi", "-f", tag)
