@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DISK",
+    "DEFAULT_DISK_TOTAL",
     "BuildRefused",
     "BuildResult",
     "StepFailed",
@@ -43,6 +44,8 @@ __all__ = [
 
 #: Bytes a step may add to its layer, unless the build says otherwise.
 DEFAULT_DISK = 4 << 30
+#: Bytes all the steps a build runs may add together, unless the build says otherwise.
+DEFAULT_DISK_TOTAL = 16 << 30
 
 
 def build_image(
@@ -59,20 +62,25 @@ def build_image(
     pids: int | None = None,
     timeout: float | None = None,
     disk: int | None = None,
+    disk_total: int | None = None,
     allow: list[str] | None = None,
     say: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
     engine: StepEngine | None = None,
     labels: dict[str, str] | None = None,
     cache_key: bytes | None = None,
 ) -> BuildResult:
     """Build the Dockerfile (``dockerfile``, default ``CONTEXT/Dockerfile``) of the folder
-    ``context`` with the project's limits (``memory``... override them for this build),
+    ``context`` with the project's limits (``memory``... override them for this build;
+    ``disk``: bytes a step may add, ``disk_total``: bytes all its steps may add together),
     audited in the project's log; tag the image ``tag``. ``allow``: destinations this
     build's steps may reach too, on top of the project's ``build.allow`` (given at run
     time, never written into a file: the host's apt archives for ``orchestrator images
     build``). ``labels``: labels of the orchestrator's own to put on the image (the
     agent image's; a Dockerfile may not set them). ``cache_key``: the cache's key, instead
-    of the project's (see :mod:`.scope`). Raises :class:`BuildRefused`
+    of the project's (see :mod:`.scope`). ``say`` gets each line of the build's progress (a
+    step's output among it: untrusted text), ``warn`` a warning (default: ``say``). Raises
+    :class:`BuildRefused`
     (one line: ``FILE:LINE: INSTRUCTION: why``) or :class:`StepFailed` (a ``RUN`` failed:
     its exit code is ``exit_code``)."""
     from orchestrator.build.bases import BaseImages
@@ -96,7 +104,11 @@ def build_image(
     settings = loaded.config.build
     overrides = Resources(memory=memory, cpus=cpus, pids=pids, timeout=timeout)
     limits = resolve_limits(overrides, settings.resources, loaded.config.defaults.resources)
-    step_limits = StepLimits.of(limits, disk=disk or settings.disk or DEFAULT_DISK)
+    step_limits = StepLimits.of(
+        limits,
+        disk=disk or settings.disk or DEFAULT_DISK,
+        disk_total=disk_total or settings.disk_total or DEFAULT_DISK_TOTAL,
+    )
     cache_key = cache_key or project_cache_key(loaded)
     images = BaseImages(tuple(settings.images), str(loaded.file))
     audit = open_audit(loaded)
@@ -121,13 +133,22 @@ def build_image(
                               build_args=build_args, no_cache=no_cache,
                               allow=[*settings.allow, *(allow or [])],
                               services=[s.network for s in loaded.config.network.services],
-                              secrets=_secrets(loaded, audit), say=say, cache_key=cache_key,
+                              secrets=_secrets(loaded, audit), say=say, warn=warn,
+                              host_rule_missing=_host_rule_missing, cache_key=cache_key,
                               images=images, labels=labels)  # fmt: skip
             return builder.build(target, tag)
         finally:
             folder.close()
     finally:
         audit.close()
+
+
+def _host_rule_missing() -> bool:
+    """Whether the host's firewall rule for the egress bridges is missing (checked once
+    per process, as root only, as ``run`` checks it)."""
+    from orchestrator.doctor.firewall import missing_rule_warning
+
+    return missing_rule_warning() is not None
 
 
 def _secrets(project: Project, audit: AuditLog) -> BuildSecrets:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import io
 import json
 import logging
 import posixpath
@@ -52,7 +51,15 @@ from typing import IO, Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.build.bases import BaseImages
-from orchestrator.build.context import Context, Item, Placed, is_archive, unpack_members, write_tar
+from orchestrator.build.context import (
+    Context,
+    Item,
+    Placed,
+    is_archive,
+    planned,
+    tar_members,
+    unpack_members,
+)
 from orchestrator.build.dockerfile import (
     LAYERS,
     BuildRefused,
@@ -64,7 +71,7 @@ from orchestrator.build.dockerfile import (
     mount_options,
     secret_mounts,
 )
-from orchestrator.build.engine import StepEngine, StepLimits, StepSpec
+from orchestrator.build.engine import ENTRY_BYTES, StepEngine, StepLimits, StepSpec
 from orchestrator.build.fetch import (
     CA_FILE,
     DOWNLOAD,
@@ -80,6 +87,7 @@ from orchestrator.build.fetch import (
     parse_checksum,
 )
 from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_part
+from orchestrator.build.tarstream import Member, chunks_of, count, stream
 from orchestrator.build.words import WordError, expand
 from orchestrator.config.allowlist import validate_allowlist
 from orchestrator.credproxy import CREDPROXY_IMAGE
@@ -109,12 +117,21 @@ DEFAULT_SHELL = ["/bin/sh", "-c"]
 #: The image configuration fields a build sets (Docker's names).
 CONFIG_FIELDS = ("Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts",
                  "Volumes", "Shell", "StopSignal", "Healthcheck")  # fmt: skip
+#: Bytes of an ``ADD <url>`` download kept in memory; past it, in an unnamed temporary file
+#: (removed as it is made), never more than the step may add.
 _SPOOL = 32 << 20
 #: The host's trusted certificates, for an https ``ADD <url>`` (the first one found).
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
               "/etc/ssl/cert.pem")  # fmt: skip
 #: Bytes of a fetch container's output kept (its answer is the last line).
 _FETCH_OUTPUT = 64 << 10
+#: Said once per build whose steps get the build's network while the host's firewall rule
+#: is missing (as ``run`` says it for an allowlisted worker).
+HOST_RULE_WARNING = (
+    "warning: allowlisted build steps can reach services on this host through the build "
+    "network's gateway: the firewall rule is missing; apply it with `orchestrator doctor "
+    "--fix` (docs/build.md, docs/network.md)"
+)
 #: A file put into an empty /tmp before a ``RUN`` step starts (see ``_step_container``).
 TMP_MARKER = ".orchestrator-build-keeps-tmp"
 
@@ -224,14 +241,22 @@ class Builder:
         say: Say | None = None,
         images: BaseImages | None = None,
         labels: Mapping[str, str] | None = None,
+        warn: Say | None = None,
+        host_rule_missing: Callable[[], bool] | None = None,
     ) -> None:
         self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
         self.limits, self.no_cache = limits, no_cache
         self.build_args = dict(build_args or {})
         self.say: Say = say or (lambda line: None)
+        self.warn: Say = warn or self.say
+        """Where a warning about the build goes (``orchestrator: warning: ...``)."""
+        self.host_rule_missing = host_rule_missing or (lambda: False)
+        """Whether the host's firewall rule for the egress bridges is known to be missing."""
         self.build_id = uuid.uuid4().hex[:12]
         self.steps: list[StepRecord] = []
         self.committed: list[str] = []
+        self.disk_used = 0
+        """What the steps this build ran added to their layers so far."""
         self.deadline = 0.0
         self.global_args: dict[str, str] = {}
         self.results: dict[int, _State] = {}
@@ -575,7 +600,7 @@ class Builder:
             if spec.network is not None:  # what the step could reach
                 parts += [json.dumps([self._allowlist(), sorted(set(self.services))])]
             key = self._key(state, instruction, parts)
-            apply: Callable[[str], None] = lambda c: self._run(c, instruction)  # noqa: E731
+            apply: Callable[[str], int] = lambda c: self._run(c, instruction)  # noqa: E731
         else:
             key, apply, spec = self._copy_plan(state, instruction)
         self.say(f"[{instruction.line}] {instruction.original.splitlines()[0][:120]}")
@@ -585,13 +610,20 @@ class Builder:
                 self.say("  (cached)")
                 state.image, state.pending = cached, []
                 return key, "cached"
+        where = f"{self.file.where(instruction.line)}: {instruction.keyword}"
+        if self._room() <= 0:
+            raise StepFailed(
+                f"{where}: the build's disk budget ({_mib(self.limits.disk_total)}, "
+                f"--disk-total) is used up by the steps before it: not run",
+                125,
+            )
         if spec.network is not None:
             spec = replace(spec, network=self._open_network())
         with self._secret_files(instruction, mounts) as files:
             spec = replace(spec, secrets=tuple((f.source, f.target) for f in files))
             container = self._step_container(spec, instruction)
             try:
-                apply(container)
+                self.disk_used += apply(container)
                 image = self.engine.commit(container, self.commit_config(state.config, key))
             finally:
                 self.engine.remove(container)
@@ -607,7 +639,29 @@ class Builder:
     def _open_network(self) -> str:
         if self.network is None:
             self.network = self.engine.open_network(self.build_id, self.allow, self.services)
+            # Once per build, as ``run`` does: without the host's firewall rule a step on
+            # the build's network reaches the host's services through its gateway.
+            if self.host_rule_missing():
+                self.warn(HOST_RULE_WARNING)
         return self.network
+
+    def _room(self) -> int:
+        """Bytes the next step may add: the step's limit, or what is left of the build's
+        budget when that is less."""
+        return min(self.limits.disk, self.limits.disk_total - self.disk_used)
+
+    def _step_limits(self) -> StepLimits:
+        return replace(self.limits, disk=max(self._room(), 0))
+
+    def _over(self) -> str:
+        """The limit a step went past, in words."""
+        if self._room() < self.limits.disk:
+            return (
+                f"what is left of the build's disk budget ({_mib(self._room())} of "
+                f"{_mib(self.limits.disk_total)}, --disk-total; the steps before it added "
+                f"{_mib(self.disk_used)})"
+            )
+        return f"the step's disk limit ({_mib(self.limits.disk)}, --disk)"
 
     def commit_config(self, config: Mapping[str, Any], key: str) -> dict[str, Any]:
         """The whole image configuration for a commit. Docker fills fields a commit leaves
@@ -661,7 +715,9 @@ class Builder:
     ) -> tuple[StepSpec, list[tuple[SecretMount, str]]]:
         env_names = {e.partition("=")[0] for e in state.config.get("Env") or []}
         args = {k: v for k, v in state.args.items() if k not in env_names}
-        if self.allow:  # the proxy, like a build argument: never in the image's environment
+        # ``RUN --network=none``: no network at all, not even the proxy.
+        networked = bool(self.allow) and instruction.flag("network") != "none"
+        if networked:  # the proxy, like a build argument: never in the image's environment
             args.update(network_env())
         if instruction.json:
             argv = list(instruction.words)
@@ -693,7 +749,7 @@ class Builder:
                                        "target=/: name a file")  # fmt: skip
             secrets.append((found, target))
         spec = self._spec(state, argv, tuple(scratch))
-        return (replace(spec, network="allowlist") if self.allow else spec), secrets
+        return (replace(spec, network="allowlist") if networked else spec), secrets
 
     def _step_container(self, spec: StepSpec, instruction: Instruction) -> str:
         """A step's container; a ``RUN`` step's has its /tmp reach its layer, as in
@@ -709,7 +765,7 @@ class Builder:
         step runs its command as it is."""
         mounted = "/tmp" in {posixpath.normpath(p) for p in spec.scratch}  # gVisor keeps off
         if instruction.keyword != "RUN" or mounted:
-            return self.engine.create(spec, self.limits)
+            return self.engine.create(spec, self._step_limits())
         marker = f"/tmp/{TMP_MARKER}"
         # What the shell itself exports is unset (unless the step's environment has it).
         given = {e.partition("=")[0] for e in spec.env}
@@ -717,23 +773,26 @@ class Builder:
         script = (f"/bin/rm -f -- {marker} 2>/dev/null || /usr/bin/rm -f -- {marker} || "
                   f'exit 125\n{unset}exec "$@"')  # fmt: skip
         wrapped = replace(spec, command=["/bin/sh", "-c", script, "sh", *spec.command])
-        container = self.engine.create(wrapped, self.limits)
+        container = self.engine.create(wrapped, self._step_limits())
         try:
             owner = self._tmp_owner(container, spec.user)
             if owner is not None:
-                with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                        info = tarfile.TarInfo(marker.lstrip("/"))
-                        info.mode, info.uid, info.gid = 0o600, owner, 0
-                        tar.addfile(info)
-                    out.seek(0)
-                    self.engine.put_archive(container, out)
+                info = tarfile.TarInfo(marker.lstrip("/"))
+                info.mode, info.uid, info.gid = 0o600, owner, 0
+                self._put(container, [(info, [])], "/tmp")
                 return container
         except BaseException:
             self.engine.remove(container)
             raise
         self.engine.remove(container)
-        return self.engine.create(spec, self.limits)
+        return self.engine.create(spec, self._step_limits())
+
+    def _put(self, container: str, members: list[Member], where: str) -> None:
+        """A few small members of the builder's own into the container."""
+        limit = sum(ENTRY_BYTES + m.size for m, _ in members)
+        self.engine.put_archive(
+            container, stream(members, limit, lambda why: BuildRefused(f"{where}: {why}"))
+        )
 
     def _tmp_owner(self, container: str, user: str) -> int | None:
         """The step's uid, when its /tmp is an empty folder it can remove a file from and
@@ -753,7 +812,7 @@ class Builder:
                 return None
         return uid if uid == 0 or folder.mode & 0o002 else None
 
-    def _run(self, container: str, instruction: Instruction) -> None:
+    def _run(self, container: str, instruction: Instruction) -> int:
         values = self.secrets.read()
         redactor = None
         if values:  # the output of any step after a secret was read: a step may keep it
@@ -772,7 +831,7 @@ class Builder:
 
         since = datetime.now(UTC)
         try:
-            outcome = self.engine.run(container, self.limits, self.deadline, show)
+            outcome = self.engine.run(container, self._step_limits(), self.deadline, show)
         finally:
             say(redactor.flush() if redactor else b"", end=True)
             if self.network is not None:
@@ -788,10 +847,11 @@ class Builder:
                 f"({self.limits.timeout_s:g} s): stopped",
                 125,
             )
-        if outcome.disk_exceeded:
+        # (SIGXFSZ, 128 + 25: a file grew past the limit, the file-size limit stopped it)
+        if outcome.disk_exceeded or outcome.exit_code == 128 + 25:
             raise StepFailed(
-                f"{where}: wrote more than the build's disk limit "
-                f"({self.limits.disk >> 20} MiB) to its layer: stopped",
+                f"{where}: added more than {self._over()} to its layer (files, folders and "
+                "links all counted): stopped",
                 125,
             )
         if outcome.exit_code != 0:
@@ -801,6 +861,7 @@ class Builder:
             raise StepFailed(
                 f"{where}: exited {outcome.exit_code}{memory}{said}", outcome.exit_code
             )
+        return outcome.added
 
     def _record_egress(self, line: int, since: datetime) -> None:
         """The step's requests through the egress proxy: one ``build.egress`` each, up to
@@ -840,7 +901,7 @@ class Builder:
 
     def _copy_plan(
         self, state: _State, instruction: Instruction
-    ) -> tuple[str, Callable[[str], None], StepSpec]:
+    ) -> tuple[str, Callable[[str], int], StepSpec]:
         variables = state.variables()
         words = [self._expand(w, variables, instruction) for w in instruction.words]
         *sources, dest = words
@@ -859,11 +920,11 @@ class Builder:
             )
             parts = [source_image, *sources, dest, chown or "", chmod_text or ""]
 
-            def apply_from(container: str) -> None:
+            def apply_from(container: str) -> int:
                 owner = self._owner(container, chown, where)
                 into = into_folder or self.engine.is_folder(container, dest_path)
-                self._copy_from(container, source_image, sources, dest_path, into, owner,
-                                chmod, where)  # fmt: skip
+                return self._copy_from(container, source_image, sources, dest_path, into,
+                                       owner, chmod, where)  # fmt: skip
 
             spec = self._spec(state, [])
             return self._key(state, instruction, parts), apply_from, spec
@@ -911,7 +972,7 @@ class Builder:
                 digests.append(f"{target}:{item.mode:o}:{self.context.digest(item)}")
         parts = [dest_path, chown or "", chmod_text or "", *digests]
 
-        def apply(container: str) -> None:
+        def apply(container: str) -> int:
             owner = self._owner(container, chown, where)
             chosen = list(placed)
             folder = bool(retarget or (urls and not into_folder)) and self.engine.is_folder(
@@ -920,14 +981,41 @@ class Builder:
             if retarget and folder:  # as Docker does
                 for index, target in retarget:
                     chosen[index] = replace(chosen[index], target=target)
-            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                write_tar(out, self.context, chosen, owner=owner, chmod=chmod)
-                out.seek(0)
-                self.engine.put_archive(container, out)
+            # Everything counted before a byte is written: the files' sizes as walked, an
+            # archive's members as it would unpack, each download's size.
+            room = self._room()
+            files = count(planned(chosen), room)
+            total = files
+            unpacked = []
             for item, target in archives:
-                self._unpack(container, item, target, owner if chown else None, where)
+                found = self._unpacked(item, target, room - total, where)
+                unpacked.append(found)
+                total += found
+                if total > room:
+                    raise self._too_much(where, f"{self.context.root / item.path} unpacks to",
+                                         found)  # fmt: skip
+            downloads = []
             for url in urls:
-                self._put_download(container, url, instruction, folder, owner, chmod, where)
+                member = self._download_member(url, instruction, folder, owner, chmod, where)
+                downloads.append(member)
+                total += ENTRY_BYTES + member[0].size
+            if total > room:
+                raise self._too_much(where, "adds", total)
+
+            def refused(why: str) -> BuildRefused:
+                return BuildRefused(f"{where}: {why}")
+
+            if chosen:
+                members = tar_members(self.context, chosen, owner=owner, chmod=chmod)
+                self.engine.put_archive(container, stream(members, files, refused))
+            for (item, target), size in zip(archives, unpacked, strict=True):
+                with self.context.reader(item) as handle:
+                    members = _owned(unpack_members(handle, target, where),
+                                     owner if chown else None)  # fmt: skip
+                    self.engine.put_archive(container, stream(members, size, refused))
+            if downloads:
+                self.engine.put_archive(container, stream(downloads, total, refused))
+            return total
 
         return self._key(state, instruction, parts), apply, self._spec(state, [])
 
@@ -949,12 +1037,13 @@ class Builder:
             source.download = self._download(url, instruction.line, where)
         return source
 
-    def _put_download(
-        self, container: str, source: _UrlSource, instruction: Instruction, folder: bool,
+    def _download_member(
+        self, source: _UrlSource, instruction: Instruction, folder: bool,
         owner: tuple[int, int], chmod: int | None, where: str,
-    ) -> None:  # fmt: skip
-        """The file a URL gave, into the step's layer: mode 0600 (``--chmod``), never
-        unpacked; into ``dest`` when that is a folder (``dest/``, or one in the image)."""
+    ) -> Member:  # fmt: skip
+        """The file a URL gave, as a member for the step's layer: mode 0600 (``--chmod``),
+        never unpacked; into ``dest`` when that is a folder (``dest/``, or one in the
+        image)."""
         download = source.download or self._download(source.url, instruction.line, where)
         source.download = download
         if source.expected is not None and download.digest != source.expected:
@@ -970,11 +1059,7 @@ class Builder:
         info.mode = chmod if chmod is not None else URL_MODE
         info.uid, info.gid = owner
         download.data.seek(0)
-        with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                tar.addfile(info, download.data)
-            out.seek(0)
-            self.engine.put_archive(container, out)
+        return info, chunks_of(download.data, download.size)
 
     def _download(self, url: str, line: int, where: str) -> _Download:
         """``url`` fetched through the egress proxy, redirects checked against the
@@ -998,21 +1083,19 @@ class Builder:
         spec = StepSpec(image=PROXY_IMAGE, command=["python3", "-c", SCRIPT, url, PROXY_URL],
                         user=f"{FETCH_USER}:{FETCH_USER}", workdir=FOLDER,
                         build_id=self.build_id, network=self._open_network())  # fmt: skip
-        container = self.engine.create(spec, self.limits)
+        limits = self._step_limits()
+        container = self.engine.create(spec, limits)
         try:
-            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    folder = tarfile.TarInfo(FOLDER.lstrip("/"))
-                    folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-                    folder.uid = folder.gid = FETCH_USER
-                    tar.addfile(folder)
-                    bundle = _ca_bundle() if url.lower().startswith("https:") else None
-                    if bundle is not None:
-                        info = tarfile.TarInfo(CA_FILE.lstrip("/"))
-                        info.size, info.mode = len(bundle), 0o644
-                        tar.addfile(info, io.BytesIO(bundle))
-                out.seek(0)
-                self.engine.put_archive(container, out)
+            folder = tarfile.TarInfo(FOLDER.lstrip("/"))
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+            folder.uid = folder.gid = FETCH_USER
+            members: list[Member] = [(folder, None)]
+            bundle = _ca_bundle() if url.lower().startswith("https:") else None
+            if bundle is not None:
+                info = tarfile.TarInfo(CA_FILE.lstrip("/"))
+                info.size, info.mode = len(bundle), 0o644
+                members.append((info, [bundle]))
+            self._put(container, members, where)
             said = bytearray()
 
             def keep(chunk: bytes) -> None:
@@ -1021,7 +1104,7 @@ class Builder:
 
             since = datetime.now(UTC)
             try:
-                outcome = self.engine.run(container, self.limits, self.deadline, keep)
+                outcome = self.engine.run(container, limits, self.deadline, keep)
             finally:
                 self._record_egress(line, since)
             if outcome.timed_out:
@@ -1033,10 +1116,7 @@ class Builder:
             answer = answer_of(said.decode("utf-8", errors="replace"))
             too_big = answer is not None and answer.too_big
             if outcome.disk_exceeded or too_big or outcome.exit_code == 128 + 25:  # SIGXFSZ
-                raise BuildRefused(
-                    f"{where}: {url}: larger than the build's disk limit "
-                    f"({self.limits.disk >> 20} MiB): stopped"
-                )
+                raise BuildRefused(f"{where}: {url}: larger than {self._over()}: stopped")
             if answer is None:
                 memory = " (killed at the memory limit)" if outcome.oom else ""
                 raise BuildRefused(
@@ -1061,11 +1141,8 @@ class Builder:
                     continue
                 while chunk := body.read(1 << 20):
                     size += len(chunk)
-                    if size > self.limits.disk:
-                        raise BuildRefused(
-                            f"{where}: {url}: larger than the build's disk limit "
-                            f"({self.limits.disk >> 20} MiB)"
-                        )
+                    if size > self._room():
+                        raise BuildRefused(f"{where}: {url}: larger than {self._over()}")
                     digest.update(chunk)
                     data.write(chunk)
         if size != answer.size:
@@ -1081,36 +1158,49 @@ class Builder:
     def _copy_from(
         self, container: str, image: str, sources: list[str], dest: str, into_folder: bool,
         owner: tuple[int, int], chmod: int | None, where: str,
-    ) -> None:  # fmt: skip
+    ) -> int:  # fmt: skip
+        """``COPY --from``: the sources' archives read from the image twice, once to count
+        what they add (before anything is written), then streamed into the step."""
+        for source in sources:
+            if any(c in source for c in "*?["):
+                raise BuildRefused(f"{where}: --from: wildcards are not supported")
         source_container = self.engine.create(StepSpec(image=image, command=[]), self.limits)
         try:
-            with tempfile.SpooledTemporaryFile(_SPOOL) as out:
-                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    for source in sources:
-                        if any(c in source for c in "*?["):
-                            raise BuildRefused(f"{where}: --from: wildcards are not supported")
-                        try:
-                            stream = self.engine.get_archive(source_container, source)
-                        except FileNotFoundError:
-                            raise BuildRefused(f"{where}: {source}: not found in {image}") from None
-                        _rebase(tar, _ChunkReader(stream), dest, into_folder, owner, chmod, where)
-                out.seek(0)
-                self.engine.put_archive(container, out)
+
+            def members(content: bool) -> Iterator[Member]:
+                for source in sources:
+                    try:
+                        chunks = self.engine.get_archive(source_container, source)
+                    except FileNotFoundError:
+                        raise BuildRefused(f"{where}: {source}: not found in {image}") from None
+                    yield from _rebased(_ChunkReader(chunks), dest, into_folder, owner, chmod,
+                                        where, content=content)  # fmt: skip
+
+            room = self._room()
+            total = count((m for m, _ in members(False)), room)
+            if total > room:
+                raise self._too_much(where, "adds", total)
+
+            def refused(why: str) -> BuildRefused:
+                return BuildRefused(f"{where}: {why}")
+
+            self.engine.put_archive(container, stream(members(True), total, refused))
+            return total
         finally:
             self.engine.remove(source_container)
 
-    def _unpack(
-        self, container: str, item: Item, target: str, owner: tuple[int, int] | None, where: str
-    ) -> None:
-        with self.context.reader(item) as handle, tempfile.SpooledTemporaryFile(_SPOOL) as out:
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for member, data in unpack_members(handle, target, where):
-                    if owner is not None:
-                        member.uid, member.gid = owner
-                    member.uname = member.gname = ""
-                    tar.addfile(member, data)
-            out.seek(0)
-            self.engine.put_archive(container, out)
+    def _too_much(self, where: str, what: str, size: int) -> BuildRefused:
+        return BuildRefused(
+            f"{where}: {what} at least {_mib(size)} (apparent sizes, a block per entry): "
+            f"more than {self._over()} to its layer: nothing was written"
+        )
+
+    def _unpacked(self, item: Item, target: str, room: int, where: str) -> int:
+        """What ``ADD`` of the archive ``item`` would add, from its members' headers (the
+        count stops once past ``room``: a bomb is never unpacked, here or anywhere)."""
+        with self.context.reader(item) as handle:
+            headers = (m for m, _ in unpack_members(handle, target, where, content=False))
+            return count(headers, room)
 
     def _owner(self, container: str, chown: str | None, where: str) -> tuple[int, int]:
         """``--chown=user[:group]`` as numbers, names read from the image's own files."""
@@ -1231,13 +1321,13 @@ class _ChunkReader:
         return data
 
 
-def _rebase(
-    tar: tarfile.TarFile, source: _ChunkReader, dest: str, into_folder: bool,
-    owner: tuple[int, int], chmod: int | None, where: str,
-) -> None:  # fmt: skip
+def _rebased(
+    source: _ChunkReader, dest: str, into_folder: bool, owner: tuple[int, int],
+    chmod: int | None, where: str, *, content: bool = True,
+) -> Iterator[Member]:  # fmt: skip
     """Members of an image's archive (``COPY --from``) renamed under ``dest``: a folder's
     content into it, a file to it (or into it, for ``dest/``); hard links between them
-    kept, renamed the same way."""
+    kept, renamed the same way. Without ``content``, the headers only (data skipped)."""
     with tarfile.open(fileobj=source, mode="r|") as archive:  # type: ignore[call-overload]
         top: str | None = None
         folder = False
@@ -1251,7 +1341,8 @@ def _rebase(
                 return posixpath.join(dest, rest).lstrip("/") if rest else None
             return (posixpath.join(dest, parts[0]) if into_folder else dest).lstrip("/")
 
-        for member in archive:
+        while (member := archive.next()) is not None:
+            archive.members.clear()  # never kept: a stream of millions of headers
             if top is None:
                 top, folder = member.name.strip("/").split("/")[0], member.isdir()
             if member.isdev() or member.isfifo():
@@ -1264,7 +1355,22 @@ def _rebase(
                 copy.mode = chmod
             if copy.islnk():
                 copy.linkname = renamed(member.linkname) or ""
-            tar.addfile(copy, archive.extractfile(member) if member.isreg() else None)
+            data = archive.extractfile(member) if content and member.isreg() else None
+            yield copy, chunks_of(data, member.size) if data is not None else None
+
+
+def _owned(members: Iterator[Member], owner: tuple[int, int] | None) -> Iterator[Member]:
+    """An archive's members owned by ``owner`` (``--chown``; None: as the archive says),
+    without the archive's user and group names."""
+    for member, data in members:
+        if owner is not None:
+            member.uid, member.gid = owner
+        member.uname = member.gname = ""
+        yield member, data
+
+
+def _mib(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
 @dataclass

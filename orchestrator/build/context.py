@@ -10,15 +10,15 @@ refused naming its path: a FIFO, a socket or a device, and a hard link whose oth
 are outside the context (its content is a host file's). A symbolic link is copied as the
 link itself (it means a path inside the image), never as what it points to.
 
-Files reach the build only as a tar this module writes from the descriptors it opened
-(:func:`write_tar`); archives ``ADD`` unpacks are read as untrusted data: members named
-absolutely or with ``..``, devices and FIFOs are refused.
+Files reach the build only as a tar made from the descriptors it opened
+(:func:`tar_members`, counted first from :func:`planned`); archives ``ADD`` unpacks are
+read as untrusted data: members named absolutely or with ``..``, devices and FIFOs are
+refused.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import stat
@@ -29,12 +29,13 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from orchestrator.build.dockerfile import BuildRefused
+from orchestrator.build.tarstream import Member, chunks_of
 from orchestrator.hostfs.entries import special_kind
 from orchestrator.hostfs.files import read_limited
 from orchestrator.hostfs.paths import PathRefused, open_beneath, open_path
 from orchestrator.hostfs.walk import Entry, walk
 
-__all__ = ["Context", "Item", "Placed", "write_tar"]
+__all__ = ["Context", "Item", "Placed", "planned", "tar_members", "unpack_members"]
 
 #: Largest .dockerignore or Dockerfile read.
 TEXT_LIMIT = 1 << 20
@@ -191,6 +192,23 @@ class Context:
         finally:
             os.close(fd)
 
+    def content(self, item: Item) -> Iterator[bytes]:
+        """The content of the file ``item`` (checked to be the one walked), exactly the
+        size the walk saw: a file that changed size since is refused, naming it."""
+        fd = self._open(item)
+        try:
+            if os.fstat(fd).st_size != item.size:
+                raise BuildRefused(f"{self.root / item.path} changed while it was being built")
+            offset = 0
+            while offset < item.size:
+                data = os.pread(fd, min(_CHUNK, item.size - offset), offset)
+                if not data:
+                    raise BuildRefused(f"{self.root / item.path} changed while it was being built")
+                offset += len(data)
+                yield data
+        finally:
+            os.close(fd)
+
     def reader(self, item: Item) -> IO[bytes]:
         """The file ``item`` opened for reading (checked to be the one walked)."""
         return os.fdopen(self._open(item), "rb")
@@ -287,52 +305,79 @@ class _Ignore:
 # -- the tar the build puts into a step's container ------------------------------------------
 
 
-def write_tar(
-    out: IO[bytes],
+def tar_members(
     context: Context | None,
     placed: Iterable[Placed],
     *,
     owner: tuple[int, int] = (0, 0),
     chmod: int | None = None,
-) -> None:
-    """Write ``placed`` as a tar for ``put_archive`` at ``/``: content from the
-    descriptors opened (never a path again), owned by ``owner``, modes kept or ``chmod``."""
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for entry in placed:
-            info = tarfile.TarInfo(entry.target.lstrip("/") or ".")
-            info.uid, info.gid = owner
-            if entry.item is None:
-                data = entry.content or b""
-                info.size, info.mode = len(data), chmod if chmod is not None else 0o644
-                tar.addfile(info, io.BytesIO(data))
-                continue
-            item = entry.item
-            info.mtime = int(item.mtime)
-            info.mode = chmod if chmod is not None else stat.S_IMODE(item.mode)
-            if item.link is not None:
-                info.type, info.linkname, info.mode = tarfile.SYMTYPE, item.link, 0o777
-                tar.addfile(info)
-            elif item.is_dir:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                assert context is not None
-                with context.reader(item) as handle:
-                    info.size = os.fstat(handle.fileno()).st_size
-                    tar.addfile(info, handle)
+) -> Iterator[Member]:
+    """The members of ``placed`` for :func:`orchestrator.build.tarstream.stream` at ``/``:
+    content read from the descriptors opened (never a path again), exactly the size the
+    walk saw; owned by ``owner``, modes kept or ``chmod``."""
+    for entry in placed:
+        info = tarfile.TarInfo(entry.target.lstrip("/") or ".")
+        info.uid, info.gid = owner
+        if entry.item is None:
+            data = entry.content or b""
+            info.size, info.mode = len(data), chmod if chmod is not None else 0o644
+            yield info, [data]
+            continue
+        item = entry.item
+        info.mtime = int(item.mtime)
+        info.mode = chmod if chmod is not None else stat.S_IMODE(item.mode)
+        if item.link is not None:
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, item.link, 0o777
+            yield info, None
+        elif item.is_dir:
+            info.type = tarfile.DIRTYPE
+            yield info, None
+        else:
+            assert context is not None
+            info.size = item.size
+            yield info, context.content(item)
+
+
+def planned(placed: Iterable[Placed]) -> list[tarfile.TarInfo]:
+    """What :func:`tar_members` would write, as headers only (sizes as the walk saw
+    them), to count before anything is read or written."""
+    out = []
+    for entry in placed:
+        info = tarfile.TarInfo(entry.target.lstrip("/") or ".")
+        item = entry.item
+        if item is None:
+            info.size = len(entry.content or b"")
+        elif item.link is not None:
+            info.type, info.linkname = tarfile.SYMTYPE, item.link
+        elif item.is_dir:
+            info.type = tarfile.DIRTYPE
+        else:
+            info.size = item.size
+        out.append(info)
+    return out
 
 
 def unpack_members(
-    archive: IO[bytes], target: str, where: str
-) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    archive: IO[bytes], target: str, where: str, *, content: bool = True
+) -> Iterator[Member]:
     """The members of an archive ``ADD`` unpacks, renamed under ``target``; refused
-    (naming ``where`` and the member) when named outside it or not a plain entry."""
+    (naming ``where`` and the member) when named outside it or not a plain entry. Read as
+    a stream (a compressed archive is never unpacked anywhere but into the step); without
+    ``content`` only the headers are wanted (to count them: a member's data is then
+    skipped, never kept)."""
     try:
-        tar = tarfile.open(fileobj=archive, mode="r:*")  # noqa: SIM115 (closed below)
+        tar = tarfile.open(fileobj=archive, mode="r|*")  # noqa: SIM115 (closed below)
     except tarfile.TarError as exc:
         raise BuildRefused(f"{where}: not an archive ADD can unpack: {exc}") from None
     with tar:
-        for member in tar:
+        while True:
+            try:
+                member = tar.next()
+            except tarfile.TarError as exc:
+                raise BuildRefused(f"{where}: not an archive ADD can unpack: {exc}") from None
+            if member is None:
+                return
+            tar.members.clear()  # type: ignore[attr-defined]  # (a stream of millions: never kept)
             name = PurePosixPath(member.name)
             if name.is_absolute() or ".." in name.parts:
                 raise BuildRefused(f"{where}: archive member {member.name} is outside its folder")
@@ -348,7 +393,8 @@ def unpack_members(
                     )
                 member.linkname = str(PurePosixPath(target) / link).lstrip("/")
             member.name = str(PurePosixPath(target) / name).lstrip("/")
-            yield member, tar.extractfile(member) if member.isreg() else None
+            data = tar.extractfile(member) if content and member.isreg() else None
+            yield member, chunks_of(data, member.size) if data is not None else None
 
 
 def is_archive(handle: IO[bytes]) -> bool:

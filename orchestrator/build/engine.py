@@ -8,10 +8,10 @@ its layer is committed with the image's configuration. :class:`StepEngine` is th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from orchestrator.policy.grant import Limits
 from orchestrator.runtime.engine import EgressLog
@@ -20,25 +20,35 @@ from orchestrator.runtime.engine import EgressLog
 #: layer) and AUDIT_WRITE: what a root step needs to install packages and add users.
 STEP_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
                      "SETPCAP", "SETFCAP", "NET_BIND_SERVICE", "SYS_CHROOT")  # fmt: skip
+#: What one entry of a layer (a file, a folder, a link, a deletion: whatever its kind and
+#: size) counts towards the disk limits on top of its bytes: a block of its own, so a
+#: step making many empty files or folders is counted as the host's disk pays for them.
+ENTRY_BYTES = 4096
 
 
 @dataclass(frozen=True)
 class StepLimits:
-    """What one build may use: per step (memory, CPUs, processes, disk written, output
-    kept) and in all (seconds)."""
+    """What one build may use: per step (memory, CPUs, processes, disk added, output
+    kept) and in all (seconds, disk added)."""
 
     memory: int
     cpus: float
     pids: int
     timeout_s: float
     disk: int
-    """Bytes a step may add to its layer."""
+    """Bytes a step may add to its layer, all its entries together (each counted as
+    :data:`ENTRY_BYTES` on top of its size)."""
     output: int = 2 << 20
     """Bytes of a step's output shown; the rest is read and dropped (as BuildKit clips)."""
+    disk_total: int = 16 << 30
+    """Bytes all the steps the build runs may add together (cached steps add nothing)."""
 
     @classmethod
-    def of(cls, limits: Limits, *, disk: int, output: int = 2 << 20) -> StepLimits:
-        return cls(limits.memory, limits.cpus, limits.pids, limits.timeout, disk, output)
+    def of(
+        cls, limits: Limits, *, disk: int, disk_total: int = 16 << 30, output: int = 2 << 20
+    ) -> StepLimits:
+        return cls(limits.memory, limits.cpus, limits.pids, limits.timeout, disk, output,
+                   disk_total)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,10 @@ class StepOutcome:
     exit_code: int
     timed_out: bool = False
     disk_exceeded: bool = False
+    """It added more than ``limits.disk`` to its layer (stopped, or found at its end)."""
+    added: int = 0
+    """What it added to its layer, as last measured: its files' apparent sizes (a sparse
+    file's holes count), its links' targets, and :data:`ENTRY_BYTES` for every entry."""
     oom: bool = False
     tail: str = ""
     """The end of its output, for a message."""
@@ -105,8 +119,9 @@ class StepEngine(Protocol):
         """A step's container (not started); its id."""
         ...
 
-    def put_archive(self, container: str, data: IO[bytes]) -> None:
-        """Unpack the tar ``data`` at ``/`` in the container."""
+    def put_archive(self, container: str, data: Iterable[bytes]) -> None:
+        """Unpack the tar ``data`` (a stream of chunks, never staged whole) at ``/`` in the
+        container; an error raised by ``data`` stops the upload and is raised here."""
         ...
 
     def is_folder(self, container: str, path: str) -> bool:

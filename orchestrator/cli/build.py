@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.options import json_option, project_option, signals_interrupt, timeout_seconds
-from orchestrator.cli.terminal import say
+from orchestrator.cli.terminal import raw_option, say, shown
 
 
 def _size(value: str | None) -> int | None:
@@ -48,14 +48,23 @@ def _size(value: str | None) -> int | None:
 )
 @click.option("--memory", help="Memory per step (e.g. 1g; default: the project's).")
 @click.option("--disk", help="Bytes a step may add to its layer (e.g. 2g; default 4g).")
+@click.option(
+    "--disk-total", help="Bytes all the steps of the build may add together (default 16g)."
+)
 @click.option("--timeout", type=timeout_seconds, help="Seconds the whole build may take.")
 @json_option()
+@raw_option
 def build(
     context: Path, dockerfile: Path | None, tag: str | None, project_dir: Path,
     target: str | None, no_cache: bool, build_args: tuple[str, ...], memory: str | None,
-    disk: str | None, timeout: float | None, as_json: bool,
+    disk: str | None, disk_total: str | None, timeout: float | None, as_json: bool,
 ) -> None:  # fmt: skip
-    """Build CONTEXT's Dockerfile step by step, each RUN under gVisor."""
+    """Build CONTEXT's Dockerfile step by step, each RUN under gVisor.
+
+    Each step and what it prints is shown on stderr: on a terminal, escape sequences and
+    invisible or bidirectional control characters in it are shown escaped (\\x1b,
+    \\u202e), never obeyed; --raw passes them through. Pipes and files get them as they are.
+    """
     import json
 
     from orchestrator.build import build_image
@@ -72,7 +81,9 @@ def build(
             result = build_image(
                 context, dockerfile=dockerfile, tag=tag, project=project_dir, target=target,
                 no_cache=no_cache, build_args=args, memory=_size(memory), disk=_size(disk),
-                timeout=timeout, say=lambda line: click.echo(line, err=True),
+                disk_total=_size(disk_total),
+                timeout=timeout, say=lambda line: click.echo(shown(line), err=True),
+                warn=say,
             )  # fmt: skip
     except Interrupted as exc:
         say(f"build interrupted (signal {exc.signum}); its step containers were removed")

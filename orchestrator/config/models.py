@@ -424,7 +424,10 @@ class BuildSettings(Strict):
     resources: Resources = Resources()
     """Per step (memory, cpus, pids) and the whole build (timeout); unset: the defaults'."""
     disk: Size | None = None
-    """Bytes a step may add to its layer (default 4 GiB)."""
+    """Bytes a step may add to its layer, all its files, folders and links together
+    (default 4 GiB)."""
+    disk_total: Size | None = None
+    """Bytes all the steps of one build may add together (default 16 GiB)."""
     secrets: list[str] = []
     """Names from the project's ``credentials`` a Dockerfile's ``RUN
     --mount=type=secret,id=NAME`` may mount (a file of mode 0400, for that one step, never

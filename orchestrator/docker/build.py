@@ -5,8 +5,10 @@ step's container runs under gVisor's build runtime (``orchestrator-runsc-build``
 reach the container's layer, see :mod:`.runtimes`), as root inside the sandbox with
 Docker's default capabilities less ``NET_RAW``, ``MKNOD`` and ``AUDIT_WRITE``,
 ``no-new-privileges``, the project's seccomp profile, no network, the build's memory,
-CPU and process limits, a file-size limit and a watch on its layer's size (the disk
-limit), its output read through an attach and clipped (the logging driver is ``none``: the
+CPU and process limits, a file-size limit and a watch on what it adds to its layer (the
+disk limit: the engine's size of the layer and a block for every entry of its changes),
+the resolver "this host" (no DNS query leaves it), its output read through an attach and
+clipped (the logging driver is ``none``: the
 engine keeps nothing of it on the host).
 
 A step's container carries no labels: labels would pass into the committed image and from
@@ -24,10 +26,11 @@ import json
 import tarfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import Any
 
 import requests
 from docker import errors as docker_errors
@@ -35,6 +38,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from orchestrator import labels
 from orchestrator.build.engine import (
+    ENTRY_BYTES,
     STEP_CAPABILITIES,
     Folder,
     Output,
@@ -45,7 +49,7 @@ from orchestrator.build.engine import (
 from orchestrator.docker import networks, podman, runtimes, seccomp
 from orchestrator.docker.buildnames import container_name
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
-from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES
+from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES, NO_RESOLVER
 from orchestrator.docker.netnames import network_name
 from orchestrator.errors import EngineError
 from orchestrator.plan import SECCOMP_PROFILE, ContainerSpec, Network
@@ -60,6 +64,8 @@ TAIL = 2048
 CACHE_LABEL = f"{labels.PREFIX}.build.key"
 #: Go's ``os.ModeDir``, in the mode the engine's path stat reports.
 GO_MODE_DIR = 1 << 31
+#: The key of each entry in the engine's list of a container's changes.
+_PATH_KEY = b'"Path":'
 #: A tmpfs for ``RUN --mount=type=cache|tmpfs``.
 SCRATCH_SIZE = 256 << 20
 
@@ -170,6 +176,10 @@ class DockerStepEngine:
             privileged=False,
             ipc_mode="private",
             extra_hosts=hosts,
+            # As a run's: the engine's DNS answers the build network's names (``proxy``)
+            # and forwards any other to "this host" in the step's own namespace, where
+            # nothing answers; no query leaves it (CVE-2024-29018's channel).
+            dns=NO_RESOLVER,
         )
         # The command as the entrypoint and an empty Cmd: a commit then takes nothing of
         # either from the container (see orchestrator.build.builder.commit_config).
@@ -193,9 +203,11 @@ class DockerStepEngine:
         with engine_errors("creating a build step's container"):
             return retrying(create)
 
-    def put_archive(self, container: str, data: IO[bytes]) -> None:
+    def put_archive(self, container: str, data: Iterable[bytes]) -> None:
+        # A generator: the SDK sends it as it comes (chunked), nothing is staged.
+        chunks = iter(data)
         with engine_errors("copying files into a build step"):
-            if not self.api.put_archive(container, "/", data):
+            if not self.api.put_archive(container, "/", chunks):
                 raise EngineError("Docker refused the files of a build step")
 
     def is_folder(self, container: str, path: str) -> bool:
@@ -257,7 +269,8 @@ class DockerStepEngine:
         with engine_errors("starting a build step"):
             self.api.start(container)
         timed_out = disk = False
-        last_poll = 0.0
+        added = 0
+        next_poll = time.monotonic() + DISK_POLL_S
         try:
             while True:
                 left = deadline - time.monotonic()
@@ -266,18 +279,24 @@ class DockerStepEngine:
                     break
                 if self._exited(container, min(left, DISK_POLL_S)):
                     break
-                if time.monotonic() - last_poll >= DISK_POLL_S:
-                    last_poll = time.monotonic()
-                    if self._layer_size(container) > limits.disk:
+                if time.monotonic() >= next_poll:
+                    began = time.monotonic()
+                    added = self.added(container)
+                    if added > limits.disk:
                         disk = True
                         break
+                    # A measure walks the layer: the engine spends at most a third of
+                    # its time on it, however large the layer grew.
+                    spent = time.monotonic() - began
+                    next_poll = time.monotonic() + max(DISK_POLL_S, 2 * spent)
             if timed_out or disk:
                 with engine_errors("stopping a build step"), suppress(docker_errors.APIError):
                     self.api.kill(container)  # (an error: it ended meanwhile)
             with engine_errors("reading a build step's exit state"):
                 state = self.api.inspect_container(container)["State"]
-            if not disk and state.get("ExitCode") == 0 and not timed_out:
-                disk = self._layer_size(container) > limits.disk
+            if not disk and not timed_out:  # (a step that failed on a full file, too)
+                added = self.added(container)
+                disk = added > limits.disk
         finally:
             reader.join(5)
             reader.close()
@@ -285,6 +304,7 @@ class DockerStepEngine:
             exit_code=int(state.get("ExitCode", -1)),
             timed_out=timed_out,
             disk_exceeded=disk,
+            added=added,
             oom=bool(state.get("OOMKilled")),
             tail=reader.tail.decode("utf-8", errors="replace"),
             clipped=reader.clipped,
@@ -294,13 +314,40 @@ class DockerStepEngine:
         action = "waiting for a build step"
         return wait_exit(self.api, container, max(timeout, 0.05), action) is not None
 
-    def _layer_size(self, container: str) -> int:
-        with engine_errors("measuring a build step's layer"):
-            # The SDK's inspect has no ``size``; the API does (SizeRw: the layer's bytes).
-            api: Any = self.api
+    def added(self, container: str) -> int:
+        """What the container added to its layer: the engine's ``SizeRw`` (the apparent
+        sizes of its files, a sparse file's holes too, and its links' targets; a folder or
+        an empty file counts nothing there, and a file of many hard links once) and
+        :data:`ENTRY_BYTES` for each entry of the layer's changes (files, folders, links,
+        deletions, whatever their number)."""
+        api: Any = self.api
+        # Both walk the layer (with fuse-overlayfs, the image under it too): asked at once,
+        # the measure takes as long as the longer of the two.
+        with engine_errors("measuring a build step's layer"), ThreadPoolExecutor(1) as pool:
+            entries = pool.submit(self._entries, container)
+            # The SDK's inspect has no ``size``; the API does.
             url = api._url("/containers/{0}/json", container)
             found = api._result(api._get(url, params={"size": 1}), json=True)
-        return int(found.get("SizeRw") or 0)
+            count = entries.result()
+        return int(found.get("SizeRw") or 0) + ENTRY_BYTES * count
+
+    def _entries(self, container: str) -> int:
+        """The number of entries in the container's layer's changes, counted as the
+        engine's answer streams in (one ``"Path":`` each: a quote inside a path is
+        escaped, so a path cannot forge one), never held whole."""
+        api: Any = self.api
+        answer = api._get(api._url("/containers/{0}/changes", container), stream=True)
+        try:
+            api._raise_for_status(answer)
+            count, carry = 0, b""
+            for chunk in answer.iter_content(1 << 16):
+                data = carry + chunk
+                count += data.count(_PATH_KEY)
+                # What could be the start of a key cut between two chunks.
+                carry = data[-(len(_PATH_KEY) - 1) :]
+            return count
+        finally:
+            answer.close()
 
     def commit(self, container: str, config: Mapping[str, Any]) -> str:
         with engine_errors("committing a build step"):

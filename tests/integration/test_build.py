@@ -629,8 +629,8 @@ def test_add_of_a_url_larger_than_the_disk_limit_is_stopped(builds, packages):
         done.stderr.strip()
         .splitlines()[-1]
         .endswith(
-            f"Dockerfile:3: ADD: http://pkgs.{packages}:{PKG_PORT}/big: larger than the build's "
-            "disk limit (16 MiB): stopped"
+            f"Dockerfile:3: ADD: http://pkgs.{packages}:{PKG_PORT}/big: larger than the step's "
+            "disk limit (16 MiB, --disk): stopped"
         )
     ), done.stderr
     assert not docker("images", "-aq", "--filter", f"label=test.mark={builds.marker}").stdout
