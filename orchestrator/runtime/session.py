@@ -48,7 +48,7 @@ from orchestrator.sandbox import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Session", "SessionClosed"]
+__all__ = ["Session", "SessionClosed", "SessionPaused"]
 
 #: Largest file a host-side write to ``/staged`` may put into the outbox in one call.
 MAX_STAGED_WRITE = 64 << 20
@@ -56,6 +56,10 @@ MAX_STAGED_WRITE = 64 << 20
 
 class SessionClosed(OrchestratorError):
     """The session is closed (by its owner, its idle timeout or its maximum lifetime)."""
+
+
+class SessionPaused(OrchestratorError):
+    """The session is paused: its processes are frozen until it is resumed."""
 
 
 class Session:
@@ -88,6 +92,9 @@ class Session:
         self._closing = False
         self._detached = False
         self._done = threading.Event()
+        self._paused = False
+        self.orchestrator: Any = None
+        """The :class:`~orchestrator.Orchestrator` that opened it (a snapshot's forks use it)."""
         self._watchdog: threading.Thread | None = None
         if idle_timeout is not None or max_lifetime is not None:
             self._watchdog = threading.Thread(
@@ -205,6 +212,69 @@ class Session:
                 duration_s=result.duration_s,
             )
             return result
+
+    # -- pause, resume, snapshot ---------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> float:
+        """Freeze every process of the sandbox (they use no CPU) until :meth:`resume`;
+        other calls are refused meanwhile, and the idle timeout does not run (the maximum
+        lifetime does). Seconds it took; audited as ``session.pause``."""
+        from orchestrator.runtime.snapshots import engine_of
+
+        with self._active():
+            engine, container = engine_of(self._run.live, "pause")
+            started = time.monotonic()
+            with self._lock:
+                if self._paused:
+                    raise SessionPaused(f"session {self.id} is paused already")
+                engine.pause(container)
+                self._paused = True
+            took = round(time.monotonic() - started, 3)
+        self._record("session.pause", True, seconds=took)
+        return took
+
+    def resume(self) -> float:
+        """Let a paused session's processes go on where they were; seconds it took;
+        audited as ``session.resume``."""
+        from orchestrator.runtime.snapshots import engine_of
+
+        with self._lock:
+            if self._closed_because is not None:
+                raise SessionClosed(
+                    f"session {self.id} is closed ({self._closed_because}); open a new one"
+                )
+            if not self._paused:
+                raise SessionPaused(f"session {self.id} is not paused; nothing to resume")
+            engine, container = engine_of(self._run.live, "resume")
+            started = time.monotonic()
+            engine.unpause(container)
+            self._paused = False
+            self._last_used = time.monotonic()  # idling counts from now
+        took = round(time.monotonic() - started, 3)
+        self._record("session.resume", True, seconds=took)
+        return took
+
+    def snapshot(self) -> Any:
+        """Save the sandbox's own state (root, tmpfs folders, session folders, recipe) as a
+        :class:`~orchestrator.runtime.snapshots.Snapshot` of this project; audited as
+        ``session.snapshot``. Its :meth:`~orchestrator.runtime.snapshots.Snapshot.fork`
+        starts sessions from it."""
+        from orchestrator.runtime.snapshots import take
+
+        with self._active():
+            try:
+                snap = take(self)
+            except OrchestratorError as exc:
+                self._record("session.snapshot", False, reason=str(exc))
+                raise
+        self._record(
+            "session.snapshot", True, snapshot=snap.id, bytes=snap.bytes, seconds=snap.seconds
+        )
+        return snap
 
     # -- review ---------------------------------------------------------------------------
 
@@ -328,6 +398,16 @@ class Session:
             return self._result
         self._stop.set()
         run = self._run
+        if self._paused:  # its outbox is read by exec, which a frozen sandbox never answers
+            from orchestrator.runtime.snapshots import engine_of
+
+            with self._lock:
+                try:
+                    engine, container = engine_of(run.live, "resume")
+                    engine.unpause(container)
+                except OrchestratorError as exc:
+                    log.warning("session %s: could not resume it to close it: %s", self.id, exc)
+                self._paused = False
         failed = False
         try:
             run.outcome.status, run.outcome.exit_code = "closed", 0
@@ -363,6 +443,11 @@ class Session:
                 raise SessionClosed(
                     f"session {self.id} is closed ({self._closed_because}); open a new one"
                 )
+            if self._paused:
+                raise SessionPaused(
+                    f"session {self.id} is paused: resume it first (`orchestrator session "
+                    f"resume {self.id}`, or Session.resume())"
+                )
             self._in_flight += 1
         try:
             yield
@@ -375,7 +460,7 @@ class Session:
         while not self._stop.wait(timeout=self._poll_interval()):
             now = time.monotonic()
             with self._lock:
-                idle = self._in_flight == 0 and now - self._last_used
+                idle = self._in_flight == 0 and not self._paused and now - self._last_used
             if self.max_lifetime is not None and now - self._opened >= self.max_lifetime:
                 because = f"it reached its maximum lifetime of {self.max_lifetime:g} s"
             elif self.idle_timeout is not None and idle and idle >= self.idle_timeout:
