@@ -444,7 +444,10 @@ def _save_folder(run: Any, target: str, folder: int, name: str) -> tuple[int, st
     launch = run.live
     # Its entries, never the folder itself: a fork's own (a tmpfs's root, a mount point)
     # keeps its owner and mode, which its user may not change.
-    script = 'cd "$1" && find . -mindepth 1 -maxdepth 1 -print0 | exec tar --sparse --null -T - -cf -'
+    script = (
+        'cd "$1" && find . -mindepth 1 -maxdepth 1 -print0 | '
+        "exec tar --sparse --ignore-failed-read --null -T - -cf -"
+    )
     argv = ["/bin/sh", "-c", script, "tar", target]
     _, container = engine_of(launch, "snapshot")
     handle = launch.engine.exec(container, argv, user=run.spec.user, env=TOOL_ENV)
@@ -466,7 +469,7 @@ def _save_folder(run: Any, target: str, folder: int, name: str) -> tuple[int, st
         out.flush()
         os.fsync(out.fileno())
     code = handle.exit_code()
-    if code not in (0, None):
+    if code not in (0, 1, None):  # 1: a file changed while it was read (it runs on)
         raise SnapshotError(f"reading {target} for the snapshot failed (tar exit {code})")
     return size, digest.hexdigest()
 

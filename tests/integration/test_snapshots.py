@@ -1,0 +1,313 @@
+"""Pause, resume, snapshots and forks of live sessions, on the real engine (gVisor and runc).
+
+- pause freezes a counting process (its value stays put while paused) and resume lets it
+  go on from where it was; calls on a paused session are refused in one line naming
+  ``resume``; a paused session does not close as idle;
+- a snapshot taken, the source changed, two forks each see the snapshot's state (a file
+  in the session folder, one in /tmp, and under gVisor with ``image_user`` a root edit
+  under /etc) and are independent of each other and of the source; their grant is the
+  snapshot's; a fork made after the source was stopped and gc ran;
+- a writable host zone refuses a fork in one line naming it; a snapshot id of another
+  project is refused; ``snapshot rm`` leaves nothing (image, folder); gc removes what a
+  killed snapshot left (and never a snapshot);
+- the audit events, and the command line through the real entry point.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+import uuid
+
+import pytest
+
+from orchestrator import Orchestrator
+from orchestrator.audit import AuditFilter
+from orchestrator.runtime import snapshots as snapshots_module
+from orchestrator.runtime.session import SessionPaused
+from orchestrator.runtime.snapshots import REPOSITORY, SnapshotError
+from tests.integration.conftest import cli, require_gvisor
+
+pytestmark = pytest.mark.docker
+
+WORKER = 'command: ["sleep", "1000"]\ntrust: session\nsandbox: {zones: []}\n'
+COUNTER = (
+    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /session/count.new; "
+    "mv /session/count.new /session/count; sleep 0.02; done' >/dev/null 2>&1 &"
+)
+
+
+def _events(orch: Orchestrator, operation: str) -> list:
+    return [e for e in orch.audit.query(AuditFilter()) if e.operation == operation]
+
+
+def _image_gone(engine, ref: str) -> bool:
+    return not engine.image_exists(ref)
+
+
+def test_pause_freezes_and_resume_continues(engine, project, isolation):
+    """The counter writes to the session folder, which the host reads while the sandbox
+    is frozen: its value stays put for a second, then goes on after resume."""
+    project.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w", idle_timeout=1.0) as s:
+        assert s.exec(COUNTER).exit_code == 0
+        count = s._run.prepared.paths.session / "count"
+        assert wait_for(lambda: _host_count(count) > 5)
+        assert s.pause() < 1.0
+        time.sleep(0.2)  # a write in flight lands
+        frozen = _host_count(count)
+        time.sleep(1.0)
+        assert _host_count(count) == frozen, "a paused session's process went on counting"
+        with pytest.raises(SessionPaused) as refused:
+            s.exec("true")
+        assert "resume" in str(refused.value) and "\n" not in str(refused.value)
+        with pytest.raises(SessionPaused):
+            s.read("/session/count")
+        assert not s.closed, "a paused session closed as idle"  # 1.2 s > its idle timeout
+        assert s.resume() < 1.0
+        assert wait_for(lambda: _host_count(count) > frozen + 5, 10.0)
+        assert frozen > 5
+    assert _events(orch, "session.pause")[0].metadata["seconds"] < 1.0
+    assert _events(orch, "session.resume")
+
+
+def _host_count(path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _task_image(engine) -> str:
+    tag = f"orchestrator-test/snap-root:{uuid.uuid4().hex[:8]}"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = b"FROM orchestrator/worker:latest\nUSER root\n"
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    for _ in engine.api.build(fileobj=buffer, custom_context=True, tag=tag, rm=True, decode=True):
+        pass
+    return tag
+
+
+@pytest.fixture
+def root_image(engine):
+    tag = _task_image(engine)
+    yield tag
+    engine.api.remove_image(tag, force=True)
+
+
+def test_snapshot_and_two_independent_forks(engine, project, isolation, request):
+    image_user = isolation == "gvisor"
+    extra = ""
+    if image_user:
+        tag = request.getfixturevalue("root_image")
+        extra = f"image: {tag}\nimage_user: true\n"
+    project.worker("w", WORKER + extra)
+    orch = Orchestrator(project.root, engine=engine)
+    root_edit = "echo snap > /etc/snap.conf; " if image_user else ""
+    with orch.open_session("w", snapshots=True) as source:
+        setup = source.exec(f"{root_edit}echo snap > /session/s.txt; echo snap > /tmp/t.txt")
+        assert setup.exit_code == 0, setup.stderr
+        snap = source.snapshot()
+        assert snap.bytes > 0 and snap.seconds >= 0
+        source.exec(f"{root_edit.replace('snap >', 'source >')}echo source > /session/s.txt; "
+                    "echo source > /tmp/t.txt")  # fmt: skip
+        forks = snap.fork(2)
+        try:
+            show = "cat /session/s.txt /tmp/t.txt" + (" /etc/snap.conf" if image_user else "")
+            expected = "snap\nsnap\n" + ("snap\n" if image_user else "")
+            for fork in forks:
+                assert fork.exec(show).stdout == expected
+                assert fork.files.grant == _same_grant(fork, source)
+            forks[0].exec("echo first > /session/s.txt; echo first > /tmp/t.txt")
+            assert forks[1].exec(show).stdout == expected  # not the other fork's
+            assert source.exec("cat /session/s.txt /tmp/t.txt").stdout == "source\nsource\n"
+            assert forks[0].id != forks[1].id != source.id
+        finally:
+            for fork in forks:
+                fork.close()
+    forks_audited = _events(orch, "session.fork")
+    assert len(forks_audited) == 2 and forks_audited[0].metadata["snapshot"] == snap.id
+    taken = _events(orch, "session.snapshot")
+    assert taken[0].metadata["snapshot"] == snap.id and taken[0].metadata["bytes"] == snap.bytes
+
+    # after the source is gone and gc ran, a fork still starts from the snapshot
+    orch.gc()
+    [late] = orch.fork(snap.id)
+    with late:
+        assert late.exec("cat /session/s.txt /tmp/t.txt").stdout == "snap\nsnap\n"
+    assert [s.id for s in orch.snapshots()] == [snap.id]
+
+    orch.remove_snapshot(snap.id)
+    assert orch.snapshots() == []
+    assert _image_gone(engine, snap.tag)
+    assert not (project.root / ".sandbox" / "snapshots" / snap.id).exists()
+    assert _events(orch, "snapshot.removed")[0].metadata["snapshot"] == snap.id
+
+
+def _same_grant(fork, source):
+    """The fork's grant, checked to equal the source's but for its own session folders."""
+    theirs = {(z.name, z.target, z.mode) for z in source.files.grant.zones}
+    ours = {(z.name, z.target, z.mode) for z in fork.files.grant.zones}
+    assert ours == theirs
+    assert fork.files.grant.network == source.files.grant.network
+    assert fork.files.grant.limits == source.files.grant.limits
+    return fork.files.grant
+
+
+def test_image_user_root_needs_snapshots(engine, project, root_image):
+    require_gvisor(engine)
+    project.isolation = "gvisor"
+    project.write_project()
+    project.worker("w", WORKER + f"image: {root_image}\nimage_user: true\n")
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s, pytest.raises(SnapshotError) as refused:
+        s.snapshot()
+    assert "--snapshots" in str(refused.value) and "\n" not in str(refused.value)
+    assert orch.snapshots() == []
+
+
+def test_writable_host_zone_refuses_a_fork(engine, project):
+    project.zone("data", "rw", files={"d.txt": "host\n"})
+    project.worker("w", WORKER.replace("{zones: []}", "{zones: [{name: data, mode: rw}]}"))
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s:
+        snap = s.snapshot()
+    try:
+        with pytest.raises(SnapshotError) as refused:
+            snap.fork(1)
+        assert "'data'" in str(refused.value) and "\n" not in str(refused.value)
+        assert (project.root / "data" / "d.txt").read_text() == "host\n"
+    finally:
+        orch.remove_snapshot(snap.id)
+
+
+def test_another_projects_snapshot_is_refused(engine, project, tmp_path):
+    from tests.conftest import ProjectDir
+
+    project.worker("w", WORKER)
+    other = ProjectDir(tmp_path / "other")
+    other.write_project()
+    other.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s:
+        snap = s.snapshot()
+    try:
+        foreign = Orchestrator(other.root, engine=engine)
+        with pytest.raises(SnapshotError) as refused:
+            foreign.fork(snap.id)
+        assert "no snapshot" in str(refused.value)
+        done = cli("session", "fork", snap.id, "--project", str(other.root))
+        assert done.returncode == 125
+        assert len(done.stderr.strip().splitlines()) == 1 and snap.id in done.stderr
+        done = cli("snapshot", "rm", snap.id, "--project", str(other.root))
+        assert done.returncode == 125
+        assert [s.id for s in orch.snapshots()] == [snap.id]
+    finally:
+        orch.remove_snapshot(snap.id)
+
+
+def test_a_killed_snapshot_leaves_nothing(engine, project, monkeypatch):
+    """A snapshot whose maker dies after its image is made: the temporary folder and the
+    image are left, no snapshot is listed; gc removes both and no real snapshot."""
+    project.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s:
+        kept = s.snapshot()
+
+        def dies(*_args, **_kwargs):
+            raise KeyboardInterrupt  # stands for the SIGKILL: nothing after it runs
+
+        monkeypatch.setattr(snapshots_module, "_write_file", dies)
+        monkeypatch.setattr(snapshots_module, "_remove_folder", lambda *a: None)
+        monkeypatch.setattr(type(engine), "remove_image", lambda *a: True)
+        with pytest.raises(KeyboardInterrupt):
+            s.snapshot()
+        monkeypatch.undo()
+    store = project.root / ".sandbox" / "snapshots"
+    temps = [p.name for p in store.iterdir() if p.name.startswith(".tmp-")]
+    assert len(temps) == 1
+    half = temps[0].removeprefix(".tmp-").rpartition("-")[0]
+    assert engine.image_exists(f"{REPOSITORY}:{half}")
+    assert [x.id for x in orch.snapshots()] == [kept.id]
+    # its maker (this process) is alive: gc leaves it; once "dead", gc removes it
+    os.rename(store / temps[0], store / f".tmp-{half}-999999999")
+    done = cli("gc", "--project", str(project.root), "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.json()["snapshot_leftovers_removed"] == [f".tmp-{half}-999999999"]
+    assert not [p for p in store.iterdir() if p.name.startswith(".tmp-")]
+    assert _image_gone(engine, f"{REPOSITORY}:{half}")
+    assert [x.id for x in orch.snapshots()] == [kept.id]
+    orch.remove_snapshot(kept.id)
+
+
+def test_cli_pause_resume_snapshot_fork_list_rm(engine, project, isolation):
+    project.worker("w", WORKER)
+    where = ("--project", str(project.root))
+    started = cli("session", "start", "w", *where, "--json")
+    assert started.returncode == 0, started.stderr
+    sid = started.json()["id"]
+    made: list[str] = []
+    try:
+        assert cli("session", "exec", sid, *where, "--", "sh", "-c", COUNTER).returncode == 0
+        paused = cli("session", "pause", sid, *where, "--json")
+        assert paused.returncode == 0 and paused.json()["paused"] is True
+        refused = cli("session", "exec", sid, *where, "--", "true")
+        assert refused.returncode == 125
+        assert len(refused.stderr.strip().splitlines()) == 1 and "resume" in refused.stderr
+        assert cli("session", "resume", sid, *where).returncode == 0
+        assert cli("session", "resume", sid, *where).returncode == 125  # not paused
+
+        cli("session", "exec", sid, *where, "--", "sh", "-c", "echo cli > /session/c.txt")
+        taken = cli("session", "snapshot", sid, *where, "--json")
+        assert taken.returncode == 0, taken.stderr
+        snap = taken.json()
+        assert set(snap) >= {"snapshot", "bytes", "seconds"} and snap["bytes"] > 0
+
+        listed = cli("snapshot", "list", *where, "--json").json()
+        assert [(s["id"], s["session"], s["worker"]) for s in listed] == [
+            (snap["snapshot"], sid, "w")
+        ]
+        assert {"id", "bytes", "created", "session", "worker"} <= set(listed[0])
+
+        forked = cli("session", "fork", snap["snapshot"], "--count", "2", *where, "--json")
+        assert forked.returncode == 0, forked.stderr
+        made = forked.json()["sessions"]
+        assert len(made) == 2
+        for fork_id in made:
+            shown = cli("session", "exec", fork_id, *where, "--", "cat", "/session/c.txt")
+            assert shown.stdout == "cli\n"
+        from_live = cli("session", "fork", sid, *where, "--json")
+        assert from_live.returncode == 0, from_live.stderr
+        made += from_live.json()["sessions"]
+        assert len(cli("snapshot", "list", *where, "--json").json()) == 2
+
+        bad = cli("session", "fork", "snap-000000000000", *where)
+        assert bad.returncode == 125 and len(bad.stderr.strip().splitlines()) == 1
+    finally:
+        for each in [sid, *made]:
+            cli("session", "stop", each, *where)
+    for listed_snap in cli("snapshot", "list", *where, "--json").json():
+        removed = cli("snapshot", "rm", listed_snap["id"], *where)
+        assert removed.returncode == 0, removed.stderr
+        assert _image_gone(engine, f"{REPOSITORY}:{listed_snap['id']}")
+    assert cli("snapshot", "list", *where, "--json").json() == []
+    gone = cli("snapshot", "rm", "snap-000000000000", *where)
+    assert gone.returncode == 125 and "no snapshot" in gone.stderr
+    assert json.loads(cli("session", "list", *where, "--json").stdout) == []
