@@ -360,6 +360,12 @@ def take(session: Session) -> Snapshot:
     prepared, spec = run.prepared, run.spec
     project = prepared.project
     engine, container = engine_of(run.live, "snapshot")
+    if spec.image_user and spec.isolation == "gvisor" and spec.calls_children:
+        raise SnapshotError(
+            f"session {session.id} calls child workers, and under gVisor such a session's "
+            "root filesystem keeps its writes in the sandbox's memory, where no snapshot can "
+            "read them: a worker with image_user and children cannot be snapshotted"
+        )
     if spec.image_user and not spec.root_capture and spec.isolation == "gvisor":
         raise SnapshotError(
             f"session {session.id}'s root filesystem keeps its writes in gVisor's memory, "

@@ -311,3 +311,66 @@ def test_cli_pause_resume_snapshot_fork_list_rm(engine, project, isolation):
     gone = cli("snapshot", "rm", "snap-000000000000", *where)
     assert gone.returncode == 125 and "no snapshot" in gone.stderr
     assert json.loads(cli("session", "list", *where, "--json").stdout) == []
+
+
+def test_owner_sigkilled_mid_snapshot_leaves_nothing(engine, project):
+    """The session's owner is SIGKILLed while it writes a snapshot (100 MB in /session): no
+    snapshot is listed, and gc removes the container, the temporary folder and any image."""
+    import signal
+    import subprocess
+    import sys
+
+    project.worker("w", WORKER)
+    where = ("--project", str(project.root))
+    started = cli("session", "start", "w", *where, "--json")
+    assert started.returncode == 0, started.stderr
+    info = started.json()
+    sid, owner = info["id"], info["pid"]
+    big = "head -c 100000000 /dev/urandom > /session/big"
+    assert cli("session", "exec", sid, *where, "--", "sh", "-c", big).returncode == 0
+    store = project.root / ".sandbox" / "snapshots"
+    taking = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "session", "snapshot", sid, *where],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_for(
+            lambda: store.is_dir() and any(p.name.startswith(".tmp-") for p in store.iterdir()),
+            30.0,
+        ), "the snapshot never started"
+        os.kill(owner, signal.SIGKILL)
+    finally:
+        taking.wait(60)
+    assert taking.returncode != 0
+    assert cli("snapshot", "list", *where, "--json").json() == []
+    done = cli("gc", "--project", str(project.root), "--json")
+    assert done.returncode == 0, done.stderr
+    [leftover] = done.json()["snapshot_leftovers_removed"]
+    half = leftover.removeprefix(".tmp-").rpartition("-")[0]
+    assert not list(store.iterdir())
+    assert not engine.image_exists(f"{REPOSITORY}:{half}")
+    assert not engine.images_labelled(f"io.orchestrator.snapshot-root={project.root / '.sandbox'}")
+    assert cli("snapshot", "list", *where, "--json").json() == []
+
+
+def test_six_sessions_snapshot_and_fork_at_once(engine, project):
+    from concurrent.futures import ThreadPoolExecutor
+
+    project.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+
+    def one(n: int) -> str:
+        with orch.open_session("w") as s:
+            s.exec(f"echo {n} > /session/n; echo {n} > /tmp/n")
+            snap = s.snapshot()
+        [fork] = snap.fork(1)
+        with fork:
+            seen = fork.exec("cat /session/n /tmp/n").stdout
+        orch.remove_snapshot(snap.id)
+        return seen
+
+    with ThreadPoolExecutor(6) as pool:
+        seen = list(pool.map(one, range(6)))
+    assert seen == [f"{n}\n{n}\n" for n in range(6)]
+    assert orch.snapshots() == []
