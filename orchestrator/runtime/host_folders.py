@@ -120,6 +120,28 @@ def private_copy(source: Path, target: Path, uid: int, gid: int, *, whole: bool 
                 os.chown(Path(folder) / name, uid, gid, follow_symlinks=False)
 
 
+def copy_into(source: Path, target: Path, owner: tuple[int, int] | None) -> int:
+    """Copy everything in the folder ``source`` into the existing, empty folder ``target``
+    as :func:`private_copy` does (no link followed: links copied as links; FIFOs, sockets
+    and devices left out; set-id bits never copied); as root, each copy is then given to
+    ``owner``. The bytes of the regular files copied. (A session's snapshot and fork:
+    :mod:`orchestrator.runtime.snapshots`.)"""
+    top = open_path(source)
+    try:
+        _copy_folder(top, target, -1, -1)
+    finally:
+        os.close(top)
+    size = 0
+    for folder, dirs, files in os.walk(target):
+        for name in files:
+            info = os.lstat(Path(folder) / name)
+            size += info.st_size if stat.S_ISREG(info.st_mode) else 0
+        if os.getuid() == 0 and owner is not None:
+            for name in (*dirs, *files):
+                os.chown(Path(folder) / name, *owner, follow_symlinks=False)
+    return size
+
+
 def _copy_folder(folder: int, into: Path, uid: int, gid: int) -> None:
     for entry in os.scandir(folder):
         info = entry.stat(follow_symlinks=False)

@@ -10,10 +10,13 @@ A snapshot holds the sandbox's own state, never the user's files:
   can snapshot one: its root runs on the build runtime (``--overlay2=none``), whose writes
   reach the container's layer;
 - its tmpfs folders (``/tmp``, those a harness added; never masks, never the outbox) and
-  the folders the session owns (``/session``, a writable ``/workspace``), each as one tar
-  stream read inside the container as the worker's user. The host never extracts these
-  bytes: it stores them, capped, and a fork writes them back inside its own sandbox, as
-  its own user;
+  the folders the session owns (``/session``, a writable ``/workspace``). A tmpfs folder
+  is one tar stream read inside the container as the worker's user: the host never
+  extracts these bytes; it stores them, capped, and a fork writes them back inside its own
+  sandbox, as its own user. A session folder is a host folder: it is copied on the host
+  by :func:`~orchestrator.runtime.host_folders.copy_into` (walked by descriptors, no link
+  followed, links kept as links, FIFOs, sockets and devices left out, no set-id bit), and
+  a fork's new folder is filled the same way before its container starts;
 - the recipe: worker, trust, workspace, the image it ran, environment names, limits,
   network and the grant's fingerprint (zones and modes, masks, children, secret names).
 
@@ -44,11 +47,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.execs import exec_request
+from orchestrator.runtime.host_folders import copy_into, owned_folder, project_owner
+from orchestrator.runtime.session_folders import _remove_tree
 from orchestrator.runtime.state_root import open_state_root
 from orchestrator.runtime.supervised import TOOL_ENV
 
@@ -382,11 +388,20 @@ def take(session: Session) -> Snapshot:
             folder = os.open(temp, DIR_FLAGS, dir_fd=store)
             try:
                 folders: list[dict[str, Any]] = []
+                zones = _owned_zones(prepared)
                 for index, target in enumerate(owned_folders(prepared)):
+                    if target in zones:  # a host folder: copied on the host, no link followed
+                        name = f"folder-{index}"
+                        os.mkdir(name, 0o700, dir_fd=folder)
+                        copied = project.sandbox_root / SNAPSHOTS / temp / name
+                        size = copy_into(zones[target], copied, None)
+                        folders.append({"target": target, "file": name, "bytes": size,
+                                        "kind": "tree"})  # fmt: skip
+                        continue
                     name = f"folder-{index}.tar"
                     size, digest = _save_folder(run, target, folder, name)
                     folders.append({"target": target, "file": name, "bytes": size,
-                                    "sha256": digest})  # fmt: skip
+                                    "sha256": digest, "kind": "tar"})  # fmt: skip
                 if spec.read_only_rootfs:  # nothing to commit: the image itself, pinned
                     image = engine.tag_image(spec.image, REPOSITORY, snap_id)
                     root_bytes = 0
@@ -430,6 +445,15 @@ def take(session: Session) -> Snapshot:
             raise
     snap.orchestrator = getattr(session, "orchestrator", None)
     return snap
+
+
+def _owned_zones(prepared: Prepared) -> dict[str, Path]:
+    """The session's own writable host folders, by their container path."""
+    return {
+        z.target: z.host_path
+        for z in prepared.grant.zones
+        if z.standard and z.name in OWNED_ZONES and not z.read_only
+    }
 
 
 def _base_image(prepared: Prepared) -> str:
@@ -560,16 +584,34 @@ def _fork_one(
     orchestrator: Orchestrator, snap: Snapshot, *, idle_timeout: float, max_lifetime: float
 ) -> Session:
     prepared = fork_plan(orchestrator, snap)
-    session = orchestrator.open_session(
-        prepared, idle_timeout=idle_timeout, max_lifetime=max_lifetime
-    )
+    project = orchestrator.project
+    zones = _owned_zones(prepared)
+    owner = (prepared.uid, prepared.gid) if os.geteuid() != 0 else project_owner(project.root)
+    try:
+        for saved in snap.folders:  # the fork's own folders, filled before it starts
+            if saved.get("kind") == "tree":
+                target = zones.get(str(saved["target"]))
+                if target is None:
+                    raise SnapshotError(f"snapshot folder {saved['target']} is not one a fork owns")
+                owned_folder(target, *owner)
+                source = project.sandbox_root / SNAPSHOTS / snap.id / str(saved["file"])
+                copy_into(source, target, owner)
+        session = orchestrator.open_session(
+            prepared, idle_timeout=idle_timeout, max_lifetime=max_lifetime
+        )
+    except BaseException:  # a fork that never opened leaves no folder of its own
+        for path in zones.values():
+            if path.name == prepared.session_id or path.name.startswith("fork-"):
+                _remove_tree(path)
+        raise
     try:
         run = session._run
-        with _store(orchestrator.project) as store:
+        with _store(project) as store:
             folder = os.open(snap.id, DIR_FLAGS, dir_fd=store)
         try:
             for saved in snap.folders:
-                _restore_folder(run, folder, saved)
+                if saved.get("kind") != "tree":
+                    _restore_folder(run, folder, saved)
         finally:
             os.close(folder)
     except BaseException:
