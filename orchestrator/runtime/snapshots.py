@@ -550,7 +550,7 @@ def fork_plan(orchestrator: Orchestrator, snap: Snapshot) -> Prepared:
     owns_workspace = any(f["target"] == "/workspace" for f in snap.folders)
     workspace = f"fork-{session_id}" if owns_workspace else snap.workspace
     prepared: Prepared = orchestrator.prepare(
-        snap.worker, trust=snap.trust, promote=True, session_id=session_id, workspace=workspace
+        snap.worker, trust=snap.trust, session_id=session_id, workspace=workspace
     )
     spec = replace(prepared.spec, image=snap.base_image)  # compared as declared
     fingerprint = grant_fingerprint(replace(prepared, spec=spec))
