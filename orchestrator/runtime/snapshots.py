@@ -53,7 +53,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.execs import exec_request
-from orchestrator.runtime.host_folders import copy_into, owned_folder, project_owner
+from orchestrator.runtime.host_folders import CopyBudget, copy_into, owned_folder, project_owner
 from orchestrator.runtime.session_folders import _remove_tree
 from orchestrator.runtime.state_root import open_state_root
 from orchestrator.runtime.supervised import TOOL_ENV
@@ -394,7 +394,7 @@ def take(session: Session) -> Snapshot:
                         name = f"folder-{index}"
                         os.mkdir(name, 0o700, dir_fd=folder)
                         copied = project.sandbox_root / SNAPSHOTS / temp / name
-                        size = copy_into(zones[target], copied, None)
+                        size = copy_into(zones[target], copied, None, CopyBudget(FOLDER_CAP))
                         folders.append({"target": target, "file": name, "bytes": size,
                                         "kind": "tree"})  # fmt: skip
                         continue
@@ -595,7 +595,7 @@ def _fork_one(
                     raise SnapshotError(f"snapshot folder {saved['target']} is not one a fork owns")
                 owned_folder(target, *owner)
                 source = project.sandbox_root / SNAPSHOTS / snap.id / str(saved["file"])
-                copy_into(source, target, owner)
+                copy_into(source, target, owner, CopyBudget(FOLDER_CAP))
         session = orchestrator.open_session(
             prepared, idle_timeout=idle_timeout, max_lifetime=max_lifetime
         )
