@@ -310,6 +310,8 @@ class Orchestrator:
             run = worker
         else:
             prepared = worker if isinstance(worker, Prepared) else self.prepare(worker, **options)
+            if prepared.worker.config.idle == "pause":  # saved as a snapshot when paused
+                snapshots = True
             if snapshots:  # a writable root's writes where a snapshot's commit sees them
                 prepared = replace(prepared, spec=replace(prepared.spec, root_capture=True))
             run = self.open_keep_alive(prepared)

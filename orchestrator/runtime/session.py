@@ -17,6 +17,7 @@ after its maximum lifetime; the container is removed on every one of these paths
 
 from __future__ import annotations
 
+import builtins
 import logging
 import posixpath
 import threading
@@ -93,10 +94,16 @@ class Session:
         self._detached = False
         self._done = threading.Event()
         self._paused = False
+        self._paused_at = 0.0
+        config = getattr(getattr(prepared, "worker", None), "config", None)
+        self.idle_mode: str = getattr(config, "idle", "stop")
+        """What the idle timeout does: ``stop`` (close) or ``pause`` (the worker's ``idle``)."""
+        self.stop_paused_after: float = float(getattr(config, "stop_paused_after", 3600.0))
+        """With ``idle: pause``: seconds paused before it is snapshotted and closed."""
         self.orchestrator: Any = None
         """The :class:`~orchestrator.Orchestrator` that opened it (a snapshot's forks use it)."""
         self._watchdog: threading.Thread | None = None
-        if idle_timeout is not None or max_lifetime is not None:
+        if idle_timeout is not None or max_lifetime is not None or self.idle_mode == "pause":
             self._watchdog = threading.Thread(
                 target=self._watch, name=f"session-{self.id}", daemon=True
             )
@@ -219,10 +226,11 @@ class Session:
     def paused(self) -> bool:
         return self._paused
 
-    def pause(self) -> float:
+    def pause(self, *, reason: str | None = None) -> float:
         """Freeze every process of the sandbox (they use no CPU) until :meth:`resume`;
         other calls are refused meanwhile, and the idle timeout does not run (the maximum
-        lifetime does). Seconds it took; audited as ``session.pause``."""
+        lifetime does). Seconds it took; audited as ``session.pause`` (with ``reason``:
+        why, when not asked for)."""
         from orchestrator.runtime.snapshots import engine_of
 
         with self._active():
@@ -233,8 +241,9 @@ class Session:
                     raise SessionPaused(f"session {self.id} is paused already")
                 engine.pause(container)
                 self._paused = True
+                self._paused_at = time.monotonic()
             took = round(time.monotonic() - started, 3)
-        self._record("session.pause", True, seconds=took)
+        self._record("session.pause", True, seconds=took, why=reason or "asked")
         return took
 
     def resume(self) -> float:
@@ -275,6 +284,13 @@ class Session:
             "session.snapshot", True, snapshot=snap.id, bytes=snap.bytes, seconds=snap.seconds
         )
         return snap
+
+    def fork(self, count: int = 1, **options: Any) -> builtins.list[Session]:
+        """Snapshot this session, then start ``count`` sessions from the snapshot
+        (:meth:`~orchestrator.runtime.snapshots.Snapshot.fork`); the snapshot stays in the
+        project's list."""
+        forks: builtins.list[Session] = self.snapshot().fork(count, **options)
+        return forks
 
     # -- review ---------------------------------------------------------------------------
 
@@ -461,10 +477,17 @@ class Session:
             now = time.monotonic()
             with self._lock:
                 idle = self._in_flight == 0 and not self._paused and now - self._last_used
+                paused_for = now - self._paused_at if self._paused else 0.0
+            pausing = self.idle_mode == "pause"
             if self.max_lifetime is not None and now - self._opened >= self.max_lifetime:
                 because = f"it reached its maximum lifetime of {self.max_lifetime:g} s"
             elif self.idle_timeout is not None and idle and idle >= self.idle_timeout:
+                if pausing:
+                    self._pause_when_idle()
+                    continue
                 because = f"idle for {self.idle_timeout:g} s"
+            elif pausing and paused_for >= self.stop_paused_after:
+                because = self._save_when_paused()
             else:
                 continue
             try:
@@ -473,8 +496,31 @@ class Session:
                 log.error("closing session %s (%s) failed: %s", self.id, because, exc)
             return
 
+    def _pause_when_idle(self) -> None:
+        """``idle: pause``: freeze it instead of closing it (a failure is said and audited;
+        the session is then closed as idle would)."""
+        try:
+            self.pause(reason=f"idle for {self.idle_timeout:g} s")
+        except (OrchestratorError, OSError) as exc:
+            log.error("pausing idle session %s failed: %s", self.id, exc)
+            self._record("session.pause", False, reason=str(exc))
+
+    def _save_when_paused(self) -> str:
+        """``idle: pause``, paused for ``stop_paused_after``: resumed, saved as a snapshot,
+        then closed; the reason to close it (naming the snapshot, or why there is none)."""
+        paused = f"paused for {self.stop_paused_after:g} s"
+        try:
+            self.resume()
+            snap = self.snapshot()
+        except (OrchestratorError, OSError) as exc:
+            log.error("saving paused session %s failed: %s", self.id, exc)
+            return f"{paused}; its snapshot failed: {exc}"
+        return f"{paused}; saved as snapshot {snap.id}"
+
     def _poll_interval(self) -> float:
         limits = [t for t in (self.idle_timeout, self.max_lifetime) if t is not None]
+        if self.idle_mode == "pause":
+            limits.append(self.stop_paused_after)
         return max(0.05, min([5.0, *(t / 4 for t in limits)]))
 
     def _record(self, operation: str, allowed: bool, **metadata: Any) -> None:

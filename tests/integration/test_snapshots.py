@@ -374,3 +374,49 @@ def test_six_sessions_snapshot_and_fork_at_once(engine, project):
         seen = list(pool.map(one, range(6)))
     assert seen == [f"{n}\n{n}\n" for n in range(6)]
     assert orch.snapshots() == []
+
+
+def test_idle_pause_pauses_then_saves_a_snapshot_and_closes(engine, project):
+    """``idle: pause``: past its idle timeout the session is paused (not closed), and after
+    ``stop_paused_after`` it is saved as a snapshot, then closed; a fork sees its state."""
+    project.worker("w", WORKER + "idle: pause\nstop_paused_after: 2\n")
+    orch = Orchestrator(project.root, engine=engine)
+    s = orch.open_session("w", idle_timeout=1.0)
+    try:
+        s.exec("echo parked > /session/p.txt; echo parked > /tmp/p.txt")
+        assert wait_for(lambda: s.paused, 10.0), "the idle session was not paused"
+        assert not s.closed
+        pause = _events(orch, "session.pause")[-1]
+        assert pause.metadata["why"].startswith("idle for")
+        assert wait_for(lambda: s.closed, 20.0), "the paused session was never closed"
+    finally:
+        s.close()
+    [snap] = orch.snapshots()
+    assert snap.session == s.id
+    closed = [e for e in _events(orch, "session.closed") if e.session_id == s.id]
+    assert snap.id in (closed[-1].reason or "")
+    [fork] = snap.fork(1)
+    with fork:
+        assert fork.exec("cat /session/p.txt /tmp/p.txt").stdout == "parked\nparked\n"
+    orch.remove_snapshot(snap.id)
+
+
+def test_idle_is_stop_or_pause_in_the_worker_file(project):
+    project.worker("w", WORKER + "idle: sleep\n")
+    done = cli("plan", "w", "--project", str(project.root))
+    assert done.returncode == 125
+    assert "idle" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_live_session_forks_itself_in_python(engine, project):
+    project.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s:
+        s.exec("echo live > /tmp/l.txt")
+        [fork] = s.fork(1)
+        with fork:
+            assert fork.exec("cat /tmp/l.txt").stdout == "live\n"
+            assert fork.orchestrator is orch
+    [snap] = orch.snapshots()
+    assert snap.session == s.id
+    orch.remove_snapshot(snap.id)
