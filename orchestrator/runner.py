@@ -346,6 +346,13 @@ class Orchestrator:
         engine, _ = engine_of(_Probe(self.engine), "remove snapshots of")
         return remove(self.project, snapshot_id, engine, self.audit)
 
+    def prune_snapshots(self, older_than_s: float) -> list[Snapshot]:
+        """Remove this project's snapshots older than ``older_than_s`` seconds."""
+        from orchestrator.runtime.snapshots import engine_of, prune
+
+        engine, _ = engine_of(_Probe(self.engine), "remove snapshots of")
+        return prune(self.project, older_than_s, engine, self.audit)
+
     def fork(self, source: str | Snapshot, count: int = 1, **options: Any) -> list[Session]:
         """``count`` sessions started from snapshot ``source`` (an id or a
         :class:`Snapshot`); ``options``: ``idle_timeout``, ``max_lifetime``."""

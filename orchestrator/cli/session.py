@@ -39,6 +39,8 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
 from orchestrator.vocabulary import TRUST_ORDER
 
+#: How many forks' owners ``session fork --count N`` starts at once.
+FORKS_AT_ONCE = 4
 #: How long ``start`` waits for the owner to open the session (image start, zone checks).
 START_WAIT_S = 300.0
 REMOTE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):(/.*)$")
@@ -685,17 +687,26 @@ def fork(
     else:
         snap_id = str(_ask(project_dir, source, {"op": "snapshot"})["snapshot"])
     snap = get(load_project(project_dir), snap_id)
+    from concurrent.futures import ThreadPoolExecutor
+
     options = {"idle_timeout": idle_timeout, "max_lifetime": max_lifetime}
     made: list[str] = []
-    try:
-        for _ in range(count):
+    failed: list[BaseException] = []
+
+    def start_one(_: int) -> None:
+        try:
             info = _start_owner(snap.worker, project_dir, options, ("--fork", snap_id))
             made.append(str(info["id"]))
-    except BaseException:
+        except BaseException as exc:  # noqa: BLE001 - said below, after the others
+            failed.append(exc)
+
+    with ThreadPoolExecutor(min(count, FORKS_AT_ONCE)) as pool:  # their owners start at once
+        list(pool.map(start_one, range(count)))
+    if failed:
         for fork_id in made:  # all or none
             with contextlib.suppress(OrchestratorError, OSError):
                 _ask(project_dir, fork_id, {"op": "stop"})
-        raise
+        raise failed[0]
     result = {"sessions": made, "snapshot": snap_id,
               "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
     if as_json:
@@ -732,16 +743,36 @@ def snapshot_list(project_dir: Path, as_json: bool) -> None:
 
 
 @snapshot.command("rm")
-@click.argument("snapshot_id", metavar="ID")
+@click.argument("snapshot_id", metavar="ID", required=False)
 @project_option
-@json_option("Print the removed snapshot as one JSON object.")
-def snapshot_rm(snapshot_id: str, project_dir: Path, as_json: bool) -> None:
-    """Remove snapshot ID: its image and its folder (forks already started go on)."""
+@click.option(
+    "--older-than",
+    "older_than",
+    callback=parse_duration_option,
+    help="Instead of ID: every snapshot taken longer ago than this (e.g. 7d, 12h).",
+)
+@json_option("Print the removed snapshot (with --older-than: a list of them) as JSON.")
+def snapshot_rm(
+    snapshot_id: str | None, project_dir: Path, older_than: float | None, as_json: bool
+) -> None:
+    """Remove snapshot ID, or those older than --older-than: image and folder (forks
+    already started go on)."""
     from orchestrator.runner import Orchestrator
 
+    if (snapshot_id is None) == (older_than is None):
+        raise SessionCliError(
+            "name one snapshot (`orchestrator snapshot rm ID`) or give --older-than AGE"
+        )
     with Orchestrator(project_dir) as orch:
-        removed = orch.remove_snapshot(snapshot_id)
+        if snapshot_id is not None:
+            removed = [orch.remove_snapshot(snapshot_id)]
+        else:
+            assert older_than is not None
+            removed = orch.prune_snapshots(older_than)
     if as_json:
-        _emit(removed.summary())
+        _emit(removed[0].summary() if snapshot_id else [r.summary() for r in removed])
         return
-    _say(f"removed snapshot {removed.id} ({removed.bytes} bytes)")
+    for snap in removed:
+        _say(f"removed snapshot {snap.id} ({snap.bytes} bytes)")
+    if not removed:
+        _say("no snapshot is that old")

@@ -258,7 +258,9 @@ def get(project: Project, snapshot_id: str, orchestrator: Any = None) -> Snapsho
     return _snapshot(data, orchestrator)
 
 
-def remove(project: Project, snapshot_id: str, engine: SnapshotEngine, audit: Any) -> Snapshot:
+def remove(
+    project: Project, snapshot_id: str, engine: SnapshotEngine, audit: Any, *, why: str = "asked"
+) -> Snapshot:
     """Remove a snapshot: its image and its folder; audited as ``snapshot.removed``."""
     snap = get(project, snapshot_id)
     engine.remove_image(snap.tag)  # the name: a pinned image of others stays theirs
@@ -268,9 +270,24 @@ def remove(project: Project, snapshot_id: str, engine: SnapshotEngine, audit: An
         "snapshot.removed",
         worker=snap.worker,
         session_id=snap.session,
-        metadata={"snapshot": snap.id, "bytes": snap.bytes, "image": snap.image},
+        metadata={"snapshot": snap.id, "bytes": snap.bytes, "image": snap.image, "why": why},
     )
     return snap
+
+
+def prune(
+    project: Project, older_than_s: float, engine: SnapshotEngine, audit: Any
+) -> list[Snapshot]:
+    """The retention rule: remove the project's snapshots taken more than
+    ``older_than_s`` seconds ago (each audited as ``snapshot.removed``); those removed."""
+    now = datetime.now(UTC)
+    removed = []
+    for snap in list_snapshots(project):
+        age = (now - datetime.fromisoformat(snap.created)).total_seconds()
+        if age > older_than_s:
+            why = f"older than {older_than_s:g} s"
+            removed.append(remove(project, snap.id, engine, audit, why=why))
+    return removed
 
 
 def _remove_folder(store: int, name: str) -> None:

@@ -420,3 +420,23 @@ def test_a_live_session_forks_itself_in_python(engine, project):
     [snap] = orch.snapshots()
     assert snap.session == s.id
     orch.remove_snapshot(snap.id)
+
+
+def test_snapshots_removed_by_age(engine, project):
+    project.worker("w", WORKER)
+    where = ("--project", str(project.root))
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s:
+        first, second = s.snapshot(), s.snapshot()
+    kept = cli("snapshot", "rm", "--older-than", "1d", *where, "--json")
+    assert kept.returncode == 0 and kept.json() == []
+    time.sleep(2.1)
+    both = cli("snapshot", "rm", "--older-than", "2s", *where, "--json")
+    assert both.returncode == 0, both.stderr
+    assert sorted(s["id"] for s in both.json()) == sorted([first.id, second.id])
+    assert orch.snapshots() == []
+    assert not engine.image_exists(first.tag) and not engine.image_exists(second.tag)
+    whys = [e.metadata["why"] for e in _events(orch, "snapshot.removed")]
+    assert whys == ["older than 2 s", "older than 2 s"]
+    neither = cli("snapshot", "rm", *where)
+    assert neither.returncode == 125 and "--older-than" in neither.stderr
