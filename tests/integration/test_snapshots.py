@@ -440,3 +440,26 @@ def test_snapshots_removed_by_age(engine, project):
     assert whys == ["older than 2 s", "older than 2 s"]
     neither = cli("snapshot", "rm", *where)
     assert neither.returncode == 125 and "--older-than" in neither.stderr
+
+
+def test_a_fork_never_gets_more_than_its_snapshot(engine, project):
+    """The worker's declaration raised after the snapshot (a zone added, more memory): a
+    fork is refused in one line naming what changed, and nothing is started."""
+    project.zone("docs", "ro", files={"d.txt": "doc\n"})
+    project.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w") as s:
+        snap = s.snapshot()
+    try:
+        project.worker(
+            "w",
+            WORKER.replace("{zones: []}", "{zones: [{name: docs}]}") + "resources: {memory: 1g}\n",
+        )
+        with pytest.raises(SnapshotError) as refused:
+            snap.fork(1)
+        message = str(refused.value)
+        assert "zones" in message and "limits" in message and "\n" not in message
+        sessions = project.root / ".sandbox" / "sessions"
+        assert not [p for p in sessions.iterdir() if p.name != s.id]
+    finally:
+        orch.remove_snapshot(snap.id)
