@@ -574,8 +574,10 @@ def list_(project_dir: Path, as_json: bool) -> None:
     if not found:
         _say("no live sessions")
     for info in found:
+        paused = "  paused" if info.get("paused") else ""
         click.echo(f"{info['id']}  {info['worker']}  trust {info['trust']}  age "
-                   f"{human_age(info['age_s'])}  idle {human_age(info['idle_s'])}")  # fmt: skip
+                   f"{human_age(info['age_s'])}  idle {human_age(info['idle_s'])}"
+                   f"{paused}")  # fmt: skip
 
 
 @session.command()
