@@ -505,8 +505,9 @@ def _enter(fd: int, name: str, shown: Path) -> int:
     help="How long a call that needs approval waits for a person (e.g. 90s, 10m).",
 )
 def call(session_id: str, tool: str, arguments: str, project_dir: Path, wait: float | None) -> None:
-    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context) in session
-    ID with ARGUMENTS, a JSON object; print the answer as JSON, exit 1 if it is a refusal.
+    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context, checkpoint)
+    in session ID with ARGUMENTS, a JSON object; print the answer as JSON, exit 1 if it is a
+    refusal.
 
     A call that needs approval waits for a person: the review console's Approvals page, or
     `orchestrator session answer`; unanswered within --wait it is declined."""

@@ -99,6 +99,8 @@ class Session:
         self.idle_mode: str = getattr(config, "idle", "stop")
         """What the idle timeout does: ``stop`` (close) or ``pause`` (the worker's ``idle``)."""
         self.stop_paused_after: float = float(getattr(config, "stop_paused_after", 3600.0))
+        self.checkpoints = bool(getattr(config, "checkpoints", False))
+        """Whether the ``checkpoint`` tool may snapshot it (the worker's ``checkpoints``)."""
         """With ``idle: pause``: seconds paused before it is snapshotted and closed."""
         self.orchestrator: Any = None
         """The :class:`~orchestrator.Orchestrator` that opened it (a snapshot's forks use it)."""
@@ -160,6 +162,7 @@ class Session:
                 "run_id": self.run_id,
                 "idle_timeout_s": self.idle_timeout,
                 "max_lifetime_s": self.max_lifetime,
+                "checkpoints": self.checkpoints,
             }
             return context
 

@@ -463,3 +463,25 @@ def test_a_fork_never_gets_more_than_its_snapshot(engine, project):
         assert not [p for p in sessions.iterdir() if p.name != s.id]
     finally:
         orch.remove_snapshot(snap.id)
+
+
+def test_the_checkpoint_tool_only_where_the_worker_allows_it(engine, project):
+    where = ("--project", str(project.root))
+    project.worker("w", WORKER)
+    project.worker("c", WORKER + "checkpoints: true\n")
+    started = {name: cli("session", "start", name, *where, "--json") for name in ("w", "c")}
+    ids = {name: done.json()["id"] for name, done in started.items()}
+    try:
+        refused = cli("session", "call", ids["w"], "checkpoint", *where)
+        assert refused.returncode == 1
+        assert json.loads(refused.stdout)["status"] == "blocked"
+        assert "checkpoints: true" in json.loads(refused.stdout)["error"]
+        taken = cli("session", "call", ids["c"], "checkpoint", *where)
+        assert taken.returncode == 0, taken.stdout + taken.stderr
+        snap_id = json.loads(taken.stdout)["result"]["snapshot"]
+        listed = cli("snapshot", "list", *where, "--json").json()
+        assert [(s["id"], s["session"]) for s in listed] == [(snap_id, ids["c"])]
+    finally:
+        for sid in ids.values():
+            cli("session", "stop", sid, *where)
+    assert cli("snapshot", "rm", snap_id, *where).returncode == 0
