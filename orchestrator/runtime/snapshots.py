@@ -22,10 +22,11 @@ A snapshot holds the sandbox's own state, never the user's files:
 
 Snapshots live under the project's trusted sandbox root, ``<sandbox root>/snapshots/<id>``
 (out of every container's reach), one folder holding ``manifest.json`` and the tars. A
-snapshot is made in a folder named ``.tmp-<id>-<pid>`` and renamed into place at its end,
-so a snapshot whose maker died is never listed; ``gc`` removes such leftovers (a dead
-maker's folder, an image whose snapshot folder is gone). ``gc`` never removes a snapshot:
-only :func:`remove` does.
+snapshot is made in a folder named ``.tmp-<id>-<pid>`` (holding its maker's owner labels, robust to
+pid reuse) and renamed into place at its end, so a snapshot whose maker died is never
+listed; ``gc`` removes such leftovers (a dead maker's folder and image, an image whose
+snapshot folder is gone; a maker of another pid namespace is not judged). ``gc`` never
+removes a snapshot: only :func:`remove` and :func:`prune` do.
 
 A fork re-prepares the snapshot's worker at the snapshot's trust and refuses, in one line,
 when the grant it would get is not the snapshot's (the declaration changed) or when it
@@ -50,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from orchestrator import labels
 from orchestrator.errors import OrchestratorError
 from orchestrator.hostfs.flags import DIR_FLAGS
 from orchestrator.runtime.execs import exec_request
@@ -82,6 +84,7 @@ __all__ = [
 
 SNAPSHOTS = "snapshots"
 MANIFEST = "manifest.json"
+OWNER = "owner.json"
 TEMP_PREFIX = ".tmp-"
 #: The local image repository snapshots are committed to (never pushed anywhere).
 REPOSITORY = "orchestrator-snapshot"
@@ -306,7 +309,10 @@ def collect_snapshot_garbage(project: Project, engine: SnapshotEngine | None) ->
             if not name.startswith(TEMP_PREFIX):
                 continue
             snap_id, _, pid = name.removeprefix(TEMP_PREFIX).rpartition("-")
-            if pid.isdigit() and _alive(int(pid)):
+            maker = _maker(store, name)
+            if maker is not None and labels.owner_state(maker) != "gone":
+                continue  # alive, or of another pid namespace: not ours to judge
+            if maker is None and pid.isdigit() and _alive(int(pid)):
                 continue
             if engine is not None and ID.match(snap_id):  # its image (or pin), if made
                 engine.remove_image(f"{REPOSITORY}:{snap_id}")
@@ -323,6 +329,26 @@ def collect_snapshot_garbage(project: Project, engine: SnapshotEngine | None) ->
                 engine.remove_image(image)
                 removed.append(f"image {image_labels.get(LABEL_ID)}")
     return removed
+
+
+def _maker(store: int, name: str) -> dict[str, str] | None:
+    """The owner labels a snapshot's temporary folder records (None: none written)."""
+    try:
+        folder = os.open(name, DIR_FLAGS, dir_fd=store)
+    except OSError:
+        return None
+    try:
+        fd = os.open(OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = json.loads(handle.read(4096))
+        except ValueError:
+            return None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
 
 
 def _alive(pid: int) -> bool:
@@ -403,7 +429,8 @@ def take(session: Session) -> Snapshot:
         os.mkdir(temp, 0o700, dir_fd=store)
         try:
             folder = os.open(temp, DIR_FLAGS, dir_fd=store)
-            try:
+            try:  # who makes it (robust to pid reuse and other pid namespaces), for gc
+                _write_file(folder, OWNER, json.dumps(labels.current_owner().labels()).encode())
                 folders: list[dict[str, Any]] = []
                 zones = _owned_zones(prepared)
                 for index, target in enumerate(owned_folders(prepared)):
@@ -586,12 +613,12 @@ def fork_plan(orchestrator: Orchestrator, snap: Snapshot) -> Prepared:
                 "writable host folder, and a fork never writes where its parent wrote; give "
                 "the worker that zone read-only or with approval.write: ask"
             )
-    labels = {**prepared.spec.labels, "io.orchestrator.snapshot-base": snap.base_image}
+    container_labels = {**prepared.spec.labels, "io.orchestrator.snapshot-base": snap.base_image}
     spec = replace(
         prepared.spec,
         image=snap.image,
         root_capture=snap.root_capture,
-        labels=labels,
+        labels=container_labels,
         run_as=snap.run_as or prepared.spec.run_as,
     )
     return replace(prepared, spec=spec)

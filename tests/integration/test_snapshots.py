@@ -231,8 +231,12 @@ def test_a_killed_snapshot_leaves_nothing(engine, project, monkeypatch):
     with orch.open_session("w") as s:
         kept = s.snapshot()
 
-        def dies(*_args, **_kwargs):
-            raise KeyboardInterrupt  # stands for the SIGKILL: nothing after it runs
+        write = snapshots_module._write_file
+
+        def dies(folder, name, data):
+            if name == snapshots_module.MANIFEST:  # the image is made by then
+                raise KeyboardInterrupt  # stands for the SIGKILL: nothing after it runs
+            write(folder, name, data)
 
         monkeypatch.setattr(snapshots_module, "_write_file", dies)
         monkeypatch.setattr(snapshots_module, "_remove_folder", lambda *a: None)
@@ -247,6 +251,13 @@ def test_a_killed_snapshot_leaves_nothing(engine, project, monkeypatch):
     assert engine.image_exists(f"{REPOSITORY}:{half}")
     assert [x.id for x in orch.snapshots()] == [kept.id]
     # its maker (this process) is alive: gc leaves it; once "dead", gc removes it
+    assert (
+        cli("gc", "--project", str(project.root), "--json").json()["snapshot_leftovers_removed"]
+        == []
+    )
+    owner = json.loads((store / temps[0] / "owner.json").read_text())
+    owner["io.orchestrator.owner-pid"] = "999999999"
+    (store / temps[0] / "owner.json").write_text(json.dumps(owner))
     os.rename(store / temps[0], store / f".tmp-{half}-999999999")
     done = cli("gc", "--project", str(project.root), "--json")
     assert done.returncode == 0, done.stderr
