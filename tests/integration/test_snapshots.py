@@ -40,6 +40,24 @@ COUNTER = (
 )
 
 
+@pytest.fixture(autouse=True)
+def no_snapshot_left(engine, project):
+    """Whatever a test did (or failed to do), its project's snapshots and their images go
+    at its end; a test that passes must have removed them itself."""
+    yield
+    left = []
+    store = project.root / ".sandbox" / "snapshots"
+    names = [p.name for p in store.iterdir()] if store.is_dir() else []
+    for name in names:
+        snap_id = name.removeprefix(".tmp-").rpartition("-")[0] if name.startswith(".") else name
+        left.append(name)
+        engine.remove_image(f"{REPOSITORY}:{snap_id}")
+    for image, _tags, found in engine.images_labelled("io.orchestrator.snapshot-root"):
+        if found.get("io.orchestrator.snapshot-root") == str(project.root / ".sandbox"):
+            engine.remove_image(image)
+    assert not left, f"the test left snapshots behind: {left}"
+
+
 def _events(orch: Orchestrator, operation: str) -> list:
     return [e for e in orch.audit.query(AuditFilter()) if e.operation == operation]
 
