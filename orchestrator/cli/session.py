@@ -2,9 +2,11 @@
 
 ``start`` spawns a detached owner process (the hidden ``session serve``) that opens the
 session and answers on a private control socket (see
-:mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list`` and ``stop`` talk
-to it. Exit codes follow ``run``: the command's own code for ``exec`` (124 on timeout),
-125 for the orchestrator's errors.
+:mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list``, ``pause``,
+``resume``, ``snapshot`` and ``stop`` talk to it; ``fork`` starts owners of its own
+(``session serve --fork SNAPSHOT``), and ``orchestrator snapshot`` lists and removes the
+project's snapshots (:mod:`orchestrator.runtime.snapshots`). Exit codes follow ``run``:
+the command's own code for ``exec`` (124 on timeout), 125 for the orchestrator's errors.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def _say(message: str) -> None:
 
 @click.group()
 def session() -> None:
-    """Live sandboxes: start one, run commands and copy files in it, stop it."""
+    """Live sandboxes: start one, run commands and copy files in it, pause, snapshot and
+    fork it, stop it."""
 
 
 def _open_options(func: Any) -> Any:
