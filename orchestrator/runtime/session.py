@@ -440,9 +440,10 @@ class Session:
                 result = run.close(failed=failed)
                 with self._lock:
                     self._result = result
+                # before waiters go on: a close() that waited on this one finds it audited
+                self._record("session.closed", True, reason=because)
             finally:
                 self._done.set()
-            self._record("session.closed", True, reason=because)
         return result
 
     @contextmanager
