@@ -48,6 +48,9 @@ class GcSummary:
     folders: FolderSweep = field(default_factory=FolderSweep)
     emptied: list[str] = field(default_factory=list)
     sessions: SessionPrune = field(default_factory=SessionPrune)
+    snapshot_leftovers: list[str] = field(default_factory=list)
+    """What half-made snapshots left (a dead maker's temporary folder, an image of no
+    snapshot); a snapshot itself is never removed by gc."""
 
     @property
     def ok(self) -> bool:
@@ -67,6 +70,7 @@ class GcSummary:
             "sessions_removed": [s.session_id for s in self.sessions.removed],
             "empty_sessions_removed": self.emptied,
             "sessions_in_use": self.sessions.in_use,
+            "snapshot_leftovers_removed": self.snapshot_leftovers,
             "kept": len(self.kept),
             "failed": [{"kind": o.kind, "name": o.name, "error": e} for o, e in self.failed]
             + [{"kind": "session", "name": n, "error": e} for n, e in self.sessions.failed],
@@ -118,6 +122,13 @@ def collect_all(
         from orchestrator.runtime.session_folders import remove_empty_sessions
 
         summary.emptied = remove_empty_sessions(docker, sandbox, containers)
+    if (sandbox / "snapshots").is_dir():
+        from orchestrator.runtime.snapshots import SnapshotEngine, collect_snapshot_garbage
+
+        images = docker if isinstance(docker, SnapshotEngine) else None
+        summary.snapshot_leftovers = collect_snapshot_garbage(project, images)
+        for name in summary.snapshot_leftovers:
+            audit.record("gc.snapshot_leftover", metadata={"name": name})
     if sessions_age is not None:
         from orchestrator.runtime.session_folders import prune_old_sessions
 

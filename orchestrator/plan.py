@@ -214,6 +214,10 @@ class ContainerSpec:
     run_as: str = ""
     """With ``image_user``: the image's user as the engine reports it (filled in when the
     run opens; empty: not known yet, the image's own)."""
+    root_capture: bool = False
+    """A session opened for snapshots (:mod:`orchestrator.runtime.snapshots`): under gVisor
+    the root filesystem's writes go to the container's layer (runsc ``--overlay2=none``)
+    instead of the sandbox's memory, so a commit sees them."""
 
     @property
     def calls_children(self) -> bool:

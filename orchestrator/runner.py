@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from orchestrator.runtime.engine import Engine, ImageDefaults
     from orchestrator.runtime.pool import WarmPool
     from orchestrator.runtime.session import Session
+    from orchestrator.runtime.snapshots import Snapshot
 
 __all__ = ["Orchestrator"]
 
@@ -72,6 +73,14 @@ def _close_open_sessions() -> None:
     for session in list(_OPEN_SESSIONS):
         with contextlib.suppress(Exception):
             session.close()
+
+
+class _Probe:
+    """An engine seen as a launch, for :func:`~orchestrator.runtime.snapshots.engine_of`."""
+
+    def __init__(self, engine: object) -> None:
+        self.engine = engine
+        self.container_id = "-"
 
 
 class Orchestrator:
@@ -286,6 +295,8 @@ class Orchestrator:
         leaving a ``with`` block, after ``idle_timeout`` seconds without an operation, and
         after ``max_lifetime`` seconds in any case (None: no limit). ``worker`` may also be
         a keep-alive :class:`Run` opened earlier (a warm pool's, see :meth:`pool`).
+        ``snapshots=True`` (among ``options``): a writable root (``image_user``, gVisor) runs where
+        :meth:`Session.snapshot` can read it (docs/sessions.md has the cost).
         """
         from orchestrator.runtime.session import Session
         from orchestrator.timeouts import MAX_SESSION_S, seconds_problem
@@ -294,19 +305,64 @@ class Orchestrator:
             problem = None if value is None else seconds_problem(value, MAX_SESSION_S)
             if problem:
                 raise ConfigError([f"{name}: {problem} (a year); pass None for no limit"])
+        snapshots = bool(options.pop("snapshots", False))
         if isinstance(worker, Run):
             run = worker
         else:
             prepared = worker if isinstance(worker, Prepared) else self.prepare(worker, **options)
+            if prepared.worker.config.idle == "pause":  # saved as a snapshot when paused
+                snapshots = True
+            if snapshots:  # a writable root's writes where a snapshot's commit sees them
+                prepared = replace(prepared, spec=replace(prepared.spec, root_capture=True))
             run = self.open_keep_alive(prepared)
         # The run (a pool's too) is this session's: none is left open, as the with block
         # closes it (failed) unless the session holds it.
         with contextlib.ExitStack() as undo:
             undo.enter_context(run)
             session = Session(run, idle_timeout=idle_timeout, max_lifetime=max_lifetime)
+            session.orchestrator = self
             undo.pop_all()  # the session holds it now
         _OPEN_SESSIONS.add(session)
         return session
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshots(self) -> list[Snapshot]:
+        """This project's snapshots, oldest first (:mod:`orchestrator.runtime.snapshots`)."""
+        from orchestrator.runtime.snapshots import list_snapshots
+
+        return list_snapshots(self.project, self)
+
+    def snapshot(self, snapshot_id: str) -> Snapshot:
+        """This project's snapshot ``snapshot_id`` (another project's is refused)."""
+        from orchestrator.runtime.snapshots import get
+
+        return get(self.project, snapshot_id, self)
+
+    def remove_snapshot(self, snapshot_id: str) -> Snapshot:
+        """Remove a snapshot of this project: its image and its folder."""
+        from orchestrator.runtime.snapshots import engine_of, remove
+
+        engine, _ = engine_of(_Probe(self.engine), "remove snapshots of")
+        return remove(self.project, snapshot_id, engine, self.audit)
+
+    def prune_snapshots(self, older_than_s: float) -> list[Snapshot]:
+        """Remove this project's snapshots older than ``older_than_s`` seconds."""
+        from orchestrator.runtime.snapshots import engine_of, prune
+
+        engine, _ = engine_of(_Probe(self.engine), "remove snapshots of")
+        return prune(self.project, older_than_s, engine, self.audit)
+
+    def fork(self, source: str | Snapshot, count: int = 1, **options: Any) -> list[Session]:
+        """``count`` sessions started from snapshot ``source`` (an id or a
+        :class:`Snapshot`); ``options``: ``idle_timeout``, ``max_lifetime``."""
+        from orchestrator.runtime.snapshots import fork
+
+        snap = self.snapshot(source if isinstance(source, str) else source.id)
+        forks = fork(self, snap, count, **options)
+        for session in forks:
+            session.orchestrator = self
+        return forks
 
     def open_keep_alive(
         self, prepared: Prepared, *, keep_alive: bool = True, gc: bool = True, output: bool = True

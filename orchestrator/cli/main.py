@@ -122,6 +122,7 @@ ELSEWHERE: dict[str, Callable[[], click.Command]] = {
     "review": _defined_in("orchestrator.cli.review", "review"),
     "serve": _serve,
     "session": _defined_in("orchestrator.cli.session", "session"),
+    "snapshot": _defined_in("orchestrator.cli.session", "snapshot"),
     "staged": _staged,
 }
 
@@ -313,8 +314,11 @@ def gc(
             say(f"kept session {name}: a live run uses it")
         for name, problem in done.sessions.failed:
             say(f"could not remove session {name}: {problem}")
+        for name in done.snapshot_leftovers:
+            say(f"removed {name} left by a snapshot that was never finished")
         count = len(done.removed) + len(done.shared) + len(done.secret_folders)
         count += len(done.sessions.removed) + len(done.emptied) + len(done.folders.removed)
+        count += len(done.snapshot_leftovers)
         say(f"gc: {count} removed, {len(done.kept)} in use by live processes")
     if not done.ok:
         raise SystemExit(Exit.ERROR)

@@ -2,9 +2,11 @@
 
 ``start`` spawns a detached owner process (the hidden ``session serve``) that opens the
 session and answers on a private control socket (see
-:mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list`` and ``stop`` talk
-to it. Exit codes follow ``run``: the command's own code for ``exec`` (124 on timeout),
-125 for the orchestrator's errors.
+:mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list``, ``pause``,
+``resume``, ``snapshot`` and ``stop`` talk to it; ``fork`` starts owners of its own
+(``session serve --fork SNAPSHOT``), and ``orchestrator snapshot`` lists and removes the
+project's snapshots (:mod:`orchestrator.runtime.snapshots`). Exit codes follow ``run``:
+the command's own code for ``exec`` (124 on timeout), 125 for the orchestrator's errors.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from orchestrator.vocabulary import TRUST_ORDER
 if TYPE_CHECKING:
     from orchestrator.config import Project
 
+#: How many forks' owners ``session fork --count N`` starts at once.
+FORKS_AT_ONCE = 4
 #: How long ``start`` waits for the owner to open the session (image start, zone checks).
 START_WAIT_S = 300.0
 REMOTE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):(/.*)$")
@@ -89,7 +93,8 @@ def _say(message: str) -> None:
 
 @click.group()
 def session() -> None:
-    """Live sandboxes: start one, run commands and copy files in it, stop it."""
+    """Live sandboxes: start one, run commands and copy files in it, pause, snapshot and
+    fork it, stop it."""
 
 
 def _open_options(func: Any) -> Any:
@@ -104,6 +109,13 @@ def _open_options(func: Any) -> Any:
         click.option("--promote", is_flag=True, help="Allow --trust above the declared level."),
         click.option("--workspace", default="default", show_default=True, help="Workspace name."),
         click.option("--session", "session_id", help="Reuse this session folder (default: new)."),
+        click.option(
+            "--snapshots",
+            is_flag=True,
+            default=None,
+            help="Open it for snapshots: under gVisor a writable root (image_user) runs where "
+            "a snapshot reads it (docs/sessions.md).",
+        ),
         click.option(
             "--idle-timeout",
             default="15m",
@@ -130,6 +142,21 @@ def _open_options(func: Any) -> Any:
 @json_option("Print the session (id, run id, worker, trust, zones) as one JSON object.")
 def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None:
     """Open a live sandbox for WORKER, owned by a background process; print its id."""
+    info = _start_owner(worker, project_dir, options)
+    if as_json:
+        _emit(info)
+    else:
+        zones = ", ".join(f"{z['path']} {z['mode']}" for z in info["zones"]) or "none"
+        _say(f"session {info['id']} (run {info['run_id']}): worker {info['worker']}, trust "
+             f"{info['trust']}, zones: {zones}; owner pid {info['pid']}")  # fmt: skip
+        click.echo(info["id"])
+
+
+def _start_owner(
+    worker: str, project_dir: Path, options: dict[str, Any], extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Spawn a session's owner process (``session serve``) and wait until it is ready;
+    what it says of the session."""
     from orchestrator.runtime.session_server import control_dir
     from orchestrator.runtime.state_root import checked_state_root
 
@@ -155,7 +182,7 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         with open(log_path, "ab") as log_file:
             os.chmod(log_path, 0o600)
             owner = subprocess.Popen(
-                [*args, "--ready-fd", str(write_end), "--log", str(log_path)],
+                [*args, *extra, "--ready-fd", str(write_end), "--log", str(log_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log_file,
@@ -173,14 +200,8 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         with contextlib.suppress(FileNotFoundError):
             log_path.unlink()
         raise SessionCliError(str(answer["error"]))
-    if as_json:
-        _emit(answer["ready"])
-    else:
-        info = answer["ready"]
-        zones = ", ".join(f"{z['path']} {z['mode']}" for z in info["zones"]) or "none"
-        _say(f"session {info['id']} (run {info['run_id']}): worker {info['worker']}, trust "
-             f"{info['trust']}, zones: {zones}; owner pid {info['pid']}")  # fmt: skip
-        click.echo(info["id"])
+    ready: dict[str, Any] = answer["ready"]
+    return ready
 
 
 def _wait_ready(fd: int, owner: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
@@ -225,7 +246,15 @@ def _last_line(log_path: Path) -> str:
 @_open_options
 @click.option("--ready-fd", type=int, required=True)
 @click.option("--log", "log_path", type=click.Path(path_type=Path), required=True)
-def serve(worker: str, project_dir: Path, ready_fd: int, log_path: Path, **options: Any) -> None:
+@click.option("--fork", "fork_from", help="Start the session from this snapshot.")
+def serve(
+    worker: str,
+    project_dir: Path,
+    ready_fd: int,
+    log_path: Path,
+    fork_from: str | None,
+    **options: Any,
+) -> None:
     """The owner process of one session (started by ``session start``)."""
     import logging
     import threading
@@ -243,7 +272,11 @@ def serve(worker: str, project_dir: Path, ready_fd: int, log_path: Path, **optio
     try:
         orch = Orchestrator(project_dir)
         with signals_interrupt():  # a signal while the container starts still removes it
-            opened = orch.open_session(worker, **options)
+            if fork_from is not None:
+                timeouts = {k: options[k] for k in ("idle_timeout", "max_lifetime")}
+                opened = orch.fork(fork_from, 1, **timeouts)[0]
+            else:
+                opened = orch.open_session(worker, **options)
     except BaseException as exc:  # noqa: BLE001 - whatever it was, start must hear it
         tell({"error": _one_line(exc)})
         raise SystemExit(Exit.ERROR) from None
@@ -479,8 +512,9 @@ def _enter(fd: int, name: str, shown: Path) -> int:
     help="How long a call that needs approval waits for a person (e.g. 90s, 10m).",
 )
 def call(session_id: str, tool: str, arguments: str, project_dir: Path, wait: float | None) -> None:
-    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context) in session
-    ID with ARGUMENTS, a JSON object; print the answer as JSON, exit 1 if it is a refusal.
+    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context, checkpoint)
+    in session ID with ARGUMENTS, a JSON object; print the answer as JSON, exit 1 if it is a
+    refusal.
 
     A call that needs approval waits for a person: the review console's Approvals page, or
     `orchestrator session answer`; unanswered within --wait it is declined."""
@@ -548,8 +582,10 @@ def list_(project_dir: Path, as_json: bool) -> None:
     if not found:
         _say("no live sessions")
     for info in found:
+        paused = "  paused" if info.get("paused") else ""
         click.echo(f"{info['id']}  {info['worker']}  trust {info['trust']}  age "
-                   f"{human_age(info['age_s'])}  idle {human_age(info['idle_s'])}")  # fmt: skip
+                   f"{human_age(info['age_s'])}  idle {human_age(info['idle_s'])}"
+                   f"{paused}")  # fmt: skip
 
 
 @session.command()
@@ -572,3 +608,181 @@ def stop(session_id: str, project_dir: Path, as_json: bool) -> None:
                  f"approval: `orchestrator staged apply {asked['change_id']}`")  # fmt: skip
     removed = "container removed" if result.get("container_removed") else "CONTAINER NOT REMOVED"
     _say(f"session {session_id} closed; {removed}")
+
+
+# -- pause, resume, snapshot, fork --------------------------------------------------------
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@project_option
+@json_option("Print {session, paused, seconds} as one JSON object.")
+def pause(session_id: str, project_dir: Path, as_json: bool) -> None:
+    """Freeze every process of session ID (no CPU) until `session resume`; other calls on
+    it are refused meanwhile, and it does not count as idle."""
+    result = _ask(project_dir, session_id, {"op": "pause"})
+    if as_json:
+        _emit(result)
+    else:
+        _say(f"session {session_id} paused ({result['seconds']:.3f} s); `orchestrator session "
+             f"resume {session_id}` lets it go on")  # fmt: skip
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@project_option
+@json_option("Print {session, paused, seconds} as one JSON object.")
+def resume(session_id: str, project_dir: Path, as_json: bool) -> None:
+    """Let paused session ID's processes go on where they were."""
+    result = _ask(project_dir, session_id, {"op": "resume"})
+    if as_json:
+        _emit(result)
+    else:
+        _say(f"session {session_id} resumed ({result['seconds']:.3f} s)")
+
+
+@session.command("snapshot")
+@click.argument("session_id", metavar="ID")
+@project_option
+@json_option("Print {snapshot, bytes, seconds, session, worker} as one JSON object.")
+def snapshot_(session_id: str, project_dir: Path, as_json: bool) -> None:
+    """Save session ID's own state (root, /tmp, session folders, recipe) as a snapshot of
+    this project; print its id. The session goes on."""
+    result = _ask(project_dir, session_id, {"op": "snapshot"})
+    if as_json:
+        _emit(result)
+        return
+    _say(f"snapshot {result['snapshot']} of session {session_id}: {result['bytes']} bytes in "
+         f"{result['seconds']:.2f} s; `orchestrator session fork {result['snapshot']}` starts "
+         "a session from it")  # fmt: skip
+    click.echo(result["snapshot"])
+
+
+@session.command()
+@click.argument("source", metavar="ID_OR_SNAPSHOT")
+@project_option
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="How many sessions to start.")  # fmt: skip
+@click.option(
+    "--idle-timeout",
+    default="15m",
+    show_default=True,
+    callback=parse_duration_option,
+    help="Close each after this long without an operation (e.g. 90s, 15m; 'never').",
+)
+@click.option(
+    "--max-lifetime",
+    default="8h",
+    show_default=True,
+    callback=parse_duration_option,
+    help="Close each after this long in any case (e.g. 8h; 'never').",
+)
+@json_option("Print {sessions, snapshot, seconds} as one JSON object.")
+def fork(
+    source: str,
+    project_dir: Path,
+    count: int,
+    idle_timeout: float | None,
+    max_lifetime: float | None,
+    as_json: bool,
+) -> None:
+    """Start COUNT independent sessions from a snapshot, or from live session ID (a
+    snapshot of it is taken first); print their ids."""
+    from orchestrator.config import load_project
+    from orchestrator.runtime.snapshots import ID, get
+
+    started = time.monotonic()
+    if ID.match(source):
+        snap_id = source
+    else:
+        snap_id = str(_ask(project_dir, source, {"op": "snapshot"})["snapshot"])
+    snap = get(load_project(project_dir), snap_id)
+    from concurrent.futures import ThreadPoolExecutor
+
+    options = {"idle_timeout": idle_timeout, "max_lifetime": max_lifetime}
+    made: list[str] = []
+    failed: list[BaseException] = []
+
+    def start_one(_: int) -> None:
+        try:
+            info = _start_owner(snap.worker, project_dir, options, ("--fork", snap_id))
+            made.append(str(info["id"]))
+        except BaseException as exc:  # noqa: BLE001 - said below, after the others
+            failed.append(exc)
+
+    with ThreadPoolExecutor(min(count, FORKS_AT_ONCE)) as pool:  # their owners start at once
+        list(pool.map(start_one, range(count)))
+    if failed:
+        for fork_id in made:  # all or none
+            with contextlib.suppress(OrchestratorError, OSError):
+                _ask(project_dir, fork_id, {"op": "stop"})
+        raise failed[0]
+    result = {"sessions": made, "snapshot": snap_id,
+              "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+    if as_json:
+        _emit(result)
+        return
+    _say(f"{len(made)} session(s) from snapshot {snap_id}")
+    for fork_id in made:
+        click.echo(fork_id)
+
+
+@click.group()
+def snapshot() -> None:
+    """Snapshots of live sessions: list them, remove them (`session snapshot` takes one,
+    `session fork` starts sessions from one)."""
+
+
+@snapshot.command("list")
+@project_option
+@json_option("Print the snapshots as a JSON list of {id, bytes, created, session, worker}.")
+def snapshot_list(project_dir: Path, as_json: bool) -> None:
+    """The project's snapshots, oldest first."""
+    from orchestrator.config import load_project
+    from orchestrator.runtime.snapshots import list_snapshots
+
+    found = [snap.summary() for snap in list_snapshots(load_project(project_dir))]
+    if as_json:
+        _emit(found)
+        return
+    if not found:
+        _say("no snapshots")
+    for item in found:
+        click.echo(f"{item['id']}  {item['worker']}  {item['bytes']} bytes  {item['created']}  "
+                   f"session {item['session']}")  # fmt: skip
+
+
+@snapshot.command("rm")
+@click.argument("snapshot_id", metavar="ID", required=False)
+@project_option
+@click.option(
+    "--older-than",
+    "older_than",
+    callback=parse_duration_option,
+    help="Instead of ID: every snapshot taken longer ago than this (e.g. 7d, 12h).",
+)
+@json_option("Print the removed snapshot (with --older-than: a list of them) as JSON.")
+def snapshot_rm(
+    snapshot_id: str | None, project_dir: Path, older_than: float | None, as_json: bool
+) -> None:
+    """Remove snapshot ID, or those older than --older-than: image and folder (forks
+    already started go on)."""
+    from orchestrator.runner import Orchestrator
+
+    if (snapshot_id is None) == (older_than is None):
+        raise SessionCliError(
+            "name one snapshot (`orchestrator snapshot rm ID`) or give --older-than AGE"
+        )
+    with Orchestrator(project_dir) as orch:
+        if snapshot_id is not None:
+            removed = [orch.remove_snapshot(snapshot_id)]
+        else:
+            assert older_than is not None
+            removed = orch.prune_snapshots(older_than)
+    if as_json:
+        _emit(removed[0].summary() if snapshot_id else [r.summary() for r in removed])
+        return
+    for snap in removed:
+        _say(f"removed snapshot {snap.id} ({snap.bytes} bytes)")
+    if not removed:
+        _say("no snapshot is that old")

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from orchestrator.config.allowlist import bound_host, validate_allowlist
-from orchestrator.timeouts import MAX_TIMEOUT_S
+from orchestrator.timeouts import MAX_SESSION_S, MAX_TIMEOUT_S
 
 # Trust levels and approvals are spelled in a leaf module (the CLI's --help reads them
 # without pydantic); they are re-exported here, where the models use them.
@@ -603,6 +603,16 @@ class WorkerConfig(Strict):
     """Run as the image's own user (often root) with a writable root filesystem (a layer
     of the run, discarded with it): for task images that expect to be changed in place.
     Only under gVisor; see docs/configuration.md."""
+    checkpoints: bool = False
+    """Its live sessions may snapshot themselves with the ``checkpoint`` tool (MCP,
+    ``session call``); without it that tool is refused. See docs/sessions.md."""
+    idle: Literal["stop", "pause"] = "stop"
+    """What a live session of this worker does when its idle timeout passes: ``stop``
+    (closed) or ``pause`` (frozen; after ``stop_paused_after`` saved as a snapshot, then
+    closed). See docs/sessions.md."""
+    stop_paused_after: float = Field(default=3600.0, gt=0, le=MAX_SESSION_S)
+    """With ``idle: pause``: seconds a session paused when idle waits before it is saved as
+    a snapshot and closed."""
 
     @field_validator("children")
     @classmethod

@@ -9,6 +9,7 @@ on everything it creates, retries transient failures a bounded number of times (
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -145,7 +146,9 @@ class DockerEngine(DockerClient):
 
     def runtime_for(self, spec: ContainerSpec) -> str:
         podman.check_spec(self, spec)  # what Podman cannot run, before its runtime names
-        name = runtimes.runtime_name(spec.isolation, spec.network.mode, broker=spec.calls_children)
+        name = runtimes.runtime_name(
+            spec.isolation, spec.network.mode, broker=spec.calls_children, capture=spec.root_capture
+        )
         if name == runtimes.RUNC:
             return name  # Docker's own, always there
         key = (str(self.api.base_url), name)
@@ -372,6 +375,58 @@ class DockerEngine(DockerClient):
             retrying(remove)
         self._gvisor_containers.pop(container_id, None)
         return True
+
+    # -- pause, resume, snapshots (orchestrator.runtime.snapshots) ----------------------
+
+    def pause(self, container_id: str) -> None:
+        """Freeze every process of the container (the cgroup freezer; gVisor's sandbox as a
+        whole under runsc)."""
+        with engine_errors("pausing the container"):
+            self.api.pause(container_id)
+
+    def unpause(self, container_id: str) -> None:
+        with engine_errors("resuming the container"):
+            self.api.unpause(container_id)
+
+    def commit(
+        self, container_id: str, repository: str, tag: str, image_labels: dict[str, str]
+    ) -> str:
+        """The container's root filesystem changes as a new local image ``repository:tag``
+        (the container is paused meanwhile); its id. ``image_labels`` are added to it."""
+        changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in image_labels.items()]
+        with engine_errors("committing the container's root filesystem"):
+            made = self.api.commit(container_id, repository=repository, tag=tag, pause=True,
+                                   changes=changes)  # fmt: skip
+        return str(made["Id"])
+
+    def tag_image(self, image: str, repository: str, tag: str) -> str:
+        """Name ``image`` ``repository:tag`` too (it stays while the name does); its id."""
+        with engine_errors(f"naming image '{image}'"):
+            image_id = str(self.api.inspect_image(image)["Id"])  # type: ignore[no-untyped-call]
+            self.api.tag(image_id, repository, tag)
+        return image_id
+
+    def image_size(self, image: str) -> int:
+        """Bytes of the image's own top layer (what a commit added)."""
+        with engine_errors(f"reading image '{image}'"):
+            history = self.api.history(image)  # type: ignore[no-untyped-call]
+        return int(history[0].get("Size") or 0) if history else 0
+
+    def remove_image(self, image: str) -> bool:
+        """Remove a local image (its tag and, unused, its layers); False when it was gone."""
+        with engine_errors(f"removing image '{image}'"):
+            try:
+                self.api.remove_image(image, force=True)
+            except docker_errors.ImageNotFound:
+                return False
+        return True
+
+    def images_labelled(self, label: str) -> list[tuple[str, list[str], dict[str, str]]]:
+        """Local images carrying ``label`` (``key`` or ``key=value``): id, tags, labels."""
+        with engine_errors("listing images"):
+            found = self.api.images(filters={"label": label})
+        return [(str(i["Id"]), list(i.get("RepoTags") or []), dict(i.get("Labels") or {}))
+                for i in found]  # fmt: skip
 
     # -- garbage collection ---------------------------------------------------------------
 

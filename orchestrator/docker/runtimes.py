@@ -92,11 +92,18 @@ def setup_command() -> str:
     return "sudo orchestrator engine setup --gvisor"
 
 
-def runtime_name(isolation: Isolation, network: NetworkMode, *, broker: bool = False) -> str:
+def runtime_name(
+    isolation: Isolation, network: NetworkMode, *, broker: bool = False, capture: bool = False
+) -> str:
     """The engine runtime for a container of ``isolation`` with the plan's ``network``;
-    ``broker``: the plan mounts a broker socket the worker must be able to connect to."""
+    ``broker``: the plan mounts a broker socket the worker must be able to connect to;
+    ``capture``: the root filesystem's writes must reach the container's layer, where a
+    snapshot's commit sees them (a session opened for snapshots, without a broker: the
+    build runtimes, ``--overlay2=none``)."""
     if isolation == "runc":
         return RUNC
+    if capture and not broker:
+        return build_runtime_name(network)
     if broker:
         return GVISOR_BROKER_NONE if network == "none" else GVISOR_BROKER_NETWORK
     return GVISOR_NONE if network == "none" else GVISOR_NETWORK

@@ -10,8 +10,9 @@ import contextlib
 import os
 import shutil
 import stat
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.audit import AuditLog
 from orchestrator.config import Project
@@ -120,31 +121,91 @@ def private_copy(source: Path, target: Path, uid: int, gid: int, *, whole: bool 
                 os.chown(Path(folder) / name, uid, gid, follow_symlinks=False)
 
 
-def _copy_folder(folder: int, into: Path, uid: int, gid: int) -> None:
-    for entry in os.scandir(folder):
-        info = entry.stat(follow_symlinks=False)
-        if uid >= 0 and not permits(info, uid, gid, "r") and not stat.S_ISLNK(info.st_mode):
-            continue  # not the worker's to read
-        if stat.S_ISLNK(info.st_mode):
-            os.symlink(os.readlink(entry.name, dir_fd=folder), into / entry.name)
-            continue
-        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-            continue  # FIFOs, sockets, devices: never opened
-        opened_entry = open_entry(folder, entry.name, info)
-        if opened_entry is None:
-            continue  # swapped for a link or something else, or gone
-        fd, opened = opened_entry
-        try:
-            if stat.S_ISDIR(opened.st_mode):
-                if uid < 0 or permits(opened, uid, gid, "rx"):
-                    (into / entry.name).mkdir(mode=0o700)
-                    _copy_folder(fd, into / entry.name, uid, gid)
-            elif stat.S_ISREG(opened.st_mode):
-                with open(into / entry.name, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-                os.chmod(into / entry.name, opened.st_mode & 0o755)
-        finally:
-            os.close(fd)
+@dataclass
+class CopyBudget:
+    """Bounds of one :func:`copy_into`: the bytes it may write (a sparse file counts its
+    whole size: the copy is dense) and how deep it may go."""
+
+    bytes: int
+    depth: int = 256
+
+
+def copy_into(source: Path, target: Path, owner: tuple[int, int] | None, budget: CopyBudget) -> int:
+    """Copy everything in the folder ``source`` into the existing, empty folder ``target``
+    as :func:`private_copy` does (no link followed: links copied as links; FIFOs, sockets
+    and devices left out; set-id bits never copied); as root, each copy is then given to
+    ``owner``. Past ``budget`` (bytes, depth) it stops with a one-line
+    :class:`~orchestrator.errors.OrchestratorError`. The bytes of the regular files copied.
+    (A session's snapshot and fork: :mod:`orchestrator.runtime.snapshots`.)"""
+    top = open_path(source)
+    try:
+        _copy_folder(top, target, -1, -1, budget=budget, label=str(source))
+    finally:
+        os.close(top)
+    size = 0
+    for folder, dirs, files in os.walk(target):
+        for name in files:
+            info = os.lstat(Path(folder) / name)
+            size += info.st_size if stat.S_ISREG(info.st_mode) else 0
+        if os.getuid() == 0 and owner is not None:
+            for name in (*dirs, *files):
+                os.chown(Path(folder) / name, *owner, follow_symlinks=False)
+    return size
+
+
+def _copy_folder(
+    folder: int,
+    into: Path,
+    uid: int,
+    gid: int,
+    *,
+    budget: CopyBudget | None = None,
+    label: str = "",
+    depth: int = 0,
+) -> None:
+    if budget is not None and depth > budget.depth:
+        raise OrchestratorError(
+            f"{label} is more than {budget.depth} folders deep; a copy stops there"
+        )
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            info = entry.stat(follow_symlinks=False)
+            if uid >= 0 and not permits(info, uid, gid, "r") and not stat.S_ISLNK(info.st_mode):
+                continue  # not the worker's to read
+            if stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(entry.name, dir_fd=folder), into / entry.name)
+                continue
+            if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+                continue  # FIFOs, sockets, devices: never opened
+            opened_entry = open_entry(folder, entry.name, info)
+            if opened_entry is None:
+                continue  # swapped for a link or something else, or gone
+            fd, opened = opened_entry
+            try:
+                if stat.S_ISDIR(opened.st_mode):
+                    if uid < 0 or permits(opened, uid, gid, "rx"):
+                        (into / entry.name).mkdir(mode=0o700)
+                        _copy_folder(fd, into / entry.name, uid, gid, budget=budget, label=label,
+                                     depth=depth + 1)  # fmt: skip
+                elif stat.S_ISREG(opened.st_mode):
+                    with open(into / entry.name, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
+                        if budget is None:
+                            shutil.copyfileobj(src, out, 1 << 20)
+                        else:
+                            _copy_budgeted(src, out, budget, label)
+                    os.chmod(into / entry.name, opened.st_mode & 0o755)
+            finally:
+                os.close(fd)
+
+
+def _copy_budgeted(src: Any, out: Any, budget: CopyBudget, label: str) -> None:
+    while chunk := src.read(1 << 20):
+        budget.bytes -= len(chunk)
+        if budget.bytes < 0:
+            raise OrchestratorError(
+                f"{label} holds more than a copy may take; remove what it need not keep"
+            )
+        out.write(chunk)
 
 
 def open_audit(project: Project) -> AuditLog:

@@ -17,6 +17,7 @@ after its maximum lifetime; the container is removed on every one of these paths
 
 from __future__ import annotations
 
+import builtins
 import logging
 import posixpath
 import threading
@@ -48,7 +49,7 @@ from orchestrator.sandbox import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Session", "SessionClosed"]
+__all__ = ["Session", "SessionClosed", "SessionPaused"]
 
 #: Largest file a host-side write to ``/staged`` may put into the outbox in one call.
 MAX_STAGED_WRITE = 64 << 20
@@ -56,6 +57,10 @@ MAX_STAGED_WRITE = 64 << 20
 
 class SessionClosed(OrchestratorError):
     """The session is closed (by its owner, its idle timeout or its maximum lifetime)."""
+
+
+class SessionPaused(OrchestratorError):
+    """The session is paused: its processes are frozen until it is resumed."""
 
 
 class Session:
@@ -88,8 +93,19 @@ class Session:
         self._closing = False
         self._detached = False
         self._done = threading.Event()
+        self._paused = False
+        self._paused_at = 0.0
+        config = getattr(getattr(prepared, "worker", None), "config", None)
+        self.idle_mode: str = getattr(config, "idle", "stop")
+        """What the idle timeout does: ``stop`` (close) or ``pause`` (the worker's ``idle``)."""
+        self.stop_paused_after: float = float(getattr(config, "stop_paused_after", 3600.0))
+        self.checkpoints = bool(getattr(config, "checkpoints", False))
+        """Whether the ``checkpoint`` tool may snapshot it (the worker's ``checkpoints``)."""
+        """With ``idle: pause``: seconds paused before it is snapshotted and closed."""
+        self.orchestrator: Any = None
+        """The :class:`~orchestrator.Orchestrator` that opened it (a snapshot's forks use it)."""
         self._watchdog: threading.Thread | None = None
-        if idle_timeout is not None or max_lifetime is not None:
+        if idle_timeout is not None or max_lifetime is not None or self.idle_mode == "pause":
             self._watchdog = threading.Thread(
                 target=self._watch, name=f"session-{self.id}", daemon=True
             )
@@ -146,6 +162,7 @@ class Session:
                 "run_id": self.run_id,
                 "idle_timeout_s": self.idle_timeout,
                 "max_lifetime_s": self.max_lifetime,
+                "checkpoints": self.checkpoints,
             }
             return context
 
@@ -205,6 +222,78 @@ class Session:
                 duration_s=result.duration_s,
             )
             return result
+
+    # -- pause, resume, snapshot ---------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self, *, reason: str | None = None) -> float:
+        """Freeze every process of the sandbox (they use no CPU) until :meth:`resume`;
+        other calls are refused meanwhile, and the idle timeout does not run (the maximum
+        lifetime does). Seconds it took; audited as ``session.pause`` (with ``reason``:
+        why, when not asked for)."""
+        from orchestrator.runtime.snapshots import engine_of
+
+        with self._active():
+            engine, container = engine_of(self._run.live, "pause")
+            started = time.monotonic()
+            with self._lock:
+                if self._paused:
+                    raise SessionPaused(f"session {self.id} is paused already")
+                engine.pause(container)
+                self._paused = True
+                self._paused_at = time.monotonic()
+            took = round(time.monotonic() - started, 3)
+        self._record("session.pause", True, seconds=took, why=reason or "asked")
+        return took
+
+    def resume(self) -> float:
+        """Let a paused session's processes go on where they were; seconds it took;
+        audited as ``session.resume``."""
+        from orchestrator.runtime.snapshots import engine_of
+
+        with self._lock:
+            if self._closed_because is not None:
+                raise SessionClosed(
+                    f"session {self.id} is closed ({self._closed_because}); open a new one"
+                )
+            if not self._paused:
+                raise SessionPaused(f"session {self.id} is not paused; nothing to resume")
+            engine, container = engine_of(self._run.live, "resume")
+            started = time.monotonic()
+            engine.unpause(container)
+            self._paused = False
+            self._last_used = time.monotonic()  # idling counts from now
+        took = round(time.monotonic() - started, 3)
+        self._record("session.resume", True, seconds=took)
+        return took
+
+    def snapshot(self) -> Any:
+        """Save the sandbox's own state (root, tmpfs folders, session folders, recipe) as a
+        :class:`~orchestrator.runtime.snapshots.Snapshot` of this project; audited as
+        ``session.snapshot``. Its :meth:`~orchestrator.runtime.snapshots.Snapshot.fork`
+        starts sessions from it."""
+        from orchestrator.runtime.snapshots import take
+
+        with self._active():
+            try:
+                snap = take(self)
+            except OrchestratorError as exc:
+                self._record("session.snapshot", False, reason=str(exc))
+                raise
+        self._record(
+            "session.snapshot", True, snapshot=snap.id, bytes=snap.bytes, seconds=snap.seconds
+        )
+        return snap
+
+    def fork(self, count: int = 1, **options: Any) -> builtins.list[Session]:
+        """Snapshot this session, then start ``count`` sessions from the snapshot
+        (:meth:`~orchestrator.runtime.snapshots.Snapshot.fork`); the snapshot stays in the
+        project's list."""
+        forks: builtins.list[Session] = self.snapshot().fork(count, **options)
+        return forks
 
     # -- review ---------------------------------------------------------------------------
 
@@ -328,6 +417,16 @@ class Session:
             return self._result
         self._stop.set()
         run = self._run
+        if self._paused:  # its outbox is read by exec, which a frozen sandbox never answers
+            from orchestrator.runtime.snapshots import engine_of
+
+            with self._lock:
+                try:
+                    engine, container = engine_of(run.live, "resume")
+                    engine.unpause(container)
+                except OrchestratorError as exc:
+                    log.warning("session %s: could not resume it to close it: %s", self.id, exc)
+                self._paused = False
         failed = False
         try:
             run.outcome.status, run.outcome.exit_code = "closed", 0
@@ -341,9 +440,10 @@ class Session:
                 result = run.close(failed=failed)
                 with self._lock:
                     self._result = result
+                # before waiters go on: a close() that waited on this one finds it audited
+                self._record("session.closed", True, reason=because)
             finally:
                 self._done.set()
-            self._record("session.closed", True, reason=because)
         return result
 
     @contextmanager
@@ -363,6 +463,11 @@ class Session:
                 raise SessionClosed(
                     f"session {self.id} is closed ({self._closed_because}); open a new one"
                 )
+            if self._paused:
+                raise SessionPaused(
+                    f"session {self.id} is paused: resume it first (`orchestrator session "
+                    f"resume {self.id}`, or Session.resume())"
+                )
             self._in_flight += 1
         try:
             yield
@@ -375,11 +480,18 @@ class Session:
         while not self._stop.wait(timeout=self._poll_interval()):
             now = time.monotonic()
             with self._lock:
-                idle = self._in_flight == 0 and now - self._last_used
+                idle = self._in_flight == 0 and not self._paused and now - self._last_used
+                paused_for = now - self._paused_at if self._paused else 0.0
+            pausing = self.idle_mode == "pause"
             if self.max_lifetime is not None and now - self._opened >= self.max_lifetime:
                 because = f"it reached its maximum lifetime of {self.max_lifetime:g} s"
             elif self.idle_timeout is not None and idle and idle >= self.idle_timeout:
+                if pausing:
+                    self._pause_when_idle()
+                    continue
                 because = f"idle for {self.idle_timeout:g} s"
+            elif pausing and paused_for >= self.stop_paused_after:
+                because = self._save_when_paused()
             else:
                 continue
             try:
@@ -388,8 +500,31 @@ class Session:
                 log.error("closing session %s (%s) failed: %s", self.id, because, exc)
             return
 
+    def _pause_when_idle(self) -> None:
+        """``idle: pause``: freeze it instead of closing it (a failure is said and audited;
+        the session is then closed as idle would)."""
+        try:
+            self.pause(reason=f"idle for {self.idle_timeout:g} s")
+        except (OrchestratorError, OSError) as exc:
+            log.error("pausing idle session %s failed: %s", self.id, exc)
+            self._record("session.pause", False, reason=str(exc))
+
+    def _save_when_paused(self) -> str:
+        """``idle: pause``, paused for ``stop_paused_after``: resumed, saved as a snapshot,
+        then closed; the reason to close it (naming the snapshot, or why there is none)."""
+        paused = f"paused for {self.stop_paused_after:g} s"
+        try:
+            self.resume()
+            snap = self.snapshot()
+        except (OrchestratorError, OSError) as exc:
+            log.error("saving paused session %s failed: %s", self.id, exc)
+            return f"{paused}; its snapshot failed: {exc}"
+        return f"{paused}; saved as snapshot {snap.id}"
+
     def _poll_interval(self) -> float:
         limits = [t for t in (self.idle_timeout, self.max_lifetime) if t is not None]
+        if self.idle_mode == "pause":
+            limits.append(self.stop_paused_after)
         return max(0.05, min([5.0, *(t / 4 for t in limits)]))
 
     def _record(self, operation: str, allowed: bool, **metadata: Any) -> None:

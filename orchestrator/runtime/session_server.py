@@ -20,6 +20,8 @@ bytes) and reads answers until the final one:
 - ``{"op": "approvals"}`` → the calls waiting for a person (id, tool, args, description,
   asked_at); ``{"op": "answer", "id", "approve", "by", "via"}`` → answers one, audited as
   ``tool.approval`` with who and through what;
+- ``{"op": "pause"}``, ``{"op": "resume"}`` → ``{"seconds": S}``; ``{"op": "snapshot"}`` →
+  ``{"snapshot": id, "bytes": N, "seconds": S}`` (:mod:`orchestrator.runtime.snapshots`);
 - ``{"op": "stop"}`` → the closed session's :class:`RunResult`; the owner then exits
   (waiting calls are declined first).
 
@@ -292,7 +294,7 @@ class SessionServer:
         op = message.get("op")
         if op == "info":
             return {**describe(session), "age_s": session.age_s, "idle_s": session.idle_s,
-                    "closed": session.closed}  # fmt: skip
+                    "closed": session.closed, "paused": session.paused}  # fmt: skip
         if op == "exec":
             argv = message["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -339,11 +341,20 @@ class SessionServer:
                     "(answered already, timed out, or never asked)"
                 )
             return {"id": message["id"], "approve": approve}
+        if op == "pause":
+            return {"session": session.id, "paused": True, "seconds": session.pause()}
+        if op == "resume":
+            return {"session": session.id, "paused": False, "seconds": session.resume()}
+        if op == "snapshot":
+            snap = session.snapshot()
+            return {"snapshot": snap.id, "bytes": snap.bytes, "seconds": snap.seconds,
+                    "session": session.id, "worker": snap.worker}  # fmt: skip
         if op == "stop":
             self.approvals.cancel_all()
             return session.close().to_dict()
         raise ValueError(
-            f"unknown op {op!r}; use info, exec, read, write, tool, approvals, answer or stop"
+            f"unknown op {op!r}; use info, exec, read, write, tool, approvals, answer, pause, "
+            "resume, snapshot or stop"
         )
 
     def _tool(

@@ -26,6 +26,8 @@ exec                         pre-approved: the command runs inside the sandbox,
 stage                        pre-approved: it only proposes a change set, which
                              a person approves or rejects later
 context                      pre-approved
+checkpoint                   pre-approved where the worker declares
+                             ``checkpoints: true``; blocked otherwise
 ===========================  =====================================================
 
 The file operations check again when they run (this module never touches the disk), so
@@ -107,6 +109,17 @@ def decide(name: str, args: Mapping[str, Any], context: Mapping[str, Any]) -> De
         return Decision(TOOL_PRE_APPROVED, f"propose a change set for review: {files}")
     if name == "context":
         return Decision(TOOL_PRE_APPROVED, "show what the sandbox allows")
+    if name == "checkpoint":
+        session = context.get("session") or {}
+        if session.get("checkpoints"):
+            return Decision(TOOL_PRE_APPROVED, "save this sandbox's state as a snapshot")
+        return Decision(
+            "blocked",
+            "checkpoint",
+            "Cannot checkpoint: this worker does not let its sandbox snapshot itself "
+            "(checkpoints: true in its worker file); a person can, with `orchestrator "
+            "session snapshot`",
+        )
     raw = args.get("path", "/")
     path = _clean(raw)
     verb = {"list": "list", "read": "read", "stat": "stat", "write": "write", "delete": "delete"}[

@@ -172,6 +172,13 @@ SPECS: tuple[ToolSpec, ...] = (
         "rights and approvals, allowed suffixes and sizes, network and limits.",
         _object({}, []),
     ),
+    ToolSpec(
+        "checkpoint",
+        "Save this sandbox's own state (its files and its root) as a snapshot, "
+        "before a risky step: returns the snapshot's id, from which a person or a harness "
+        "starts new sessions. Only where the worker allows it (context: session.checkpoints).",
+        _object({}, []),
+    ),
 )
 
 BY_NAME = {spec.name: spec for spec in SPECS}

@@ -170,6 +170,7 @@ class Toolset:
             ).to_dict(),
             "stage": lambda: {"change_set": session.stage(args["files"], args["message"])},
             "context": session.security_context,
+            "checkpoint": lambda: _checkpoint(session),
         }
         return handlers[name]()
 
@@ -203,3 +204,9 @@ class Toolset:
 
 
 __all__ = ["BY_NAME", "Answer", "ToolSession", "Toolset"]
+
+
+def _checkpoint(session: Any) -> dict[str, Any]:
+    """The ``checkpoint`` tool: the session's :meth:`snapshot`, as its id, size and time."""
+    snap = session.snapshot()
+    return {"snapshot": snap.id, "bytes": snap.bytes, "seconds": snap.seconds}

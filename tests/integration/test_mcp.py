@@ -85,7 +85,17 @@ def test_a_real_client_lists_reads_is_refused_execs_and_stages(engine, mcp_proje
         return tools, listed, read, refused, asked, ran, staged, context
 
     tools, listed, read, refused, asked, ran, staged, context = serve(project, script)
-    assert tools == ["list", "read", "write", "delete", "stat", "exec", "stage", "context"]
+    assert tools == [
+        "list",
+        "read",
+        "write",
+        "delete",
+        "stat",
+        "exec",
+        "stage",
+        "context",
+        "checkpoint",
+    ]
     names = [e["name"] for e in listed.structured_content["entries"]]
     assert {"input", "data", "session", "staged"} <= set(names)
     assert read.structured_content["text"] == "alpha\nbeta\n"

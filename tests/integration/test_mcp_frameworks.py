@@ -114,7 +114,17 @@ def test_pydantic_ai_mcp_toolset_with_a_function_model(engine, mcp_project):
 
     names, output = anyio.run(main)
     assert output == "done"
-    assert names == ["list", "read", "write", "delete", "stat", "exec", "stage", "context"]
+    assert names == [
+        "list",
+        "read",
+        "write",
+        "delete",
+        "stat",
+        "exec",
+        "stage",
+        "context",
+        "checkpoint",
+    ]
     assert len(seen) == len(calls), seen
     # a refusal reaches the model as the tool's answer: {"ok": false, "error": ...}
     listed, read, ran, refused, wrote, staged, deleted, gone = (c for _, c in seen)

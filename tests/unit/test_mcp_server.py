@@ -58,7 +58,17 @@ def test_tools_are_listed_with_their_schemas_and_hints(tools):
         return (await client.list_tools()).tools
 
     listed = {t.name: t for t in drive(tools, script)}
-    assert list(listed) == ["list", "read", "write", "delete", "stat", "exec", "stage", "context"]
+    assert list(listed) == [
+        "list",
+        "read",
+        "write",
+        "delete",
+        "stat",
+        "exec",
+        "stage",
+        "context",
+        "checkpoint",
+    ]
     assert listed["read"].input_schema["required"] == ["path"]
     assert listed["read"].annotations.read_only_hint is True
     assert listed["delete"].annotations.destructive_hint is True

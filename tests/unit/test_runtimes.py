@@ -87,6 +87,17 @@ def test_only_a_parent_may_connect_to_a_host_socket_under_gvisor():
         assert runtimes.GVISOR_ARGS[broker] == [*runtimes.GVISOR_ARGS[plain], "--host-uds=open"]
 
 
+def test_a_session_opened_for_snapshots_gets_the_build_runtime_under_gvisor():
+    assert runtimes.runtime_name("gvisor", "none", capture=True) == runtimes.GVISOR_BUILD
+    assert runtimes.runtime_name("gvisor", "full", capture=True) == runtimes.GVISOR_BUILD_NETWORK
+    assert runtimes.runtime_name("runc", "none", capture=True) == "runc"
+    # a parent keeps its broker runtime (its snapshot is refused: see runtime.snapshots)
+    assert runtimes.runtime_name("gvisor", "none", broker=True, capture=True) == (
+        runtimes.GVISOR_BROKER_NONE
+    )
+    assert "--overlay2=none" in runtimes.GVISOR_ARGS[runtimes.GVISOR_BUILD]
+
+
 def test_a_parent_gets_the_broker_runtime_and_an_engine_set_up_before_it_says_so():
     from dataclasses import replace
 

@@ -31,7 +31,17 @@ def refusals(toolset):
 def test_definitions_are_plain_json_schemas_in_both_common_shapes():
     plain = Toolset.definitions()
     names = [d["name"] for d in plain]
-    assert names == ["list", "read", "write", "delete", "stat", "exec", "stage", "context"]
+    assert names == [
+        "list",
+        "read",
+        "write",
+        "delete",
+        "stat",
+        "exec",
+        "stage",
+        "context",
+        "checkpoint",
+    ]
     for d in plain:
         assert set(d) == {"name", "description", "input_schema"}
         assert d["input_schema"]["type"] == "object"
