@@ -26,10 +26,10 @@ import pytest
 from orchestrator.docker.egress import BRIDGE_PREFIX
 from orchestrator.docker.images import WORKER_IMAGE
 from orchestrator.docker.netnames import RUN_PREFIX
+from tests.host_firewall import without_the_host_rule
 from tests.integration.conftest import wait_until
 from tests.integration.pkgservice import PORT as PKG_PORT
 from tests.integration.test_build import _audit, build_networks_left, builds, docker, packages
-from tests.integration.test_doctor import without_the_firewall_rule
 from tests.integration.test_egress import PortCounter
 from tests.integration.test_terminal import in_terminal
 
@@ -301,9 +301,10 @@ def test_run_network_none_in_an_allowlisted_project_gets_no_network_at_all(
     assert {e["metadata"]["line"] for e in egress} == {5}, egress
 
 
+@pytest.mark.serial  # it takes the host firewall rule away for a while
 def test_a_missing_host_firewall_rule_is_said_once_per_allowlisted_build(builds, packages):
     dockerfile = "FROM @BASE@\nLABEL test.mark=@MARK@\nRUN true\nRUN true\n"
-    with without_the_firewall_rule():
+    with without_the_host_rule():
         done = builds(dockerfile, "--no-cache")
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stderr.count("firewall rule is missing") == 1, done.stderr
