@@ -33,6 +33,7 @@ import pytest
 from orchestrator import labels
 from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project
+from orchestrator.egress import PROXY_IMAGE
 from orchestrator.runtime import open_audit
 from tests.conftest import ProjectDir
 from tests.integration.conftest import ISOLATIONS, require_gvisor, unavailable, web_service
@@ -302,6 +303,29 @@ def test_a_trial_that_cannot_start_says_why_in_one_line_first(engine, harbor, tm
     assert "docker build -t example.invalid/not-here:1" in message and "\n" not in message
     assert output.splitlines()[0] == message  # said first, before Harbor's tracebacks
     assert "Error: orchestrator environment: not started" not in output  # later calls too
+    _assert_nothing_left(engine, pid, project)
+
+
+def test_a_task_naming_an_image_off_the_project_s_list_is_refused_in_one_line(
+    engine, harbor, tmp_path
+):
+    """A Dockerfile that only says ``FROM`` is run as that image, unbuilt: the image must
+    be one the project's builds may name (``build.images``), never the egress proxy's."""
+    project = ProjectDir(tmp_path / "project")
+    project.write_project()
+    task = tmp_path / "hello"
+    shutil.copytree(TASKS / "hello", task)
+    (task / "environment" / "Dockerfile").write_text(f"FROM {PROXY_IMAGE}\n")
+
+    pid, job, trial, output = _run(harbor, task, project, tmp_path / "jobs")
+
+    info = trial["exception_info"]
+    assert info is not None and job["stats"]["n_errored_trials"] == 1, output
+    message = info["exception_message"].strip()
+    assert message.startswith(
+        f"orchestrator environment: image '{PROXY_IMAGE}' is not one this project's builds may name"
+    ), message
+    assert "build.images" in message and "\n" not in message
     _assert_nothing_left(engine, pid, project)
 
 

@@ -89,3 +89,18 @@ def test_the_image_comes_from_the_task_built_only_when_it_must_be(tmp_path: Path
     assert mapping.image_of(env, None) == mapping.Image("", dockerfile=env / "Dockerfile")
     (env / "docker-compose.yaml").write_text("services: {}\n")
     assert "compose environments are not supported" in _refused(mapping.image_of, env, None)
+
+
+def test_a_task_image_run_as_it_is_must_be_one_the_project_s_builds_may_name(tmp_path):
+    """``docker_image`` (or a Dockerfile that only says ``FROM``) names an image that is
+    run without a build: it is held to ``build.images`` as a build's ``FROM`` is, so a
+    task never runs another project's image or a proxy's by naming it."""
+    shipped = mapping.Image("orchestrator/worker:latest")
+    mapping.check_image(shipped, [], "p/orchestrator.yaml")  # shipped: always allowed
+    mapping.check_image(mapping.Image("debian:bookworm"), ["debian"], "p/orchestrator.yaml")
+    built = mapping.Image("", dockerfile=tmp_path / "Dockerfile")  # the builder checks it
+    mapping.check_image(built, [], "p/orchestrator.yaml")
+    for name in ("orchestrator/proxy:latest", "other-project/task:latest", "debian:bookworm"):
+        line = _refused(mapping.check_image, mapping.Image(name), [], "p/orchestrator.yaml")
+        assert f"image '{name}' is not one this project's builds may name" in line, line
+        assert "build.images in p/orchestrator.yaml" in line, line

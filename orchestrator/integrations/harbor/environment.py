@@ -184,6 +184,8 @@ class OrchestratorEnvironment(BaseEnvironment):  # type: ignore[misc]
         image = mapping.image_of(self.environment_dir, config.docker_image)
         if image.dockerfile is not None:
             image = self._build(project.root, image.dockerfile)
+        elif orchestrator_for(project.root).image(image.name) is not None:  # else: missing
+            mapping.check_image(image, project.config.build.images, str(project.file))
         policy = self.network_policy
         network = mapping.network_of(
             policy.network_mode.value,

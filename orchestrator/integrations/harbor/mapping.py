@@ -167,6 +167,18 @@ def image_of(environment_dir: Path, docker_image: str | None) -> Image:
     return _from_dockerfile(dockerfile)
 
 
+def check_image(image: Image, listed: list[str], declared_in: str) -> None:
+    """A task's image that is run as it is (``docker_image``, or a Dockerfile that only
+    says ``FROM``) is one a build of the project could name (``build.images``, on top of
+    the images the orchestrator ships): a task never runs another project's image, or a
+    proxy's, by naming it. Refused in one line otherwise."""
+    from orchestrator.build.bases import BaseImages
+
+    images = BaseImages(tuple(listed), declared_in)
+    if image.dockerfile is None and not images.allows(image.name):
+        raise refuse(images.refusal(image.name))
+
+
 #: Instructions a task's Dockerfile may hold and still be run as its ``FROM`` image.
 _PLAIN = ("FROM", "WORKDIR", "ENV")
 
