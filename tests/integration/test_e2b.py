@@ -1,0 +1,214 @@
+"""The E2B server (docs/e2b.md) driven by the unmodified ``e2b`` SDK.
+
+The server is the real command line (``python -m orchestrator e2b serve``) in a
+subprocess on 127.0.0.1; the SDK reads the three variables it printed. Each sandbox is a
+session of the project's worker: commands and files reach the same container, a zone's
+mode holds, the key and the sandbox's access token are required, unknown routes get
+E2B's error shape, and nothing is left once the sandboxes are killed or the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b.exceptions import (
+    AuthenticationException,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
+
+from tests.conftest import stop, wait_until
+from tests.integration.conftest import containers_of
+
+pytestmark = pytest.mark.docker
+
+WORKER = """\
+sandbox:
+  zones:
+    - {name: data, mode: ro}
+    - {name: out, mode: rw}
+network: none
+resources: {memory: 256m, timeout: 60}
+"""
+
+
+@pytest.fixture
+def server(isolation, project, monkeypatch):
+    """The server over a project with one worker ``box``; its exports in the environment."""
+    project.zone("data", "ro", files={"notes.txt": "hello from the zone\n"})
+    project.zone("out", "rw", extra="untrusted_output: true")
+    project.worker("box", WORKER)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "e2b", "serve", "--project", str(project.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TESTCONTAINERS_RYUK_DISABLED": "true"},
+    )
+    exports = {}
+    try:
+        for _ in range(3):
+            line = process.stdout.readline()
+            assert line.startswith("export "), (
+                line,
+                process.stderr.read() if process.poll() is not None else "",
+            )
+            name, _, value = line[len("export ") :].strip().partition("=")
+            exports[name] = value
+        assert set(exports) == {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"}
+        assert exports["E2B_SANDBOX_URL"] == exports["E2B_API_URL"]
+        assert exports["E2B_API_URL"].startswith("http://127.0.0.1:")
+        for name, value in exports.items():
+            monkeypatch.setenv(name, value)
+        exports["pid"] = process.pid
+        yield exports
+    finally:
+        stop(process)
+    key_file = project.root / ".sandbox" / "e2b-api-key"
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert key_file.read_text().strip() == exports["E2B_API_KEY"]
+
+
+def test_create_run_files_kill(server, engine, project):
+    assert containers_of(engine, server["pid"]) == []
+    sandbox = Sandbox.create(
+        "box", timeout=120, metadata={"purpose": "test"}, envs={"GREETING": "hi"}
+    )
+    try:
+        # a foreground command: its output, exit code, env and cwd
+        done = sandbox.commands.run("echo $GREETING $EXTRA; pwd; echo oops >&2; id -u")
+        assert done.exit_code == 0
+        uid = project.identity[0]
+        assert done.stdout == f"hi\n/tmp\n{uid}\n", done.stdout  # the worker's folder, its uid
+        assert done.stderr == "oops\n"
+        shown = sandbox.commands.run(
+            "echo $GREETING $EXTRA; pwd", envs={"EXTRA": "there"}, cwd="/tmp"
+        )
+        assert shown.stdout == "hi there\n/tmp\n"
+        # a failing command raises the SDK's own error, with its exit code
+        with pytest.raises(CommandExitException) as failed:
+            sandbox.commands.run("exit 3")
+        assert failed.value.exit_code == 3
+        # a command over its timeout is stopped
+        with pytest.raises(TimeoutException):
+            sandbox.commands.run("sleep 30", timeout=2)
+        # a background command with a handle
+        handle = sandbox.commands.run("sleep 1; echo later", background=True)
+        assert handle.wait().stdout == "later\n"
+
+        # files: write, read, list, exists, make_dir, rename, remove
+        info = sandbox.files.write("/out/report.md", "# report\n")
+        assert info.path == "/out/report.md"
+        assert sandbox.files.read("/out/report.md") == "# report\n"
+        assert (project.root / "out" / "report.md").read_text() == "# report\n"
+        assert sandbox.commands.run("cat /out/report.md").stdout == "# report\n"
+        sandbox.files.write("/tmp/blob.bin", b"\x00\x01\xff")
+        assert sandbox.files.read("/tmp/blob.bin", format="bytes") == b"\x00\x01\xff"
+        assert sandbox.files.read("/data/notes.txt") == "hello from the zone\n"
+        assert sandbox.files.exists("/out/report.md")
+        assert not sandbox.files.exists("/out/missing")
+        assert sandbox.files.make_dir("/tmp/new/deep")
+        assert not sandbox.files.make_dir("/tmp/new/deep")
+        names = {e.name: e for e in sandbox.files.list("/tmp/new")}
+        assert set(names) == {"deep"} and names["deep"].type.value == "dir"
+        listed = {e.path for e in sandbox.files.list("/tmp", depth=2)}
+        assert {"/tmp/blob.bin", "/tmp/new", "/tmp/new/deep"} <= listed
+        moved = sandbox.files.rename("/tmp/blob.bin", "/tmp/new/blob.bin")
+        assert moved.path == "/tmp/new/blob.bin" and moved.size == 3
+        sandbox.files.remove("/tmp/new")
+        assert not sandbox.files.exists("/tmp/new")
+        with pytest.raises(NotFoundException):
+            sandbox.files.read("/tmp/new/blob.bin")
+        # the read-only zone stays read-only, and so does the root
+        with pytest.raises(SandboxException):
+            sandbox.files.write("/data/planted", "x")
+        with pytest.raises(SandboxException):
+            sandbox.files.write("/etc/planted", "x")
+        assert not (project.root / "data" / "planted").exists()
+
+        # the REST side: info, list with a metadata filter, timeout
+        got = Sandbox.get_info(sandbox.sandbox_id)
+        assert got.metadata == {"purpose": "test"} and got.template_id == "box"
+        assert [
+            s.sandbox_id
+            for s in Sandbox.list(query=SandboxQuery(metadata={"purpose": "test"})).next_items()
+        ] == [sandbox.sandbox_id]
+        assert Sandbox.list(query=SandboxQuery(metadata={"purpose": "other"})).next_items() == []
+        sandbox.set_timeout(60)
+        assert sandbox.is_running()
+    finally:
+        assert sandbox.kill()
+    assert not sandbox.is_running()
+    assert Sandbox.kill(sandbox.sandbox_id) is False
+    assert containers_of(engine, server["pid"]) == []  # the session's container is gone
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id)
+
+
+def test_async_client(server):
+    async def go():
+        sandbox = await AsyncSandbox.create("box", timeout=60)
+        try:
+            done = await sandbox.commands.run("echo async")
+            await sandbox.files.write("/tmp/a.txt", "from async")
+            return done.stdout, await sandbox.files.read("/tmp/a.txt")
+        finally:
+            await sandbox.kill()
+
+    assert asyncio.run(go()) == ("async\n", "from async")
+
+
+def test_refusals(server):
+    url, key = server["E2B_API_URL"], server["E2B_API_KEY"]
+    # no key, a wrong key: refused by the SDK's own calls and over plain HTTP
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="e2b_" + "0" * 40).next_items()
+    for headers in ({}, {"X-API-Key": key[:-1] + ("0" if key[-1] != "0" else "1")}):
+        answer = httpx.get(f"{url}/v2/sandboxes", headers=headers)
+        assert answer.status_code == 401
+        assert answer.json()["code"] == 401 and "API key" in answer.json()["message"]
+    # an unknown route and a malformed body: E2B's error shape, no traceback
+    answer = httpx.get(f"{url}/no/such/route", headers={"X-API-Key": key})
+    assert answer.status_code == 404
+    assert set(answer.json()) == {"code", "message"}
+    answer = httpx.post(f"{url}/v2/sandboxes", headers={"X-API-Key": key}, content=b"{nope")
+    assert answer.status_code == 400 and answer.json()["message"] == "the request body is not JSON"
+    # an unsupported call: one line naming the route
+    answer = httpx.post(f"{url}/sandboxes/x/pause", headers={"X-API-Key": key})
+    assert answer.status_code == 501 and "not supported" in answer.json()["message"]
+    # a template that is not a worker (nor a path), and the default template without a base worker
+    with pytest.raises(SandboxException, match="not a worker of the project"):
+        Sandbox.create("../../etc")
+    with pytest.raises(SandboxException, match="no worker named 'base'"):
+        Sandbox.create()
+    # another sandbox's id without its token, or a made-up one: refused in the sandbox API
+    sandbox = Sandbox.create("box", timeout=60)
+    try:
+        for headers in (
+            {"E2b-Sandbox-Id": sandbox.sandbox_id},
+            {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": "wrong"},
+        ):
+            answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
+            assert answer.status_code == 401, answer.text
+        # a made-up sandbox is not running (E2B's edge says 502)
+        headers = {"E2b-Sandbox-Id": "nope", "X-Access-Token": "wrong"}
+        answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
+        assert answer.status_code == 502 and set(answer.json()) == {"code", "message"}
+    finally:
+        sandbox.kill()
+
+
+def test_stopping_the_server_kills_its_sandboxes(isolation, project, engine, server):
+    sandbox = Sandbox.create("box", timeout=60)
+    assert sandbox.commands.run("true").exit_code == 0
+    assert len(containers_of(engine, server["pid"])) >= 1
+    os.kill(server["pid"], signal.SIGTERM)
+    assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
