@@ -175,7 +175,6 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
     async def process_start(request: Request, sandbox: Sandbox) -> Response:
         messages = list(wire.unframe(await request.body()))
         message = messages[0] if messages else {}
-        _check_user(request, sandbox)
         config = message.get("process") or {}
         if message.get("pty"):
             raise ConnectFailure("unimplemented", "PTY is not supported yet (docs/e2b.md)")
@@ -253,6 +252,7 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
                 )
             if not sandbox.token_ok(request.headers.get("x-access-token")):
                 raise ConnectFailure("unauthenticated", "a wrong access token for the sandbox")
+            _check_user(request, sandbox)
             handler = plain.get((request.method, path))
             if handler is not None:
                 return await handler(request, sandbox)
@@ -410,19 +410,21 @@ def _file_path(request: Request, sandbox: Sandbox) -> str:
 
 
 def _check_user(request: Request, sandbox: Sandbox) -> None:
-    """Commands run as the worker's uid: a request naming another user is refused."""
+    """Commands and files act as the worker's uid: a request naming another user (the
+    RPCs' ``Authorization: Basic user:``, ``/files``' ``username``) is refused; E2B's
+    default user's name, ``user``, stands for the worker."""
     header = request.headers.get("authorization", "")
-    if not header.lower().startswith("basic "):
-        return
-    try:
-        user = base64.b64decode(header[6:]).decode().split(":", 1)[0]
-    except (binascii.Error, UnicodeDecodeError):
-        raise ConnectFailure("invalid_argument", "Authorization: not Basic user:") from None
+    user = request.query_params.get("username", "")
+    if header.lower().startswith("basic "):
+        try:
+            user = base64.b64decode(header[6:]).decode().split(":", 1)[0]
+        except (binascii.Error, UnicodeDecodeError):
+            raise ConnectFailure("invalid_argument", "Authorization: not Basic user:") from None
     spec = sandbox.session.spec
     if user and user not in (spec.user, str(spec.uid), "user"):
         raise ConnectFailure(
             "permission_denied",
-            f"user {user!r}: commands run as the worker's own uid ({spec.uid}) only",
+            f"user {user!r}: commands and files act as the worker's own uid ({spec.uid}) only",
         )
 
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.e2b.wire import ENVD_VERSION
 from orchestrator.errors import OrchestratorError
 from orchestrator.integrations.projects import one_line, orchestrator_for
 from orchestrator.runtime.session import Session
@@ -76,19 +77,13 @@ class Sandbox:
             "clientID": "orchestrator",
             "startedAt": _iso(self.started),
             "endAt": _iso(self.deadline),
-            "envdVersion": _envd_version(),
+            "envdVersion": ENVD_VERSION,
             "cpuCount": max(1, round(spec.limits.cpus)),
             "memoryMB": spec.limits.memory >> 20,
             "diskSizeMB": 0,
             "state": "running",
             "metadata": dict(self.metadata),
         }
-
-
-def _envd_version() -> str:
-    from orchestrator.e2b.wire import ENVD_VERSION
-
-    return ENVD_VERSION
 
 
 def _iso(stamp: float) -> str:

@@ -212,3 +212,17 @@ def test_stopping_the_server_kills_its_sandboxes(isolation, project, engine, ser
     assert len(containers_of(engine, server["pid"])) >= 1
     os.kill(server["pid"], signal.SIGTERM)
     assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
+
+
+def test_a_sandbox_past_its_timeout_is_killed(isolation, engine, server):
+    sandbox = Sandbox.create("box", timeout=6)
+    assert sandbox.is_running()
+    # another user than the worker is refused, for commands and files alike
+    with pytest.raises(SandboxException, match="worker's own uid"):
+        sandbox.commands.run("id", user="root")
+    with pytest.raises(SandboxException, match="worker's own uid"):
+        sandbox.files.read("/etc/hostname", user="root")
+    assert wait_until(lambda: not sandbox.is_running(), timeout=30)
+    assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=30)
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id)
