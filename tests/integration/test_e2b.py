@@ -26,7 +26,7 @@ from e2b.exceptions import (
 )
 
 from tests.conftest import stop, wait_until
-from tests.integration.conftest import containers_of
+from tests.integration.conftest import cli, containers_of
 
 pytestmark = pytest.mark.docker
 
@@ -144,8 +144,15 @@ def test_create_run_files_kill(server, engine, project):
         assert Sandbox.list(query=SandboxQuery(metadata={"purpose": "other"})).next_items() == []
         sandbox.set_timeout(60)
         assert sandbox.is_running()
+        # the outbox: what the sandbox leaves there becomes a change set when it is killed
+        sandbox.files.write("/staged/summary.md", "# staged\n")
     finally:
         assert sandbox.kill()
+    staged = cli("staged", "list", "--project", str(project.root), "--json")
+    assert staged.returncode == 0, staged.stderr
+    [change] = staged.json()
+    assert (change["worker"], change["files"], change["status"]) == ("box", 1, "pending")
+    assert change["session_id"] == sandbox.sandbox_id
     assert not sandbox.is_running()
     assert Sandbox.kill(sandbox.sandbox_id) is False
     assert containers_of(engine, server["pid"]) == []  # the session's container is gone
