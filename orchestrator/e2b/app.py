@@ -136,7 +136,7 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         sandbox = sandboxes.get(request.path_params["sandbox_id"])
         if "timeout" in body:
             sandboxes.set_timeout(sandbox.id, body.get("timeout"))
-        return JSONResponse(_created(sandbox), status_code=201)
+        return JSONResponse(_created(sandbox))
 
     async def unsupported(request: Request) -> Response:
         raise Refused(
@@ -304,6 +304,7 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         ("DELETE", "/sandboxes/{sandbox_id}", kill),
         ("POST", "/sandboxes/{sandbox_id}/timeout", set_timeout),
         ("POST", "/sandboxes/{sandbox_id}/connect", connect),
+        ("POST", "/v2/sandboxes/{sandbox_id}/connect", connect),
     ]
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(routes=[Route("/{path:path}", dispatch, methods=methods)])
@@ -319,7 +320,6 @@ _UNSUPPORTED = (
     "/sandboxes/{id}/metrics",
     "/sandboxes/{id}/logs",
     "/v2/sandboxes/{id}/logs",
-    "/v2/sandboxes/{id}/connect",
     "/sandboxes/{id}/network",
     "/sandboxes/metrics",
     "/snapshots",

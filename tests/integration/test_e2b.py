@@ -144,6 +144,17 @@ def test_create_run_files_kill(server, engine, project):
         assert Sandbox.list(query=SandboxQuery(metadata={"purpose": "other"})).next_items() == []
         sandbox.set_timeout(60)
         assert sandbox.is_running()
+        # connect: the same sandbox, from its id alone
+        again = Sandbox.connect(sandbox.sandbox_id, timeout=90)
+        assert again.commands.run("cat /out/report.md").stdout == "# report\n"
+        # many files at once, and one file's details
+        written = sandbox.files.write_files(
+            [{"path": "/tmp/m/a.txt", "data": "a"}, {"path": "/tmp/m/b.bin", "data": b"bb"}]
+        )
+        assert sorted(w.path for w in written) == ["/tmp/m/a.txt", "/tmp/m/b.bin"]
+        assert sandbox.commands.run("cat /tmp/m/a.txt /tmp/m/b.bin").stdout == "abb"
+        entry = sandbox.files.get_info("/tmp/m/b.bin")
+        assert (entry.name, entry.size, entry.type.value) == ("b.bin", 2, "file")
         # the outbox: what the sandbox leaves there becomes a change set when it is killed
         sandbox.files.write("/staged/summary.md", "# staged\n")
     finally:
@@ -205,6 +216,15 @@ def test_refusals(server):
         ):
             answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
             assert answer.status_code == 401, answer.text
+        # calls not supported yet: one line naming them, through the SDK's own calls
+        with pytest.raises(SandboxException, match="not supported"):
+            sandbox.pause()
+        with pytest.raises(SandboxException, match="not supported"):
+            sandbox.files.watch_dir("/tmp")
+        with pytest.raises(SandboxException, match="not supported"):
+            sandbox.commands.send_stdin(1, "x")
+        with pytest.raises(SandboxException, match="network: not supported"):
+            Sandbox.create("box", network={"deny_out": ["0.0.0.0/0"]})
         # a made-up sandbox is not running (E2B's edge says 502)
         headers = {"E2b-Sandbox-Id": "nope", "X-Access-Token": "wrong"}
         answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
