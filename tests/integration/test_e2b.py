@@ -253,3 +253,24 @@ def test_a_sandbox_past_its_timeout_is_killed(isolation, engine, server):
     assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=30)
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sandbox.sandbox_id)
+
+
+def test_ten_sandboxes_driven_at_once(isolation, engine, server):
+    """Ten sandboxes created, used and killed concurrently (async client): each sees only
+    its own files and its own environment."""
+
+    async def one(index: int) -> tuple[str, str]:
+        sandbox = await AsyncSandbox.create("box", timeout=120, envs={"INDEX": str(index)})
+        try:
+            await sandbox.files.write("/tmp/mine.txt", f"file {index}")
+            done = await sandbox.commands.run("echo $INDEX; ls /tmp")
+            return done.stdout, await sandbox.files.read("/tmp/mine.txt")
+        finally:
+            await sandbox.kill()
+
+    async def all_of_them():
+        return await asyncio.gather(*(one(i) for i in range(10)))
+
+    results = asyncio.run(all_of_them())
+    assert results == [(f"{i}\nmine.txt\n", f"file {i}") for i in range(10)]
+    assert containers_of(engine, server["pid"]) == []
