@@ -21,6 +21,7 @@ import hmac
 import json
 import logging
 import threading
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -188,13 +189,17 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         argv = [cmd, *(str(a) for a in args)]
         cwd = config.get("cwd") or None
         timeout = _deadline(request)
+        env = {str(k): str(v) for k, v in envs.items()}
+        shown = {"cmd": cmd, "args": argv[1:], "envs": env, **({"cwd": cwd} if cwd else {})}
         return StreamingResponse(
-            _run_stream(sandbox, argv, cwd, {str(k): str(v) for k, v in envs.items()}, timeout),
+            _run_stream(sandbox, argv, cwd, env, timeout, shown),
             media_type="application/connect+json",
         )
 
     async def process_list(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
-        return {"processes": []}
+        with sandbox.lock:
+            running = sorted(sandbox.running.items())
+        return {"processes": [{"config": config, "pid": pid} for pid, config in running]}
 
     async def fs_stat(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
         path = _absolute(_str(message, "path"), sandbox)
@@ -495,9 +500,37 @@ async def _uploads(request: Request) -> list[tuple[str, bytes]]:
         return out
     if not query_path:
         raise ConnectFailure("invalid_argument", "path: give the file's path")
-    if request.headers.get("content-encoding", "").lower() == "gzip":
-        raise ConnectFailure("unimplemented", "gzip uploads are not supported yet")
-    return [(query_path, await request.body())]
+    body = await _bounded_body(request)
+    encoding = request.headers.get("content-encoding", "").lower()
+    if encoding == "gzip":
+        body = _gunzip(body)
+    elif encoding not in ("", "identity"):
+        raise ConnectFailure("invalid_argument", f"Content-Encoding {encoding!r}: not gzip")
+    return [(query_path, body)]
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request's body, refused past :data:`MAX_FILE` bytes as it arrives."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FILE:
+            raise ConnectFailure("resource_exhausted", f"a file over {MAX_FILE} bytes")
+    return bytes(body)
+
+
+def _gunzip(data: bytes) -> bytes:
+    """A gzip body, inflated to at most :data:`MAX_FILE` bytes (a bomb stops there)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, MAX_FILE + 1)
+    except zlib.error:
+        raise ConnectFailure("invalid_argument", "the body is not gzip") from None
+    if len(out) > MAX_FILE or inflater.unconsumed_tail:
+        raise ConnectFailure("resource_exhausted", f"a file over {MAX_FILE} bytes")
+    if not inflater.eof:
+        raise ConnectFailure("invalid_argument", "the gzip body is cut short")
+    return out
 
 
 async def _run_stream(
@@ -506,11 +539,15 @@ async def _run_stream(
     cwd: str | None,
     env: dict[str, str],
     timeout: float | None,
+    shown: dict[str, Any],
 ) -> AsyncIterator[bytes]:
-    """A ``process.Process/Start`` stream: start, the output as it comes, end."""
+    """A ``process.Process/Start`` stream: start, the output as it comes, end; the
+    command is in the sandbox's ``running`` while it runs (``commands.list``)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     pid = sandbox.pid()
+    with sandbox.lock:
+        sandbox.running[pid] = shown
     kept = {"stdout": 0, "stderr": 0}
 
     def put(item: bytes | None) -> None:
@@ -553,6 +590,8 @@ async def _run_stream(
             log.exception("e2b: a command in sandbox %s failed", sandbox.id)
             put(wire.end_frame(ConnectFailure("internal", "internal error")))
         finally:
+            with sandbox.lock:
+                sandbox.running.pop(pid, None)
             put(None)
 
     yield wire.frame({"event": {"start": {"pid": pid}}})

@@ -58,6 +58,8 @@ class Sandbox:
     deadline: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_pid: int = 1000
+    running: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The commands running now, by the pid the SDK was told: their ``ProcessConfig``."""
 
     def pid(self) -> int:
         with self.lock:

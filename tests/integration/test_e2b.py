@@ -100,9 +100,17 @@ def test_create_run_files_kill(server, engine, project):
         # a command over its timeout is stopped
         with pytest.raises(TimeoutException):
             sandbox.commands.run("sleep 30", timeout=2)
+        assert wait_until(lambda: sandbox.commands.list() == [], timeout=10)  # it was stopped
         # a background command with a handle
         handle = sandbox.commands.run("sleep 1; echo later", background=True)
+        [listed] = sandbox.commands.list()
+        assert (listed.pid, listed.cmd, listed.args) == (
+            handle.pid,
+            "/bin/bash",
+            ["-l", "-c", "sleep 1; echo later"],
+        )
         assert handle.wait().stdout == "later\n"
+        assert sandbox.commands.list() == []
 
         # files: write, read, list, exists, make_dir, rename, remove
         info = sandbox.files.write("/out/report.md", "# report\n")
@@ -111,6 +119,8 @@ def test_create_run_files_kill(server, engine, project):
         assert (project.root / "out" / "report.md").read_text() == "# report\n"
         assert sandbox.commands.run("cat /out/report.md").stdout == "# report\n"
         sandbox.files.write("/tmp/blob.bin", b"\x00\x01\xff")
+        sandbox.files.write("/tmp/zipped.txt", "through gzip\n" * 1000, gzip=True)
+        assert sandbox.files.read("/tmp/zipped.txt") == "through gzip\n" * 1000
         assert sandbox.files.read("/tmp/blob.bin", format="bytes") == b"\x00\x01\xff"
         assert sandbox.files.read("/data/notes.txt") == "hello from the zone\n"
         assert sandbox.files.exists("/out/report.md")

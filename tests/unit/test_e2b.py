@@ -78,3 +78,18 @@ def test_a_key_file_others_may_read_or_a_link_is_refused(tmp_path):
             api_key(fd)
     finally:
         os.close(fd)
+
+
+def test_a_gzip_upload_is_inflated_to_the_cap_and_no_further(monkeypatch):
+    import gzip
+
+    from orchestrator.e2b import app
+
+    monkeypatch.setattr(app, "MAX_FILE", 1000)
+    assert app._gunzip(gzip.compress(b"x" * 1000)) == b"x" * 1000
+    with pytest.raises(wire.ConnectFailure, match="over 1000 bytes"):
+        app._gunzip(gzip.compress(b"\0" * 1_000_000))
+    with pytest.raises(wire.ConnectFailure, match="not gzip"):
+        app._gunzip(b"plain")
+    with pytest.raises(wire.ConnectFailure, match="cut short"):
+        app._gunzip(gzip.compress(b"y" * 500)[:-12])
