@@ -70,10 +70,27 @@ _REMOVE = (
     transfer._PATH + 'if [ ! -e "$1" ] && [ ! -L "$1" ]; then '
     'printf "%s: No such file or directory\\n" "$1" >&2; exit 1; fi; exec rm -rf -- "$1"'
 )
+#: Sends signal "$1" to the process groups of the command whose environment holds
+#: ``E2B_PROCESS_ID="$2"`` (it and what it forked), as the worker: found through /proc.
+_SIGNAL = (
+    transfer._PATH + 'want="E2B_PROCESS_ID=$2"; found=1; '
+    "for d in /proc/[0-9]*; do "
+    'tr "\\000" "\\n" < "$d/environ" 2>/dev/null | grep -qx -- "$want" || continue; '
+    'read -r stat < "$d/stat" || continue; rest=${stat##*) }; set -- "$1" "$2" $rest; '
+    'kill -s "$1" -- "-$5" 2>/dev/null && found=0; done; exit $found'
+)
 _MOVE = (
     transfer._PATH + 'mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2" && '
     f"exec find \"$2\" -maxdepth 0 -printf '{wire.FIND_FORMAT}'"
 )
+
+#: The signals E2B's process service sends (its enum, by name or number), as kill's names.
+_SIGNALS: dict[Any, str] = {
+    "SIGNAL_SIGTERM": "TERM",
+    15: "TERM",
+    "SIGNAL_SIGKILL": "KILL",
+    9: "KILL",
+}
 
 #: What each failure of a script becomes, as a Connect code and an HTTP status.
 _CODES: tuple[tuple[type[OSError], str, int], ...] = (
@@ -191,6 +208,7 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         timeout = _deadline(request)
         env = {str(k): str(v) for k, v in envs.items()}
         shown = {"cmd": cmd, "args": argv[1:], "envs": env, **({"cwd": cwd} if cwd else {})}
+        env = {**env, "E2B_PROCESS_ID": ""}  # the pid, set by _run_stream: how kill finds it
         return StreamingResponse(
             _run_stream(sandbox, argv, cwd, env, timeout, shown),
             media_type="application/connect+json",
@@ -227,8 +245,23 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         destination = _absolute(_str(message, "destination"), sandbox)
         return {"entry": (await _entries(sandbox, _MOVE, [source, destination]))[0].to_json()}
 
+    async def process_signal(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        selector = message.get("process") or {}
+        pid = selector.get("pid") if isinstance(selector, dict) else None
+        name = _SIGNALS.get(message.get("signal"))
+        if name is None:
+            raise ConnectFailure("invalid_argument", "signal: SIGNAL_SIGTERM or SIGNAL_SIGKILL")
+        with sandbox.lock:
+            known = isinstance(pid, int) and pid in sandbox.running
+        if not known:
+            raise ConnectFailure("not_found", f"process {pid!r} is not running")
+        capture = transfer.Capture(64 << 10, 64 << 10)
+        await _exec(sandbox, ["/bin/sh", "-c", _SIGNAL, "sh", name, str(pid)], capture)
+        return {}
+
     unary: dict[str, Callable[[dict[str, Any], Sandbox], Awaitable[dict[str, Any]]]] = {
         "/process.Process/List": process_list,
+        "/process.Process/SendSignal": process_signal,
         "/filesystem.Filesystem/Stat": fs_stat,
         "/filesystem.Filesystem/ListDir": fs_list,
         "/filesystem.Filesystem/MakeDir": fs_make_dir,
@@ -546,6 +579,7 @@ async def _run_stream(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     pid = sandbox.pid()
+    env = {**env, "E2B_PROCESS_ID": str(pid)}
     with sandbox.lock:
         sandbox.running[pid] = shown
     kept = {"stdout": 0, "stderr": 0}
@@ -562,9 +596,7 @@ async def _run_stream(
 
     def run() -> None:
         try:
-            result = sandbox.session.exec(
-                argv, cwd=cwd, env=env or None, timeout=timeout, on_output=output
-            )
+            result = sandbox.session.exec(argv, cwd=cwd, env=env, timeout=timeout, on_output=output)
             if result.timed_out:
                 failure = ConnectFailure(
                     "deadline_exceeded", f"the command ran over its timeout ({timeout} s)"

@@ -111,6 +111,24 @@ def test_create_run_files_kill(server, engine, project):
         )
         assert handle.wait().stdout == "later\n"
         assert sandbox.commands.list() == []
+        # a background command and what it forked, killed through its handle
+        server_like = sandbox.commands.run("sleep 300 & sleep 301; echo never", background=True)
+        assert wait_until(
+            lambda: (
+                "sleep 301"
+                in sandbox.commands.run(
+                    "ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline | tr '\\0' ' '"
+                ).stdout
+            ),
+            timeout=10,
+        )
+        assert server_like.kill()
+        with pytest.raises(CommandExitException):
+            server_like.wait()
+        assert wait_until(lambda: sandbox.commands.list() == [], timeout=10)
+        left = sandbox.commands.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+        assert "sleep 30" not in left, left
+        assert sandbox.commands.kill(server_like.pid) is False
 
         # files: write, read, list, exists, make_dir, rename, remove
         info = sandbox.files.write("/out/report.md", "# report\n")
