@@ -141,6 +141,13 @@ class Sandboxes:
             raise Refused(400, f"template {template!r} is not a worker of the project; {hint}")
         try:
             prepared = orch.prepare(template, env=envs)
+            network = prepared.spec.network.mode
+            if body.get("allow_internet_access") is False and network != "none":
+                raise Refused(
+                    400,
+                    f"allow_internet_access=False: worker {template!r} has network "
+                    f"{network!r}; name a worker with network: none",
+                )
             session = orch.open_session(prepared, idle_timeout=None, max_lifetime=MAX_TIMEOUT)
         except OrchestratorError as exc:
             raise Refused(400, f"template {template!r}: {one_line(exc)}") from None

@@ -69,6 +69,7 @@ def server(isolation, project, monkeypatch):
         for name, value in exports.items():
             monkeypatch.setenv(name, value)
         exports["pid"] = process.pid
+        exports["project"] = project
         yield exports
     finally:
         stop(process)
@@ -251,6 +252,19 @@ def test_refusals(server):
             sandbox.files.watch_dir("/tmp")
         with pytest.raises(SandboxException, match="not supported"):
             sandbox.commands.send_stdin(1, "x")
+        # no internet asked of a worker that has some: refused, never widened or ignored
+        server_project = server["project"]
+        server_project.worker(
+            "online", WORKER.replace("network: none", "network: {allow: [example.invalid]}")
+        )
+        with pytest.raises(SandboxException, match="worker 'online' has network 'allowlist'"):
+            Sandbox.create("online", allow_internet_access=False)
+        with pytest.raises(
+            SandboxException, match="allow_internet_access: the sandbox's network is its worker's"
+        ):
+            Sandbox.create("box", allow_internet_access=True)
+        # nothing was created by the refusals: only this test's own sandbox runs
+        assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sandbox.sandbox_id]
         with pytest.raises(SandboxException, match="network: not supported"):
             Sandbox.create("box", network={"deny_out": ["0.0.0.0/0"]})
         # malformed in-sandbox requests: Connect's error shape, no traceback
