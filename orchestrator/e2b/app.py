@@ -146,6 +146,8 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
 
     async def set_timeout(request: Request) -> Response:
         body = await _json_object(request)
+        if body.get("timeout") is None:
+            raise Refused(400, "timeout: give the sandbox's new timeout in seconds")
         sandboxes.set_timeout(request.path_params["sandbox_id"], body.get("timeout"))
         return Response(status_code=204)
 
@@ -194,6 +196,8 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         messages = list(wire.unframe(await request.body()))
         message = messages[0] if messages else {}
         config = message.get("process") or {}
+        if not isinstance(config, dict):
+            raise ConnectFailure("invalid_argument", "process: give a ProcessConfig object")
         if message.get("pty"):
             raise ConnectFailure("unimplemented", "PTY is not supported yet (docs/e2b.md)")
         cmd = config.get("cmd")

@@ -181,8 +181,8 @@ class Sandboxes:
             return [s for s in self._live.values() if not s.session.closed]
 
     def set_timeout(self, sandbox_id: str, timeout: Any) -> None:
-        sandbox = self.get(sandbox_id)
         seconds = _timeout(timeout, DEFAULT_TIMEOUT)
+        sandbox = self.get(sandbox_id)
         sandbox.deadline = time.time() + seconds
 
     def kill(self, sandbox_id: str) -> None:

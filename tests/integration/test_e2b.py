@@ -229,6 +229,12 @@ def test_refusals(server):
     answer = httpx.post(f"{url}/v2/sandboxes", headers={"X-API-Key": key}, content=b"{nope")
     assert answer.status_code == 400 and answer.json()["message"] == "the request body is not JSON"
     # an unsupported call: one line naming the route
+    answer = httpx.post(f"{url}/sandboxes/x/timeout", headers={"X-API-Key": key}, json={})
+    assert answer.status_code == 400 and "timeout" in answer.json()["message"]
+    answer = httpx.post(
+        f"{url}/sandboxes/x/timeout", headers={"X-API-Key": key}, json={"timeout": "soon"}
+    )
+    assert answer.status_code == 400 and "whole number of seconds" in answer.json()["message"]
     answer = httpx.post(f"{url}/sandboxes/x/pause", headers={"X-API-Key": key})
     assert answer.status_code == 501 and "not supported" in answer.json()["message"]
     # a template that is not a worker (nor a path), and the default template without a base worker
@@ -272,6 +278,11 @@ def test_refusals(server):
         for route, body, kind in (
             ("/process.Process/Start", b"\x00\x00\x00\x00\x05{nope", "application/connect+json"),
             ("/process.Process/Start", b"\x00\x00", "application/connect+json"),
+            (
+                "/process.Process/Start",
+                b'\x00\x00\x00\x00\x0f{"process":[]}',
+                "application/connect+json",
+            ),
             ("/filesystem.Filesystem/Stat", b"[]", "application/json"),
             ("/filesystem.Filesystem/Stat", b"{}", "application/json"),
         ):
