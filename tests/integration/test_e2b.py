@@ -275,22 +275,25 @@ def test_refusals(server):
             Sandbox.create("box", network={"deny_out": ["0.0.0.0/0"]})
         # malformed in-sandbox requests: Connect's error shape, no traceback
         token = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token}
-        for route, body, kind in (
-            ("/process.Process/Start", b"\x00\x00\x00\x00\x05{nope", "application/connect+json"),
-            ("/process.Process/Start", b"\x00\x00", "application/connect+json"),
+        start = "application/connect+json"
+        for route, body, kind, says in (
+            ("/process.Process/Start", b"\x00\x00\x00\x00\x05{nope", start, "not JSON"),
+            ("/process.Process/Start", b"\x00\x00", start, "truncated"),
             (
                 "/process.Process/Start",
-                b'\x00\x00\x00\x00\x0f{"process":[]}',
-                "application/connect+json",
+                b'\x00\x00\x00\x00\x0d{"process":7}',
+                start,
+                "ProcessConfig",
             ),
-            ("/filesystem.Filesystem/Stat", b"[]", "application/json"),
-            ("/filesystem.Filesystem/Stat", b"{}", "application/json"),
+            ("/filesystem.Filesystem/Stat", b"[]", "application/json", "not a JSON object"),
+            ("/filesystem.Filesystem/Stat", b"{}", "application/json", "path: give a path"),
         ):
             answer = httpx.post(
                 f"{url}{route}", content=body, headers={**token, "Content-Type": kind}
             )
             assert answer.status_code == 400, (route, answer.text)
             assert answer.json()["code"] == "invalid_argument", answer.text
+            assert says in answer.json()["message"], answer.text
         # a made-up sandbox is not running (E2B's edge says 502)
         headers = {"E2b-Sandbox-Id": "nope", "X-Access-Token": "wrong"}
         answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
