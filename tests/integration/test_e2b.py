@@ -25,6 +25,9 @@ from e2b.exceptions import (
     TimeoutException,
 )
 
+from orchestrator.audit import AuditFilter
+from orchestrator.config import load_project
+from orchestrator.runtime import open_audit
 from tests.conftest import stop, wait_until
 from tests.integration.conftest import cli, containers_of
 
@@ -78,7 +81,7 @@ def server(isolation, project, monkeypatch):
     assert key_file.read_text().strip() == exports["E2B_API_KEY"]
 
 
-def test_create_run_files_kill(server, engine, project):
+def test_create_run_files_kill(isolation, server, engine, project):
     assert containers_of(engine, server["pid"]) == []
     sandbox = Sandbox.create(
         "box", timeout=120, metadata={"purpose": "test"}, envs={"GREETING": "hi"}
@@ -193,6 +196,15 @@ def test_create_run_files_kill(server, engine, project):
     [change] = staged.json()
     assert (change["worker"], change["files"], change["status"]) == ("box", 1, "pending")
     assert change["session_id"] == sandbox.sandbox_id
+    # every command and file operation is in the project's audit log, under the session
+    audit = open_audit(load_project(project.root))
+    execs = audit.query(AuditFilter(operation="session.exec"))
+    commands = [" ".join(e.metadata["argv"]) for e in execs]
+    assert any("echo $GREETING $EXTRA; pwd" in c for c in commands), commands
+    assert any(c.endswith(" /out/report.md") for c in commands), commands
+    assert {e.session_id for e in execs} == {sandbox.sandbox_id}
+    (started,) = audit.query(AuditFilter(operation="run.started"))
+    assert started.metadata["isolation"] == isolation
     assert not sandbox.is_running()
     assert Sandbox.kill(sandbox.sandbox_id) is False
     assert containers_of(engine, server["pid"]) == []  # the session's container is gone
