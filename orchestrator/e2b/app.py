@@ -20,6 +20,7 @@ import binascii
 import hmac
 import json
 import logging
+import secrets
 import threading
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchestrator.e2b import wire
-from orchestrator.e2b.sandboxes import Refused, Sandbox, Sandboxes
+from orchestrator.e2b.sandboxes import Refused, Sandbox, Sandboxes, Watcher
 from orchestrator.e2b.wire import ConnectFailure
 from orchestrator.errors import OrchestratorError
 from orchestrator.integrations import transfer
@@ -46,6 +47,9 @@ MAX_FILE = 256 << 20
 MAX_OUTPUT = 64 << 20
 #: How long a file operation's exec may take (seconds).
 FILE_TIMEOUT = 120.0
+#: How deep a recursive watch looks, and how many watchers a sandbox may have.
+WATCH_DEPTH = 32
+MAX_WATCHERS = 64
 #: The in-sandbox paths (everything else is the REST API).
 _SANDBOX_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 _SANDBOX_PATHS = ("/files", "/health")
@@ -263,7 +267,47 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         await _exec(sandbox, ["/bin/sh", "-c", _SIGNAL, "sh", name, str(pid)], capture)
         return {}
 
+    async def watch_create(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        path = _absolute(_str(message, "path"), sandbox)
+        depth = WATCH_DEPTH if message.get("recursive") else 1
+        entries = await _entries(sandbox, _LIST, [path, str(depth)])
+        watcher = Watcher(path, depth, _seen(entries))
+        watcher_id = secrets.token_hex(8)
+        with sandbox.lock:
+            if len(sandbox.watchers) >= MAX_WATCHERS:
+                raise ConnectFailure("resource_exhausted", f"more than {MAX_WATCHERS} watchers")
+            sandbox.watchers[watcher_id] = watcher
+        return {"watcherId": watcher_id}
+
+    async def watch_events(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        watcher_id = message.get("watcherId")
+        with sandbox.lock:
+            watcher = sandbox.watchers.get(watcher_id) if isinstance(watcher_id, str) else None
+        if watcher is None:
+            raise ConnectFailure("not_found", f"watcher {watcher_id!r} not found")
+        try:
+            entries = await _entries(sandbox, _LIST, [watcher.path, str(watcher.depth)])
+        except ConnectFailure as exc:
+            if exc.code != "not_found":
+                raise
+            entries = []  # the folder itself went: everything in it is removed
+        now = _seen(entries)
+        events = _changes(watcher.path, watcher.seen, now)
+        watcher.seen = now
+        return {"events": events}
+
+    async def watch_remove(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        watcher_id = message.get("watcherId")
+        with sandbox.lock:
+            gone = sandbox.watchers.pop(watcher_id, None) if isinstance(watcher_id, str) else None
+        if gone is None:
+            raise ConnectFailure("not_found", f"watcher {watcher_id!r} not found")
+        return {}
+
     unary: dict[str, Callable[[dict[str, Any], Sandbox], Awaitable[dict[str, Any]]]] = {
+        "/filesystem.Filesystem/CreateWatcher": watch_create,
+        "/filesystem.Filesystem/GetWatcherEvents": watch_events,
+        "/filesystem.Filesystem/RemoveWatcher": watch_remove,
         "/process.Process/List": process_list,
         "/process.Process/SendSignal": process_signal,
         "/filesystem.Filesystem/Stat": fs_stat,
@@ -378,6 +422,31 @@ _UNSUPPORTED = (
     "/volumes/{id}",
     "/secrets",
 )
+
+
+def _seen(entries: list[wire.Entry]) -> dict[str, tuple[str, int, float]]:
+    return {e.path: (e.kind, e.size, e.mtime) for e in entries}
+
+
+def _changes(
+    root: str, before: dict[str, tuple[str, int, float]], now: dict[str, tuple[str, int, float]]
+) -> list[dict[str, Any]]:
+    """The events between two looks at a watched folder, named relative to it: what
+    appeared (create), changed size or time (write), went (remove). Changes between two
+    looks are seen as one; something made and removed between them is not seen."""
+    events = []
+    prefix = root.rstrip("/") + "/"
+    for path in sorted(set(before) | set(now)):
+        if path not in before:
+            kind = "EVENT_TYPE_CREATE"
+        elif path not in now:
+            kind = "EVENT_TYPE_REMOVE"
+        elif before[path] != now[path]:
+            kind = "EVENT_TYPE_WRITE"
+        else:
+            continue
+        events.append({"name": path.removeprefix(prefix), "type": kind})
+    return events
 
 
 def _match(pattern: str, path: str) -> dict[str, str] | None:

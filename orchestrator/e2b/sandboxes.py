@@ -28,7 +28,7 @@ from orchestrator.runtime.session import Session
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_TIMEOUT", "Refused", "Sandbox", "Sandboxes"]
+__all__ = ["MAX_TIMEOUT", "Refused", "Sandbox", "Sandboxes", "Watcher"]
 
 #: E2B's default sandbox timeout (seconds) when a create gives none.
 DEFAULT_TIMEOUT = 300
@@ -46,6 +46,15 @@ class Refused(Exception):
 
 
 @dataclass
+class Watcher:
+    """A watched folder: what was in it at the last look (path → kind, size, mtime)."""
+
+    path: str
+    depth: int
+    seen: dict[str, tuple[str, int, float]]
+
+
+@dataclass
 class Sandbox:
     """One E2B sandbox: its session, the token its in-sandbox calls carry, its times."""
 
@@ -60,6 +69,8 @@ class Sandbox:
     next_pid: int = 1000
     running: dict[int, dict[str, Any]] = field(default_factory=dict)
     """The commands running now, by the pid the SDK was told: their ``ProcessConfig``."""
+    watchers: dict[str, Watcher] = field(default_factory=dict)
+    """The folders watched (``files.watch_dir``), by watcher id."""
 
     def pid(self) -> int:
         with self.lock:

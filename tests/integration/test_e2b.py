@@ -17,7 +17,7 @@ import sys
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox, SandboxQuery
 from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
@@ -166,6 +166,29 @@ def test_create_run_files_kill(isolation, server, engine, project):
             sandbox.files.write("/etc/planted", "x")
         assert not (project.root / "data" / "planted").exists()
 
+        # a folder watched while a background command streams its output and writes in it
+        assert sandbox.files.make_dir("/tmp/w")
+        watcher = sandbox.files.watch_dir("/tmp/w", recursive=True)
+        seen_output = []
+        writer = sandbox.commands.run(
+            "for i in 1 2 3; do echo $i > /tmp/w/f$i; echo wrote $i; sleep 0.3; done; mkdir /tmp/w/sub; echo x > /tmp/w/sub/g",
+            background=True,
+        )
+        assert writer.wait(on_stdout=seen_output.append).exit_code == 0
+        assert seen_output == ["wrote 1\n", "wrote 2\n", "wrote 3\n"]
+        events = {(e.name, e.type.name) for e in watcher.get_new_events()}
+        assert events == {
+            ("f1", "CREATE"),
+            ("f2", "CREATE"),
+            ("f3", "CREATE"),
+            ("sub", "CREATE"),
+            ("sub/g", "CREATE"),
+        }
+        sandbox.commands.run("rm /tmp/w/f1; echo longer > /tmp/w/f2")
+        events = {(e.name, e.type.name) for e in watcher.get_new_events()}
+        assert events == {("f1", "REMOVE"), ("f2", "WRITE")}
+        assert watcher.get_new_events() == []
+        watcher.stop()
         # the REST side: info, list with a metadata filter, timeout
         got = Sandbox.get_info(sandbox.sandbox_id)
         assert got.metadata == {"purpose": "test"} and got.template_id == "box"
@@ -217,6 +240,8 @@ def test_async_client(server):
         sandbox = await AsyncSandbox.create("box", timeout=60)
         try:
             done = await sandbox.commands.run("echo async")
+            with pytest.raises(SandboxException, match="WatchDir: not supported"):
+                await sandbox.files.watch_dir("/tmp", on_event=print)
             await sandbox.files.write("/tmp/a.txt", "from async")
             return done.stdout, await sandbox.files.read("/tmp/a.txt")
         finally:
@@ -266,8 +291,10 @@ def test_refusals(server):
         # calls not supported yet: one line naming them, through the SDK's own calls
         with pytest.raises(SandboxException, match="not supported"):
             sandbox.pause()
-        with pytest.raises(SandboxException, match="not supported"):
-            sandbox.files.watch_dir("/tmp")
+        with pytest.raises(SandboxException, match="PTY is not supported yet"):
+            sandbox.pty.create(PtySize(rows=24, cols=80))
+        with pytest.raises(SandboxException, match=r"Process/Connect: not supported"):
+            sandbox.commands.connect(1)
         with pytest.raises(SandboxException, match="not supported"):
             sandbox.commands.send_stdin(1, "x")
         # no internet asked of a worker that has some: refused, never widened or ignored

@@ -93,3 +93,16 @@ def test_a_gzip_upload_is_inflated_to_the_cap_and_no_further(monkeypatch):
         app._gunzip(b"plain")
     with pytest.raises(wire.ConnectFailure, match="cut short"):
         app._gunzip(gzip.compress(b"y" * 500)[:-12])
+
+
+def test_watch_events_are_the_difference_between_two_looks():
+    from orchestrator.e2b.app import _changes
+
+    before = {"/w/a": ("f", 1, 1.0), "/w/b": ("f", 1, 1.0), "/w/c": ("f", 1, 1.0)}
+    now = {"/w/a": ("f", 1, 1.0), "/w/b": ("f", 2, 1.0), "/w/d/e": ("f", 0, 2.0)}
+    assert _changes("/w/", before, now) == [
+        {"name": "b", "type": "EVENT_TYPE_WRITE"},
+        {"name": "c", "type": "EVENT_TYPE_REMOVE"},
+        {"name": "d/e", "type": "EVENT_TYPE_CREATE"},
+    ]
+    assert _changes("/w", now, now) == []
