@@ -117,6 +117,7 @@ ELSEWHERE: dict[str, Callable[[], click.Command]] = {
     "build": _defined_in("orchestrator.cli.build", "build"),
     "clear": _defined_in("orchestrator.cli.clear", "clear"),
     "doctor": _defined_in("orchestrator.cli.doctor", "doctor"),
+    "e2b": _defined_in("orchestrator.cli.e2b", "e2b"),
     "engine": _defined_in("orchestrator.cli.engine", "engine"),
     "mcp": _defined_in("orchestrator.cli.mcp", "mcp"),
     "review": _defined_in("orchestrator.cli.review", "review"),

@@ -50,8 +50,8 @@ from orchestrator.exits import Exit
 
 #: The command line's modules that ``orchestrator.cli.main`` imports only when their command
 #: is named (``main.ELSEWHERE``); a server has them all loaded.
-CLI_MODULES = ("apply", "audit", "batch", "build", "clear", "doctor", "engine", "mcp", "review",
-               "session", "staged")  # fmt: skip
+CLI_MODULES = ("apply", "audit", "batch", "build", "clear", "doctor", "e2b", "engine", "mcp",
+               "review", "session", "staged")  # fmt: skip
 #: What a command imports before its first engine call, loaded once by the server.
 PRELOAD = (
     "ctypes",
