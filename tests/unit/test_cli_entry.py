@@ -149,7 +149,7 @@ def test_a_session_duration_out_of_range_is_one_line_and_exit_125(
 
 
 def test_an_owner_that_dies_before_it_is_ready_says_why(tmp_path: Path) -> None:
-    from orchestrator.cli.session import _wait_ready
+    from orchestrator.runtime.owners import wait_ready
 
     log_path = tmp_path / "owner.log"
     read_end, write_end = os.pipe()
@@ -161,7 +161,7 @@ def test_an_owner_that_dies_before_it_is_ready_says_why(tmp_path: Path) -> None:
         )  # fmt: skip
     os.close(write_end)
     try:
-        answer = _wait_ready(read_end, owner, log_path)
+        answer = wait_ready(read_end, owner, log_path)
     finally:
         os.close(read_end)
     assert answer == {
