@@ -237,6 +237,11 @@ def _one_line(exc: BaseException) -> str:
 @click.option("--timeout", type=timeout_seconds, help="Seconds (at most a week).")
 @click.option("--cwd", help="Working folder inside the sandbox.")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="If the session is paused, resume it first (without it, the call is refused).",
+)
 @json_option("Print the command's result (exit code, output, flags) as one JSON object.")
 @raw_option
 def exec_(
@@ -246,6 +251,7 @@ def exec_(
     timeout: float | None,
     cwd: str | None,
     env_pairs: tuple[str, ...],
+    resume: bool,
     as_json: bool,
 ) -> None:
     """Run COMMAND in session ID (write it after --); exit with its own exit code.
@@ -262,6 +268,8 @@ def exec_(
         env[name] = value
     message: dict[str, Any] = {"op": "exec", "argv": list(command), "cwd": cwd,
                                "env": env or None, "timeout": timeout}  # fmt: skip
+    if resume:
+        message["resume"] = True
     if not sys.stdin.isatty():
         data = sys.stdin.buffer.read()
         message["stdin"] = base64.b64encode(data).decode() if data else None

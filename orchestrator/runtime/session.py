@@ -23,7 +23,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
@@ -179,12 +179,15 @@ class Session:
         stdin: bytes | str | None = None,
         on_output: Callable[[Stream, bytes], None] | None = None,
         user: str | None = None,
+        resume: bool = False,
     ) -> ExecResult:
         """Run ``command`` in the sandbox as the worker's uid; a string runs under
         ``/bin/sh -c``. ``timeout`` (default: the worker's own timeout) kills the command's
         whole process tree; output is captured (capped) and may also be streamed. ``user``
         (a name or ``uid[:gid]`` of the image's) only for a run as the image's user
-        (``image_user``): any other run's commands are the worker's."""
+        (``image_user``): any other run's commands are the worker's. On a paused session
+        the call is refused (:class:`SessionPaused`), unless ``resume`` asks to
+        :meth:`resume` it first."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         run = self._run
         spec = run.spec
@@ -195,6 +198,9 @@ class Session:
             )  # fmt: skip
         values = {**run.values, **run.egress_values}
         sink = RedactingSink(on_output, values) if on_output and run.redactor else on_output
+        if resume and self._paused:
+            with suppress(SessionPaused):  # resumed by another caller meanwhile: go on
+                self.resume()
         with self._active():
             try:
                 request = exec_request(

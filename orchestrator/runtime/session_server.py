@@ -9,8 +9,9 @@ The protocol is JSON lines. A client sends one request (at most :data:`MAX_REQUE
 bytes) and reads answers until the final one:
 
 - ``{"op": "info"}`` → the session's id, run id, worker, trust, zones, age and idle time;
-- ``{"op": "exec", "argv", "cwd", "env", "timeout", "stdin"}`` → ``{"event": "output",
-  "stream", "data"}`` lines while the command prints, then its :class:`ExecResult`;
+- ``{"op": "exec", "argv", "cwd", "env", "timeout", "stdin", "resume"}`` →
+  ``{"event": "output", "stream", "data"}`` lines while the command prints, then its
+  :class:`ExecResult` (``"resume": true`` resumes a paused session first);
 - ``{"op": "read", "path", "limit"}`` → the file's bytes; ``{"op": "write", "path",
   "data"}`` → the :class:`WriteResult` (bytes travel as base64);
 - ``{"op": "tool", "name", "args", "wait"}`` → the answer of one sandbox tool call
@@ -225,6 +226,7 @@ class SessionServer:
                 timeout=message.get("timeout"),
                 stdin=base64.b64decode(stdin) if stdin is not None else None,
                 on_output=output,
+                resume=message.get("resume") is True,
             )
             return done.to_dict()
         if op == "read":

@@ -592,3 +592,28 @@ def test_the_branch_tool_starts_forks_of_the_agents_own_checkpoint(engine, proje
         for snap in snaps:
             cli("snapshot", "rm", snap, *where)
     assert not cli("session", "list", *where, "--json").json()
+
+
+def test_exec_resume_resumes_a_paused_session_first(engine, project):
+    """Refused on a paused session in one line naming `resume`, unless the caller asks
+    for it (`session exec --resume`): then resumed (audited) and run."""
+    where = ("--project", str(project.root))
+    project.worker("w", WORKER)
+    sid = cli("session", "start", "w", *where, "--json").json()["id"]
+    try:
+        assert cli("session", "pause", sid, *where).returncode == 0
+        refused = cli("session", "exec", sid, *where, "--", "echo", "hi")
+        assert refused.returncode == 125
+        (line,) = refused.stderr.strip().splitlines()
+        assert "is paused: resume it first" in line and f"session resume {sid}" in line
+        ran = cli("session", "exec", sid, *where, "--resume", "--", "echo", "hi")
+        assert (ran.returncode, ran.stdout) == (0, "hi\n"), ran.stderr
+        (info,) = cli("session", "list", *where, "--json").json()
+        assert info["paused"] is False
+        again = cli("session", "exec", sid, *where, "--resume", "--", "echo", "on")
+        assert (again.returncode, again.stdout) == (0, "on\n"), again.stderr  # not paused: runs
+        audit = Orchestrator(project.root, engine=engine).audit
+        resumed = [e for e in audit.query(AuditFilter()) if e.operation == "session.resume"]
+        assert [e.session_id for e in resumed] == [sid]
+    finally:
+        cli("session", "stop", sid, *where)
