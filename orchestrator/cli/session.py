@@ -636,7 +636,8 @@ def snapshot() -> None:
 @project_option
 @json_option("Print the snapshots as a JSON list of {id, bytes, created, session, worker}.")
 def snapshot_list(project_dir: Path, as_json: bool) -> None:
-    """The project's snapshots, oldest first."""
+    """The project's snapshots, oldest first: id, worker, size, when taken (and how long
+    ago), the session it was taken of."""
     from orchestrator.config import load_project
     from orchestrator.runtime.snapshots import list_snapshots
 
@@ -647,8 +648,23 @@ def snapshot_list(project_dir: Path, as_json: bool) -> None:
     if not found:
         _say("no snapshots")
     for item in found:
-        click.echo(f"{item['id']}  {item['worker']}  {item['bytes']} bytes  {item['created']}  "
-                   f"session {item['session']}")  # fmt: skip
+        click.echo(f"{item['id']}  {item['worker']}  {item['bytes']} bytes  {item['created']} "
+                   f"({_age(item['created'])} ago)  session {item['session']}")  # fmt: skip
+
+
+def _age(created: str) -> str:
+    """How long ago an ISO time was, as ``session list`` shows ages (``?`` if unreadable)."""
+    from datetime import UTC, datetime
+
+    from orchestrator.runtime.session_folders import human_age
+
+    try:
+        then = datetime.fromisoformat(created)
+    except (TypeError, ValueError):
+        return "?"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return human_age(max(0.0, (datetime.now(UTC) - then).total_seconds()))
 
 
 @snapshot.command("rm")
