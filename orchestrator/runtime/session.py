@@ -100,7 +100,8 @@ class Session:
         """What the idle timeout does: ``stop`` (close) or ``pause`` (the worker's ``idle``)."""
         self.stop_paused_after: float = float(getattr(config, "stop_paused_after", 3600.0))
         self.checkpoints = bool(getattr(config, "checkpoints", False))
-        """Whether the ``checkpoint`` tool may snapshot it (the worker's ``checkpoints``)."""
+        """Whether the ``checkpoint`` and ``branch`` tools may snapshot and fork it (the
+        worker's ``checkpoints``)."""
         """With ``idle: pause``: seconds paused before it is snapshotted and closed."""
         self._branched = 0
         self.orchestrator: Any = None
