@@ -519,14 +519,16 @@ def test_the_checkpoint_tool_only_where_the_worker_allows_it(engine, project):
 def test_the_branch_tool_starts_forks_of_the_agents_own_checkpoint(engine, project):
     """Through `session call ID branch`, under gVisor: the forks exist after the call (and
     after their source stopped), each sees the checkpoint's state, they are independent of
-    each other and of the source; refused without `checkpoints: true`; audited."""
+    each other and of the source; refused without `checkpoints: true` and from another
+    session's checkpoint; audited."""
     require_gvisor(engine)
     project.isolation = "gvisor"
     project.write_project()
     where = ("--project", str(project.root))
     project.worker("w", WORKER)
     project.worker("c", WORKER + "checkpoints: true\n")
-    started = {name: cli("session", "start", name, *where, "--json") for name in ("w", "c")}
+    started = {name: cli("session", "start", name.rstrip("2"), *where, "--json")
+               for name in ("w", "c", "c2")}  # fmt: skip
     ids = {name: done.json()["id"] for name, done in started.items()}
     source = ids["c"]
     forks: list[str] = []
@@ -543,6 +545,18 @@ def test_the_branch_tool_starts_forks_of_the_agents_own_checkpoint(engine, proje
         answer = json.loads(refused.stdout)
         assert answer["status"] == "blocked"
         assert "checkpoints: true" in answer["error"] and "session fork" in answer["error"]
+
+        # another session's checkpoint (same worker, same project) is not this agent's
+        others = cli("session", "call", ids["c2"], "checkpoint", *where)
+        assert others.returncode == 0, others.stdout + others.stderr
+        snaps.append(json.loads(others.stdout)["result"]["snapshot"])
+        stolen = cli("session", "call", source, "branch",
+                     json.dumps({"snapshot": snaps[0]}), *where)  # fmt: skip
+        assert stolen.returncode == 1
+        answer = json.loads(stolen.stdout)
+        assert answer["status"] == "blocked"
+        assert answer["error"].startswith(f"snapshot {snaps[0]} is not a checkpoint of session")
+        assert len(cli("session", "list", *where, "--json").json()) == 3
 
         run(source, "echo before > /session/state; echo warm > /tmp/cache")
         taken = cli("session", "call", source, "checkpoint", *where)
@@ -578,7 +592,10 @@ def test_the_branch_tool_starts_forks_of_the_agents_own_checkpoint(engine, proje
 
         audit = Orchestrator(project.root, engine=engine).audit
         events = list(audit.query(AuditFilter()))
-        (branch_event, now_event) = [e for e in events if e.operation == "session.branch"]
+        branches = [e for e in events if e.operation == "session.branch"]
+        (refusal, branch_event, now_event) = branches
+        assert (refusal.session_id, refusal.allowed) == (source, False)
+        assert refusal.reason.startswith(f"snapshot {snaps[0]} is not a checkpoint")
         assert branch_event.session_id == source and branch_event.allowed
         assert branch_event.metadata["sessions"] == forks[:2]
         assert now_event.metadata["snapshot"] == latest["snapshot"]
