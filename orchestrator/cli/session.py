@@ -1,6 +1,7 @@
 """``orchestrator session``: live sandboxes that outlive one command.
 
-``start`` spawns a detached owner process (the hidden ``session serve``) that opens the
+``start`` spawns a detached owner process (the hidden ``session serve``, started by
+:mod:`orchestrator.runtime.owners`, as the ``branch`` tool's forks are) that opens the
 session and answers on a private control socket (see
 :mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list``, ``pause``,
 ``resume``, ``snapshot`` and ``stop`` talk to it; ``fork`` starts owners of its own
