@@ -1,6 +1,7 @@
 """``orchestrator session``: live sandboxes that outlive one command.
 
-``start`` spawns a detached owner process (the hidden ``session serve``) that opens the
+``start`` spawns a detached owner process (the hidden ``session serve``, started by
+:mod:`orchestrator.runtime.owners`, as the ``branch`` tool's forks are) that opens the
 session and answers on a private control socket (see
 :mod:`orchestrator.runtime.session_server`); ``exec``, ``cp``, ``list``, ``pause``,
 ``resume``, ``snapshot`` and ``stop`` talk to it; ``fork`` starts owners of its own
@@ -16,10 +17,8 @@ import contextlib
 import json
 import os
 import re
-import select
 import signal
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -44,10 +43,6 @@ from orchestrator.vocabulary import TRUST_ORDER
 if TYPE_CHECKING:
     from orchestrator.config import Project
 
-#: How many forks' owners ``session fork --count N`` starts at once.
-FORKS_AT_ONCE = 4
-#: How long ``start`` waits for the owner to open the session (image start, zone checks).
-START_WAIT_S = 300.0
 REMOTE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):(/.*)$")
 
 
@@ -142,7 +137,9 @@ def _open_options(func: Any) -> Any:
 @json_option("Print the session (id, run id, worker, trust, zones) as one JSON object.")
 def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None:
     """Open a live sandbox for WORKER, owned by a background process; print its id."""
-    info = _start_owner(worker, project_dir, options)
+    from orchestrator.runtime.owners import start_owner
+
+    info = start_owner(_project(project_dir), worker, options)
     if as_json:
         _emit(info)
     else:
@@ -150,95 +147,6 @@ def start(worker: str, project_dir: Path, as_json: bool, **options: Any) -> None
         _say(f"session {info['id']} (run {info['run_id']}): worker {info['worker']}, trust "
              f"{info['trust']}, zones: {zones}; owner pid {info['pid']}")  # fmt: skip
         click.echo(info["id"])
-
-
-def _start_owner(
-    worker: str, project_dir: Path, options: dict[str, Any], extra: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Spawn a session's owner process (``session serve``) and wait until it is ready;
-    what it says of the session."""
-    from orchestrator.runtime.session_server import control_dir
-    from orchestrator.runtime.state_root import checked_state_root
-
-    project = _project(project_dir)
-    root = checked_state_root(project)
-    args = [sys.executable, "-m", "orchestrator", "session", "serve", worker,
-            "--project", str(project_dir.resolve())]  # fmt: skip
-    for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
-        if name == "session_id":
-            flag = "--session"
-        if isinstance(value, bool):
-            args += [flag] if value else []
-        elif value is not None:
-            args += [flag, repr(value) if isinstance(value, float) else str(value)]
-        elif name in {"idle_timeout", "max_lifetime"}:
-            args += [flag, "never"]
-    with control_dir(project, create=True):
-        pass
-    log_path = root / "control" / f"owner-{os.getpid()}-{time.monotonic_ns()}.log"
-    read_end, write_end = os.pipe()
-    try:
-        with open(log_path, "ab") as log_file:
-            os.chmod(log_path, 0o600)
-            owner = subprocess.Popen(
-                [*args, *extra, "--ready-fd", str(write_end), "--log", str(log_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-                pass_fds=(write_end,),
-                start_new_session=True,
-                close_fds=True,
-            )
-    finally:
-        os.close(write_end)
-    try:
-        answer = _wait_ready(read_end, owner, log_path)
-    finally:
-        os.close(read_end)
-    if "error" in answer:
-        with contextlib.suppress(FileNotFoundError):
-            log_path.unlink()
-        raise SessionCliError(str(answer["error"]))
-    ready: dict[str, Any] = answer["ready"]
-    return ready
-
-
-def _wait_ready(fd: int, owner: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
-    deadline = time.monotonic() + START_WAIT_S
-    data = b""
-    while b"\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            owner.terminate()  # its handler closes the session and removes the container
-            return {"error": f"the session did not open within {START_WAIT_S:g} s; stopped"}
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-    if b"\n" not in data:
-        code = owner.wait()
-        reason = _last_line(log_path)
-        return {"error": f"the session's owner exited with code {code} before it was ready"
-                + (f": {reason}" if reason else "")}  # fmt: skip
-    answer: dict[str, Any] = json.loads(data.split(b"\n", 1)[0])
-    if "error" in answer:
-        owner.wait()
-    return answer
-
-
-def _last_line(log_path: Path) -> str:
-    """The owner's last word in its log (an error it could not send), on one line."""
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(max(0, os.fstat(log.fileno()).st_size - 4096))
-            tail = log.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    return lines[-1].removeprefix("orchestrator: ").removeprefix("error: ") if lines else ""
 
 
 @session.command(hidden=True)
@@ -330,6 +238,11 @@ def _one_line(exc: BaseException) -> str:
 @click.option("--timeout", type=timeout_seconds, help="Seconds (at most a week).")
 @click.option("--cwd", help="Working folder inside the sandbox.")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="If the session is paused, resume it first (without it, the call is refused).",
+)
 @json_option("Print the command's result (exit code, output, flags) as one JSON object.")
 @raw_option
 def exec_(
@@ -339,6 +252,7 @@ def exec_(
     timeout: float | None,
     cwd: str | None,
     env_pairs: tuple[str, ...],
+    resume: bool,
     as_json: bool,
 ) -> None:
     """Run COMMAND in session ID (write it after --); exit with its own exit code.
@@ -355,6 +269,8 @@ def exec_(
         env[name] = value
     message: dict[str, Any] = {"op": "exec", "argv": list(command), "cwd": cwd,
                                "env": env or None, "timeout": timeout}  # fmt: skip
+    if resume:
+        message["resume"] = True
     if not sys.stdin.isatty():
         data = sys.stdin.buffer.read()
         message["stdin"] = base64.b64encode(data).decode() if data else None
@@ -512,7 +428,8 @@ def _enter(fd: int, name: str, shown: Path) -> int:
     help="How long a call that needs approval waits for a person (e.g. 90s, 10m).",
 )
 def call(session_id: str, tool: str, arguments: str, project_dir: Path, wait: float | None) -> None:
-    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context, checkpoint)
+    """Call sandbox TOOL (list, read, write, delete, stat, exec, stage, context, checkpoint,
+    branch)
     in session ID with ARGUMENTS, a JSON object; print the answer as JSON, exit 1 if it is a
     refusal.
 
@@ -688,7 +605,7 @@ def fork(
 ) -> None:
     """Start COUNT independent sessions from a snapshot, or from live session ID (a
     snapshot of it is taken first); print their ids."""
-    from orchestrator.config import load_project
+    from orchestrator.runtime.owners import start_forks
     from orchestrator.runtime.snapshots import ID, get
 
     started = time.monotonic()
@@ -696,27 +613,10 @@ def fork(
         snap_id = source
     else:
         snap_id = str(_ask(project_dir, source, {"op": "snapshot"})["snapshot"])
-    snap = get(load_project(project_dir), snap_id)
-    from concurrent.futures import ThreadPoolExecutor
-
+    project = _project(project_dir)
+    snap = get(project, snap_id)
     options = {"idle_timeout": idle_timeout, "max_lifetime": max_lifetime}
-    made: list[str] = []
-    failed: list[BaseException] = []
-
-    def start_one(_: int) -> None:
-        try:
-            info = _start_owner(snap.worker, project_dir, options, ("--fork", snap_id))
-            made.append(str(info["id"]))
-        except BaseException as exc:  # noqa: BLE001 - said below, after the others
-            failed.append(exc)
-
-    with ThreadPoolExecutor(min(count, FORKS_AT_ONCE)) as pool:  # their owners start at once
-        list(pool.map(start_one, range(count)))
-    if failed:
-        for fork_id in made:  # all or none
-            with contextlib.suppress(OrchestratorError, OSError):
-                _ask(project_dir, fork_id, {"op": "stop"})
-        raise failed[0]
+    made = start_forks(project, snap.worker, snap_id, count, options)
     result = {"sessions": made, "snapshot": snap_id,
               "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
     if as_json:
@@ -737,7 +637,8 @@ def snapshot() -> None:
 @project_option
 @json_option("Print the snapshots as a JSON list of {id, bytes, created, session, worker}.")
 def snapshot_list(project_dir: Path, as_json: bool) -> None:
-    """The project's snapshots, oldest first."""
+    """The project's snapshots, oldest first: id, worker, size, when taken (and how long
+    ago), the session it was taken of."""
     from orchestrator.config import load_project
     from orchestrator.runtime.snapshots import list_snapshots
 
@@ -748,8 +649,23 @@ def snapshot_list(project_dir: Path, as_json: bool) -> None:
     if not found:
         _say("no snapshots")
     for item in found:
-        click.echo(f"{item['id']}  {item['worker']}  {item['bytes']} bytes  {item['created']}  "
-                   f"session {item['session']}")  # fmt: skip
+        click.echo(f"{item['id']}  {item['worker']}  {item['bytes']} bytes  {item['created']} "
+                   f"({_age(item['created'])} ago)  session {item['session']}")  # fmt: skip
+
+
+def _age(created: str) -> str:
+    """How long ago an ISO time was, as ``session list`` shows ages (``?`` if unreadable)."""
+    from datetime import UTC, datetime
+
+    from orchestrator.runtime.session_folders import human_age
+
+    try:
+        then = datetime.fromisoformat(created)
+    except (TypeError, ValueError):
+        return "?"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return human_age(max(0.0, (datetime.now(UTC) - then).total_seconds()))
 
 
 @snapshot.command("rm")

@@ -604,8 +604,9 @@ class WorkerConfig(Strict):
     of the run, discarded with it): for task images that expect to be changed in place.
     Only under gVisor; see docs/configuration.md."""
     checkpoints: bool = False
-    """Its live sessions may snapshot themselves with the ``checkpoint`` tool (MCP,
-    ``session call``); without it that tool is refused. See docs/sessions.md."""
+    """Its live sessions may snapshot themselves with the ``checkpoint`` tool and start
+    forks of their own checkpoints with the ``branch`` tool (MCP, ``session call``);
+    without it both are refused. See docs/sessions.md."""
     idle: Literal["stop", "pause"] = "stop"
     """What a live session of this worker does when its idle timeout passes: ``stop``
     (closed) or ``pause`` (frozen; after ``stop_paused_after`` saved as a snapshot, then

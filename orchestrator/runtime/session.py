@@ -23,7 +23,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
@@ -33,7 +33,7 @@ from orchestrator.escaping import escape_surrogates
 from orchestrator.plan import ContainerSpec
 from orchestrator.runtime.engine import Stream
 from orchestrator.runtime.execs import ExecResult, exec_request
-from orchestrator.runtime.run import Run, RunResult
+from orchestrator.runtime.run import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_LIFETIME, Run, RunResult
 from orchestrator.runtime.secrets import RedactingSink
 from orchestrator.runtime.supervised import TOOL_ENV
 from orchestrator.sandbox import (
@@ -100,8 +100,10 @@ class Session:
         """What the idle timeout does: ``stop`` (close) or ``pause`` (the worker's ``idle``)."""
         self.stop_paused_after: float = float(getattr(config, "stop_paused_after", 3600.0))
         self.checkpoints = bool(getattr(config, "checkpoints", False))
-        """Whether the ``checkpoint`` tool may snapshot it (the worker's ``checkpoints``)."""
+        """Whether the ``checkpoint`` and ``branch`` tools may snapshot and fork it (the
+        worker's ``checkpoints``)."""
         """With ``idle: pause``: seconds paused before it is snapshotted and closed."""
+        self._branched = 0
         self.orchestrator: Any = None
         """The :class:`~orchestrator.Orchestrator` that opened it (a snapshot's forks use it)."""
         self._watchdog: threading.Thread | None = None
@@ -178,12 +180,15 @@ class Session:
         stdin: bytes | str | None = None,
         on_output: Callable[[Stream, bytes], None] | None = None,
         user: str | None = None,
+        resume: bool = False,
     ) -> ExecResult:
         """Run ``command`` in the sandbox as the worker's uid; a string runs under
         ``/bin/sh -c``. ``timeout`` (default: the worker's own timeout) kills the command's
         whole process tree; output is captured (capped) and may also be streamed. ``user``
         (a name or ``uid[:gid]`` of the image's) only for a run as the image's user
-        (``image_user``): any other run's commands are the worker's."""
+        (``image_user``): any other run's commands are the worker's. On a paused session
+        the call is refused (:class:`SessionPaused`), unless ``resume`` asks to
+        :meth:`resume` it first."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         run = self._run
         spec = run.spec
@@ -194,6 +199,9 @@ class Session:
             )  # fmt: skip
         values = {**run.values, **run.egress_values}
         sink = RedactingSink(on_output, values) if on_output and run.redactor else on_output
+        if resume and self._paused:
+            with suppress(SessionPaused):  # resumed by another caller meanwhile: go on
+                self.resume()
         with self._active():
             try:
                 request = exec_request(
@@ -294,6 +302,70 @@ class Session:
         project's list."""
         forks: builtins.list[Session] = self.snapshot().fork(count, **options)
         return forks
+
+    def branch(
+        self,
+        count: int = 1,
+        snapshot: str | None = None,
+        *,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        max_lifetime: float | None = DEFAULT_MAX_LIFETIME,
+    ) -> dict[str, Any]:
+        """Start ``count`` (1 to :data:`~orchestrator.runtime.owners.BRANCH_AT_ONCE`)
+        sessions from a checkpoint of this one: ``snapshot`` (an id this session took) or a
+        snapshot taken now. Unlike :meth:`fork`, each fork is held by an owner process of its
+        own (as ``orchestrator session fork`` starts them), so it outlives this session and
+        its caller: reach it with ``orchestrator session exec/cp/stop ID``. At most
+        :data:`~orchestrator.runtime.owners.BRANCH_LIMIT` forks over this session's life.
+        ``{"sessions": [ids], "snapshot": id, "seconds": S}``; audited as
+        ``session.branch`` here and ``session.fork`` by each fork."""
+        from orchestrator.runtime.owners import BRANCH_AT_ONCE, BRANCH_LIMIT, start_forks
+        from orchestrator.runtime.snapshots import SnapshotError, get
+
+        started = time.monotonic()
+        try:
+            if self.orchestrator is None:
+                raise SnapshotError(
+                    f"session {self.id} was not opened through an Orchestrator; it cannot branch"
+                )
+            if not 1 <= count <= BRANCH_AT_ONCE:
+                raise SnapshotError(f"count {count}: give 1 to {BRANCH_AT_ONCE} forks")
+            with self._lock:
+                if self._branched + count > BRANCH_LIMIT:
+                    raise PolicyError(
+                        [f"session {self.id} has started {self._branched} fork(s) already, "
+                         f"and may start at most {BRANCH_LIMIT}: stop using it and ask a "
+                         "person (`orchestrator session fork`)"]
+                    )  # fmt: skip
+                self._branched += count  # held while they start: calls at once share it
+            try:
+                with self._active():
+                    if snapshot is None:
+                        snap = self.snapshot()
+                    else:
+                        snap = get(self.orchestrator.project, snapshot, self.orchestrator)
+                        if snap.session != self.id:
+                            raise PolicyError(
+                                [f"snapshot {snapshot} is not a checkpoint of session {self.id} "
+                                 f"(it is session {snap.session}'s): give an id this session's "
+                                 "checkpoint answered, or none to checkpoint now"]
+                            )  # fmt: skip
+                    options = {"idle_timeout": idle_timeout, "max_lifetime": max_lifetime}
+                    made = start_forks(
+                        self.orchestrator.project, snap.worker, snap.id, count, options
+                    )
+            except BaseException:
+                with self._lock:
+                    self._branched -= count
+                raise
+        except OrchestratorError as exc:
+            self._record("session.branch", False, reason=str(exc).replace("\n", "; "),
+                         snapshot=snapshot, count=count)  # fmt: skip
+            raise
+        took = round(time.monotonic() - started, 3)
+        self._record("session.branch", True, snapshot=snap.id, sessions=made, count=count,
+                     seconds=took)  # fmt: skip
+        return {"sessions": made, "snapshot": snap.id, "seconds": took}
 
     # -- review ---------------------------------------------------------------------------
 

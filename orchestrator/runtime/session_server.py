@@ -9,8 +9,9 @@ The protocol is JSON lines. A client sends one request (at most :data:`MAX_REQUE
 bytes) and reads answers until the final one:
 
 - ``{"op": "info"}`` → the session's id, run id, worker, trust, zones, age and idle time;
-- ``{"op": "exec", "argv", "cwd", "env", "timeout", "stdin"}`` → ``{"event": "output",
-  "stream", "data"}`` lines while the command prints, then its :class:`ExecResult`;
+- ``{"op": "exec", "argv", "cwd", "env", "timeout", "stdin", "resume"}`` →
+  ``{"event": "output", "stream", "data"}`` lines while the command prints, then its
+  :class:`ExecResult` (``"resume": true`` resumes a paused session first);
 - ``{"op": "read", "path", "limit"}`` → the file's bytes; ``{"op": "write", "path",
   "data"}`` → the :class:`WriteResult` (bytes travel as base64);
 - ``{"op": "tool", "name", "args", "wait"}`` → the answer of one sandbox tool call
@@ -39,22 +40,26 @@ import logging
 import os
 import select
 import socket
-import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.exits import Exit
-from orchestrator.hostfs.flags import DIR_FLAGS
+from orchestrator.runtime.control import (
+    SUFFIX,
+    ControlError,
+    _at,
+    connect,
+    control_dir,
+    request,
+    socket_name,
+)
 from orchestrator.runtime.session import Session
 from orchestrator.sandbox import as_dict
 from orchestrator.tools.waiting import Answered, PendingApprovals
-
-if TYPE_CHECKING:
-    from orchestrator.config import Project
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,8 @@ __all__ = [
     "APPROVAL_WAIT_S",
     "MAX_COPY",
     "MAX_REQUEST",
+    "SUFFIX",
+    "ControlError",
     "SessionServer",
     "connect",
     "control_dir",
@@ -74,100 +81,6 @@ MAX_COPY = 32 << 20
 MAX_REQUEST = MAX_COPY * 4 // 3 + (64 << 10)
 #: How long a tool call waits for a person's answer unless the request says otherwise.
 APPROVAL_WAIT_S = 600.0
-CONTROL = "control"
-SUFFIX = ".sock"
-
-
-class ControlError(OrchestratorError):
-    """The control folder or socket cannot be used, or the owner answered wrongly."""
-
-
-@contextlib.contextmanager
-def control_dir(project: Project, *, create: bool = False) -> Iterator[int | None]:
-    """A descriptor of ``<sandbox root>/control`` (None when missing and not ``create``),
-    opened from the checked sandbox root's descriptor (never through its name again).
-
-    The folder must be a real folder (no link), owned by this uid, mode 0700. Socket paths
-    are used through ``/proc/self/fd/<fd>/<name>``: short, and never via a swapped link.
-    """
-    from orchestrator.runtime.state_root import open_state_root
-
-    path = project.sandbox_root / CONTROL
-    root = open_state_root(project)
-    try:
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(CONTROL, 0o700, dir_fd=root)
-        try:
-            fd = os.open(CONTROL, DIR_FLAGS, dir_fd=root)
-        except FileNotFoundError:
-            if create:
-                raise
-            fd = -1
-        except OSError as exc:
-            raise ControlError(
-                f"{path} is not a usable folder ({exc.strerror}); remove it"
-            ) from None
-    finally:
-        os.close(root)
-    if fd < 0:
-        yield None
-        return
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise ControlError(
-                f"{path} must belong to uid {os.geteuid()} with mode 0700; remove it or "
-                "chmod 700 it"
-            )
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _at(fd: int, name: str) -> str:
-    return f"/proc/self/fd/{fd}/{name}"
-
-
-def socket_name(session_id: str) -> str:
-    return session_id + SUFFIX
-
-
-def connect(fd: int, session_id: str) -> socket.socket | None:
-    """A connection to a live owner, or None (no socket, or nobody listening)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(_at(fd, socket_name(session_id)))
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        sock.close()
-        return None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def request(
-    sock: socket.socket,
-    message: dict[str, Any],
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-) -> Any:
-    """Send one request, pass events to ``on_event``, return the final result (or raise
-    :class:`ControlError` with the owner's one-line error and its exit code)."""
-    sock.sendall(json.dumps(message).encode() + b"\n")
-    with sock.makefile("rb") as answers:
-        for line in answers:
-            answer = json.loads(line)
-            if "event" in answer:
-                if on_event is not None:
-                    on_event(answer)
-                continue
-            if answer.get("ok"):
-                return answer.get("result")
-            error = ControlError(str(answer.get("error", "the session's owner failed")))
-            error.exit_code = int(answer.get("exit_code", Exit.ERROR))
-            raise error
-    raise ControlError("the session's owner closed the connection without an answer")
 
 
 def _connected(conn: socket.socket) -> bool:
@@ -313,6 +226,7 @@ class SessionServer:
                 timeout=message.get("timeout"),
                 stdin=base64.b64decode(stdin) if stdin is not None else None,
                 on_output=output,
+                resume=message.get("resume") is True,
             )
             return done.to_dict()
         if op == "read":

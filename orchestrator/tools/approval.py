@@ -26,8 +26,10 @@ exec                         pre-approved: the command runs inside the sandbox,
 stage                        pre-approved: it only proposes a change set, which
                              a person approves or rejects later
 context                      pre-approved
-checkpoint                   pre-approved where the worker declares
-                             ``checkpoints: true``; blocked otherwise
+checkpoint, branch           pre-approved where the worker declares
+                             ``checkpoints: true``; blocked otherwise (the
+                             forks of ``branch`` get exactly the snapshot's
+                             grant, never more)
 ===========================  =====================================================
 
 The file operations check again when they run (this module never touches the disk), so
@@ -119,6 +121,20 @@ def decide(name: str, args: Mapping[str, Any], context: Mapping[str, Any]) -> De
             "Cannot checkpoint: this worker does not let its sandbox snapshot itself "
             "(checkpoints: true in its worker file); a person can, with `orchestrator "
             "session snapshot`",
+        )
+    if name == "branch":
+        session = context.get("session") or {}
+        count = args.get("count", 1)
+        source = args.get("snapshot") or "a checkpoint taken now"
+        described = f"start {count} sandbox(es) from {source}"
+        if session.get("checkpoints"):
+            return Decision(TOOL_PRE_APPROVED, described)
+        return Decision(
+            "blocked",
+            described,
+            "Cannot branch: this worker does not let its sandbox checkpoint and branch "
+            "itself (checkpoints: true in its worker file); a person can, with `orchestrator "
+            "session fork`",
         )
     raw = args.get("path", "/")
     path = _clean(raw)

@@ -179,6 +179,33 @@ SPECS: tuple[ToolSpec, ...] = (
         "starts new sessions. Only where the worker allows it (context: session.checkpoints).",
         _object({}, []),
     ),
+    ToolSpec(
+        "branch",
+        "Start new, independent sandboxes from a checkpoint of this one: from 'snapshot' (an "
+        "id 'checkpoint' answered in this sandbox) or, without it, from a checkpoint taken "
+        "now. Each sees the checkpoint's files and changes only its own; this sandbox goes "
+        "on unchanged. Returns their session ids and the snapshot's id: a person or a "
+        "harness works in them (not this sandbox's tools). Only where the worker allows it "
+        "(context: session.checkpoints).",
+        _object(
+            {
+                "count": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 4,
+                    "default": 1,
+                    "description": "How many sandboxes to start.",
+                },
+                "snapshot": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "A snapshot id this sandbox's 'checkpoint' answered "
+                    "(default: checkpoint now).",
+                },
+            },
+            [],
+        ),
+    ),
 )
 
 BY_NAME = {spec.name: spec for spec in SPECS}

@@ -171,6 +171,7 @@ class Toolset:
             "stage": lambda: {"change_set": session.stage(args["files"], args["message"])},
             "context": session.security_context,
             "checkpoint": lambda: _checkpoint(session),
+            "branch": lambda: _branch(session, args),
         }
         return handlers[name]()
 
@@ -210,3 +211,13 @@ def _checkpoint(session: Any) -> dict[str, Any]:
     """The ``checkpoint`` tool: the session's :meth:`snapshot`, as its id, size and time."""
     snap = session.snapshot()
     return {"snapshot": snap.id, "bytes": snap.bytes, "seconds": snap.seconds}
+
+
+def _branch(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``branch`` tool: the session's :meth:`branch` (forks held by owners of their
+    own, outliving this call), as their ids, the snapshot's id and the time it took."""
+    branch = getattr(session, "branch", None)
+    if branch is None:
+        raise OrchestratorError("this session cannot branch: open it with orchestrator")
+    result: dict[str, Any] = branch(args["count"], args.get("snapshot"))
+    return result

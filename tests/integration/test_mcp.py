@@ -95,6 +95,7 @@ def test_a_real_client_lists_reads_is_refused_execs_and_stages(engine, mcp_proje
         "stage",
         "context",
         "checkpoint",
+        "branch",
     ]
     names = [e["name"] for e in listed.structured_content["entries"]]
     assert {"input", "data", "session", "staged"} <= set(names)

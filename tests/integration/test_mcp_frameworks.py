@@ -124,6 +124,7 @@ def test_pydantic_ai_mcp_toolset_with_a_function_model(engine, mcp_project):
         "stage",
         "context",
         "checkpoint",
+        "branch",
     ]
     assert len(seen) == len(calls), seen
     # a refusal reaches the model as the tool's answer: {"ok": false, "error": ...}

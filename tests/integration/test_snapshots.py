@@ -514,3 +514,123 @@ def test_the_checkpoint_tool_only_where_the_worker_allows_it(engine, project):
         for sid in ids.values():
             cli("session", "stop", sid, *where)
     assert cli("snapshot", "rm", snap_id, *where).returncode == 0
+
+
+def test_the_branch_tool_starts_forks_of_the_agents_own_checkpoint(engine, project):
+    """Through `session call ID branch`, under gVisor: the forks exist after the call (and
+    after their source stopped), each sees the checkpoint's state, they are independent of
+    each other and of the source; refused without `checkpoints: true` and from another
+    session's checkpoint; audited."""
+    require_gvisor(engine)
+    project.isolation = "gvisor"
+    project.write_project()
+    where = ("--project", str(project.root))
+    project.worker("w", WORKER)
+    project.worker("c", WORKER + "checkpoints: true\n")
+    started = {name: cli("session", "start", name.rstrip("2"), *where, "--json")
+               for name in ("w", "c", "c2")}  # fmt: skip
+    ids = {name: done.json()["id"] for name, done in started.items()}
+    source = ids["c"]
+    forks: list[str] = []
+    snaps: list[str] = []
+
+    def run(sid: str, script: str) -> str:
+        done = cli("session", "exec", sid, *where, "--", "sh", "-c", script)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    try:
+        refused = cli("session", "call", ids["w"], "branch", *where)
+        assert refused.returncode == 1
+        answer = json.loads(refused.stdout)
+        assert answer["status"] == "blocked"
+        assert "checkpoints: true" in answer["error"] and "session fork" in answer["error"]
+
+        # another session's checkpoint (same worker, same project) is not this agent's
+        others = cli("session", "call", ids["c2"], "checkpoint", *where)
+        assert others.returncode == 0, others.stdout + others.stderr
+        snaps.append(json.loads(others.stdout)["result"]["snapshot"])
+        stolen = cli("session", "call", source, "branch",
+                     json.dumps({"snapshot": snaps[0]}), *where)  # fmt: skip
+        assert stolen.returncode == 1
+        answer = json.loads(stolen.stdout)
+        assert answer["status"] == "blocked"
+        assert answer["error"].startswith(f"snapshot {snaps[0]} is not a checkpoint of session")
+        assert len(cli("session", "list", *where, "--json").json()) == 3
+
+        run(source, "echo before > /session/state; echo warm > /tmp/cache")
+        taken = cli("session", "call", source, "checkpoint", *where)
+        assert taken.returncode == 0, taken.stdout + taken.stderr
+        snap_id = json.loads(taken.stdout)["result"]["snapshot"]
+        snaps.append(snap_id)
+        run(source, "echo after > /session/state; rm /tmp/cache")
+
+        branched = cli("session", "call", source, "branch",
+                       json.dumps({"count": 2, "snapshot": snap_id}), *where)  # fmt: skip
+        assert branched.returncode == 0, branched.stdout + branched.stderr
+        result = json.loads(branched.stdout)["result"]
+        forks += result["sessions"]
+        assert result["snapshot"] == snap_id
+        assert len(set(forks)) == 2 and source not in forks
+
+        now = cli("session", "call", source, "branch", *where)  # a checkpoint taken now
+        assert now.returncode == 0, now.stdout + now.stderr
+        latest = json.loads(now.stdout)["result"]
+        forks += latest["sessions"]
+        snaps.append(latest["snapshot"])
+        assert latest["snapshot"] != snap_id and len(latest["sessions"]) == 1
+
+        assert cli("session", "stop", source, *where).returncode == 0  # the forks go on
+        listed = {s["id"] for s in cli("session", "list", *where, "--json").json()}
+        assert set(forks) <= listed and source not in listed
+        first, second, third = forks
+        assert run(first, "cat /session/state /tmp/cache") == "before\nwarm\n"
+        assert run(second, "cat /session/state /tmp/cache") == "before\nwarm\n"
+        assert run(third, "cat /session/state; ls /tmp") == "after\n"
+        run(first, "echo mine > /session/state; echo cold > /tmp/cache")
+        assert run(second, "cat /session/state /tmp/cache") == "before\nwarm\n"
+
+        audit = Orchestrator(project.root, engine=engine).audit
+        events = list(audit.query(AuditFilter()))
+        branches = [e for e in events if e.operation == "session.branch"]
+        (refusal, branch_event, now_event) = branches
+        assert (refusal.session_id, refusal.allowed) == (source, False)
+        assert refusal.reason.startswith(f"snapshot {snaps[0]} is not a checkpoint")
+        assert branch_event.session_id == source and branch_event.allowed
+        assert branch_event.metadata["sessions"] == forks[:2]
+        assert now_event.metadata["snapshot"] == latest["snapshot"]
+        fork_events = {e.session_id: e for e in events if e.operation == "session.fork"}
+        assert set(fork_events) == set(forks)
+        assert {fork_events[f].metadata["parent"] for f in forks} == {source}
+        assert {fork_events[f].metadata["snapshot"] for f in forks[:2]} == {snap_id}
+    finally:
+        for sid in [*forks, *ids.values()]:
+            cli("session", "stop", sid, *where)
+        for snap in snaps:
+            cli("snapshot", "rm", snap, *where)
+    assert not cli("session", "list", *where, "--json").json()
+
+
+def test_exec_resume_resumes_a_paused_session_first(engine, project):
+    """Refused on a paused session in one line naming `resume`, unless the caller asks
+    for it (`session exec --resume`): then resumed (audited) and run."""
+    where = ("--project", str(project.root))
+    project.worker("w", WORKER)
+    sid = cli("session", "start", "w", *where, "--json").json()["id"]
+    try:
+        assert cli("session", "pause", sid, *where).returncode == 0
+        refused = cli("session", "exec", sid, *where, "--", "echo", "hi")
+        assert refused.returncode == 125
+        (line,) = refused.stderr.strip().splitlines()
+        assert "is paused: resume it first" in line and f"session resume {sid}" in line
+        ran = cli("session", "exec", sid, *where, "--resume", "--", "echo", "hi")
+        assert (ran.returncode, ran.stdout) == (0, "hi\n"), ran.stderr
+        (info,) = cli("session", "list", *where, "--json").json()
+        assert info["paused"] is False
+        again = cli("session", "exec", sid, *where, "--resume", "--", "echo", "on")
+        assert (again.returncode, again.stdout) == (0, "on\n"), again.stderr  # not paused: runs
+        audit = Orchestrator(project.root, engine=engine).audit
+        resumed = [e for e in audit.query(AuditFilter()) if e.operation == "session.resume"]
+        assert [e.session_id for e in resumed] == [sid]
+    finally:
+        cli("session", "stop", sid, *where)

@@ -149,7 +149,7 @@ def test_a_session_duration_out_of_range_is_one_line_and_exit_125(
 
 
 def test_an_owner_that_dies_before_it_is_ready_says_why(tmp_path: Path) -> None:
-    from orchestrator.cli.session import _wait_ready
+    from orchestrator.runtime.owners import wait_ready
 
     log_path = tmp_path / "owner.log"
     read_end, write_end = os.pipe()
@@ -161,7 +161,7 @@ def test_an_owner_that_dies_before_it_is_ready_says_why(tmp_path: Path) -> None:
         )  # fmt: skip
     os.close(write_end)
     try:
-        answer = _wait_ready(read_end, owner, log_path)
+        answer = wait_ready(read_end, owner, log_path)
     finally:
         os.close(read_end)
     assert answer == {
@@ -196,3 +196,25 @@ def test_the_audit_listing_shows_what_each_operation_is_read_for(project: Path) 
     assert "path=/session/notes.md" in wrote
     (change,) = listed("--operation", "change.*")
     assert "change_id=3f9c0d1e77aa files=2" in change, change
+
+
+def test_snapshot_list_shows_each_snapshots_size_and_age(project: Path) -> None:
+    # Issue 36: snapshots "are listed with their size and age".
+    import json as json_module
+    from datetime import UTC, datetime, timedelta
+
+    sandbox = load_project(project).sandbox_root
+    created = (datetime.now(UTC) - timedelta(hours=3)).isoformat(timespec="seconds")
+    folder = sandbox / "snapshots" / "snap-0123456789ab"
+    folder.mkdir(parents=True)
+    for made in (sandbox, sandbox / "snapshots"):
+        made.chmod(0o700)
+    manifest = {"id": "snap-0123456789ab", "created": created, "session": "s1", "run_id": "r",
+                "worker": "w", "trust": "session", "workspace": "default", "image": "i",
+                "tag": "t", "base_image": "b", "root_capture": False, "image_user": False,
+                "run_as": "", "bytes": 2048, "seconds": 0.5,
+                "sandbox_root": str(sandbox)}  # fmt: skip
+    (folder / "manifest.json").write_text(json_module.dumps(manifest))
+    done = orchestrator("snapshot", "list", "--project", project)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (f"snap-0123456789ab  w  2048 bytes  {created} (3.0h ago)  session s1\n")

@@ -128,7 +128,8 @@ def test_the_front_answers_initialize_and_tools_list_as_the_sdk_server(pipes, ve
     )
     assert front[1]["result"]["protocolVersion"] == expected
     assert [t["name"] for t in front[2]["result"]["tools"]] == [
-        "list", "read", "write", "delete", "stat", "exec", "stage", "context", "checkpoint"
+        "list", "read", "write", "delete", "stat", "exec", "stage", "context", "checkpoint",
+        "branch",
     ]  # fmt: skip
 
 

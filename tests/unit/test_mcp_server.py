@@ -68,6 +68,7 @@ def test_tools_are_listed_with_their_schemas_and_hints(tools):
         "stage",
         "context",
         "checkpoint",
+        "branch",
     ]
     assert listed["read"].input_schema["required"] == ["path"]
     assert listed["read"].annotations.read_only_hint is True

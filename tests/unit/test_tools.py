@@ -41,6 +41,7 @@ def test_definitions_are_plain_json_schemas_in_both_common_shapes():
         "stage",
         "context",
         "checkpoint",
+        "branch",
     ]
     for d in plain:
         assert set(d) == {"name", "description", "input_schema"}
@@ -263,3 +264,74 @@ def test_call_never_raises_and_its_answers_are_always_utf8(tools, monkeypatch):
     assert "RuntimeError('a bug')" in last.reason
     monkeypatch.setattr(tools.session, "security_context", broken)
     assert tools.call("read", {"path": "/input/a.txt"})["status"] == "failed"
+
+
+# -- branch -----------------------------------------------------------------------------------
+
+
+def test_branch_takes_a_count_of_one_to_four_and_an_optional_snapshot():
+    assert validate("branch", {}) == {"count": 1}
+    assert validate("branch", {"count": 4, "snapshot": "snap-0123456789ab"}) == {
+        "count": 4,
+        "snapshot": "snap-0123456789ab",
+    }
+    for args, message in (
+        ({"count": 0}, "'count' must be at least 1"),
+        ({"count": 5}, "'count' must be at most 4"),
+        ({"count": 2.5}, "'count' must be an integer, not a number"),
+        ({"snapshot": ""}, "'snapshot' must not be empty"),
+        ({"session": "x"}, "unknown argument 'session' (known: count, snapshot)"),
+    ):
+        with pytest.raises(InvalidArguments) as raised:
+            validate("branch", args)
+        assert str(raised.value) == f"Tool 'branch': {message}"
+
+
+def test_branch_is_blocked_unless_the_worker_declares_checkpoints():
+    allowed = {"session": {"checkpoints": True}, "zones": []}
+    decision = decide("branch", {"count": 3}, allowed)
+    assert decision.status == "pre_approved"
+    assert decision.description == "start 3 sandbox(es) from a checkpoint taken now"
+    mine = decide("branch", {"count": 1, "snapshot": "snap-0123456789ab"}, allowed)
+    assert mine.description == "start 1 sandbox(es) from snap-0123456789ab"
+    for context in ({"session": {"checkpoints": False}, "zones": []}, {"zones": []}):
+        blocked = decide("branch", {"count": 1}, context)
+        assert blocked.status == "blocked"
+        assert blocked.reason is not None
+        assert "checkpoints: true in its worker file" in blocked.reason
+        assert "`orchestrator session fork`" in blocked.reason
+
+
+def test_a_blocked_branch_never_reaches_the_session_and_is_audited(tools):
+    called = []
+    tools.session.branch = lambda count, snapshot: called.append((count, snapshot))
+    answer = tools.call("branch", {"count": 2}, approved=True)
+    assert answer["ok"] is False
+    assert answer["status"] == "blocked"
+    assert "checkpoints: true" in answer["error"]
+    assert called == []
+    (refused,) = refusals(tools)
+    assert refused.metadata["tool"] == "branch"
+    assert refused.metadata["status"] == "blocked"
+
+
+def test_an_allowed_branch_answers_the_sessions_forks(tools, monkeypatch):
+    called = []
+
+    def branch(count, snapshot):
+        called.append((count, snapshot))
+        return {"sessions": ["a1", "b2"], "snapshot": "snap-0123456789ab", "seconds": 1.5}
+
+    context = tools.session.security_context()
+    monkeypatch.setattr(
+        tools.session, "security_context", lambda: {**context, "session": {"checkpoints": True}}
+    )
+    tools.session.branch = branch
+    answer = tools.call("branch", {"count": 2})
+    assert answer == {
+        "ok": True,
+        "result": {"sessions": ["a1", "b2"], "snapshot": "snap-0123456789ab", "seconds": 1.5},
+    }
+    assert tools.call("branch", {"snapshot": "snap-0123456789ab"})["ok"] is True
+    assert called == [(2, None), (1, "snap-0123456789ab")]
+    assert refusals(tools) == []
