@@ -244,6 +244,10 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         stream = watches.watch_stream(sandbox, path, depth, _changes, _keepalive(request))
         return StreamingResponse(stream, media_type="application/connect+json")
 
+    async def process_stream_input(request: Request, sandbox: Sandbox) -> Response:
+        body = await processes.stream_input(sandbox, request.stream())
+        return Response(body, media_type="application/connect+json")
+
     async def process_input(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
         await processes.send_input(sandbox, message)
         return {}
@@ -359,6 +363,7 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         ("POST", "/files"): files_post,
         ("POST", "/process.Process/Start"): process_start,
         ("POST", "/process.Process/Connect"): process_connect,
+        ("POST", "/process.Process/StreamInput"): process_stream_input,
         ("POST", "/filesystem.Filesystem/WatchDir"): watch_dir,
     }
 

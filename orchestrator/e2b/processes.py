@@ -30,6 +30,7 @@ import contextlib
 import logging
 import secrets
 import shlex
+import struct
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Process", "close_stdin", "connect_stream", "resize", "send_input", "start_stream"]
+__all__ = [
+    "Process",
+    "close_stdin",
+    "connect_stream",
+    "resize",
+    "send_input",
+    "start_stream",
+    "stream_input",
+]
 
 #: The most output kept of one stream of a command (bytes).
 MAX_OUTPUT = 64 << 20
@@ -360,3 +369,47 @@ def split_size(pty: Any) -> tuple[int, int] | None:
     if not all(isinstance(n, int) and 0 < n < 10000 for n in (rows, cols)):
         raise ConnectFailure("invalid_argument", "pty.size: give rows and cols, 1 to 9999")
     return rows, cols
+
+
+async def stream_input(sandbox: Sandbox, chunks: AsyncIterator[bytes]) -> bytes:
+    """``StreamInput`` (a client stream): its first message names the command (``start``),
+    each ``data`` message after it is sent to the command as it arrives (one exec each,
+    in order), ``keepalive`` is skipped. The answer's body: one empty message and the end
+    of the stream, or the end with the error."""
+    buffer = bytearray()
+    process: Process | None = None
+    try:
+        async for chunk in chunks:
+            buffer += chunk
+            while len(buffer) >= 5:
+                flags, size = struct.unpack(">BI", buffer[:5])
+                if len(buffer) < 5 + size:
+                    break
+                data = bytes(buffer[5 : 5 + size])
+                del buffer[: 5 + size]
+                if flags & 2:
+                    break
+                if flags & 1:
+                    raise ConnectFailure("invalid_argument", "compressed messages are not accepted")
+                message = wire.message_of(data)
+                if "start" in message:
+                    start = message.get("start")
+                    process = _input_fifo(
+                        sandbox, start.get("process") if isinstance(start, dict) else None
+                    )
+                elif "data" in message:
+                    if process is None:
+                        raise ConnectFailure("invalid_argument", "give start before data")
+                    given = message.get("data")
+                    await send_input(
+                        sandbox,
+                        {
+                            "process": {"pid": process.pid},
+                            "input": given.get("input") if isinstance(given, dict) else None,
+                        },
+                    )
+        if buffer:
+            raise ConnectFailure("invalid_argument", "a truncated Connect envelope")
+    except ConnectFailure as exc:
+        return wire.end_frame(exc)
+    return wire.frame({}) + wire.end_frame()

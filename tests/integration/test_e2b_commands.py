@@ -46,6 +46,11 @@ def test_stdin_connect_list_and_kill(server):  # noqa: F811 - the fixture
         reader.send_stdin("ee\n")
         sandbox.commands.close_stdin(reader.pid)
         assert reader.wait().stdout == "got one\ngot two\ngot three\neof\n"
+        # a stream of input in one call, in order
+        streamed = sandbox.commands.run("cat; echo end", background=True, stdin=True)
+        sandbox.commands.stream_input(streamed.pid, ["al", b"pha\n", "beta\n"])
+        sandbox.commands.close_stdin(streamed.pid)
+        assert streamed.wait().stdout == "alpha\nbeta\nend\n"
         # a command started without stdin gets none: input for it is refused in one line
         quiet = sandbox.commands.run("sleep 30", background=True)
         with pytest.raises(SandboxException, match="without stdin: run it with stdin=True"):
