@@ -96,10 +96,13 @@ _RESIZE = (
     '[ "$i" -lt 50 ] || exit 3; sleep 0.1; i=$((i + 1)); done'
 )
 #: Prints the folder "$1" (find records to depth "$2", then a record ``=``) each time
-#: it differs from the last look, every "$3" seconds (a folder gone: an empty one).
+#: it differs from the last look, every "$3" seconds (a folder gone: an empty one); exit
+#: 1 when there is no such folder, 2 when it is not a folder.
 WATCH_LOOP = (
-    transfer._PATH + 'if [ ! -d "$1" ]; then printf "%s: No such directory\\n" "$1" >&2; '
-    "exit 1; fi; last=; while :; do "
+    transfer._PATH + 'if [ ! -d "$1" ]; then if [ -e "$1" ]; then '
+    'printf "%s: Not a directory\\n" "$1" >&2; exit 2; fi; '
+    'printf "%s: No such file or directory\\n" "$1" >&2; exit 1; fi; '
+    "last=; while :; do "
     f'now=$(find "$1" -mindepth 1 -maxdepth "$2" -printf \'{wire.FIND_FORMAT}\' '
     "2>/dev/null | cksum); "
     'if [ "$now" != "$last" ]; then last=$now; '

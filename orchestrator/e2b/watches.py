@@ -121,7 +121,8 @@ def watch_stream(
             )
             if state["seen"] is None and result.exit_code != 0:
                 why = result.stderr.strip().splitlines()[-1:] or [f"{path}: cannot watch"]
-                put(wire.end_frame(ConnectFailure("not_found", why[0])))
+                code = "invalid_argument" if result.exit_code == 2 else "not_found"
+                put(wire.end_frame(ConnectFailure(code, why[0])))
             elif not gone.is_set():
                 put(wire.end_frame())
         except transfer.TooMuch:

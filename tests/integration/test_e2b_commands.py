@@ -133,9 +133,11 @@ def test_async_watch_while_a_command_writes(server):  # noqa: F811 - the fixture
             while ("f1", "REMOVE") not in events and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             await watch.stop()
-            # a folder that is not there: the SDK's own not-found error
-            with pytest.raises(NotFoundException):
+            # a folder that is not there, or not a folder: the SDK's own errors
+            with pytest.raises(NotFoundException, match="No such file or directory"):
                 await sandbox.files.watch_dir("/tmp/nowhere", on_event=print)
+            with pytest.raises(SandboxException, match="/tmp/w/f2: Not a directory"):
+                await sandbox.files.watch_dir("/tmp/w/f2", on_event=print)
             return set(events), output
         finally:
             await sandbox.kill()

@@ -71,7 +71,10 @@ def test_a_watch_prints_a_listing_only_when_the_folder_changed(tmp_path):
 
 def test_watching_a_missing_folder_fails_at_once(tmp_path):
     done = _sh(processes.WATCH_LOOP, str(tmp_path / "nowhere"), "1", "0.05")
-    assert done.returncode == 1 and b"No such directory" in done.stderr
+    assert done.returncode == 1 and b"nowhere: No such file or directory" in done.stderr
+    (tmp_path / "file").write_text("x")
+    done = _sh(processes.WATCH_LOOP, str(tmp_path / "file"), "1", "0.05")
+    assert done.returncode == 2 and b"file: Not a directory" in done.stderr
 
 
 def test_listings_are_cut_at_their_marker_across_chunks():
