@@ -98,6 +98,8 @@ def test_pty(server):  # noqa: F811 - the fixture
         sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
         sandbox.pty.send_stdin(terminal.pid, b"stty size\n")
         _read_until(terminal, lambda b: b"40 100\r\n" in b, shown)
+        sandbox.pty.stream_input(terminal.pid, [b"echo str", b"eam''ed\n"])
+        _read_until(terminal, lambda b: b"streamed\r\n" in b, shown)
         # another client connects to the same terminal: it sees what is typed from now on
         other = sandbox.pty.connect(terminal.pid, timeout=0)
         sandbox.pty.send_stdin(terminal.pid, b"echo ag''ain\n")
