@@ -4,6 +4,7 @@ and the checks of a PTY's size."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 
@@ -105,3 +106,18 @@ def test_a_bad_pty_size_is_invalid_argument(size):
     with pytest.raises(ConnectFailure) as failed:
         split_size({"size": size})
     assert failed.value.code == "invalid_argument"
+
+
+def test_a_quiet_stream_sends_keepalives_until_its_end():
+    async def go() -> list[bytes]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        out = []
+        async for item in processes._drain(queue, 0.05):
+            out.append(item)
+            if len(out) == 2:
+                queue.put_nowait(b"data")
+                queue.put_nowait(None)
+        return out
+
+    keepalive = wire.frame({"event": {"keepalive": {}}})
+    assert asyncio.run(go()) == [keepalive, keepalive, b"data"]
