@@ -21,9 +21,8 @@ import hmac
 import json
 import logging
 import secrets
-import threading
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -31,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from orchestrator.e2b import wire
+from orchestrator.e2b import processes, watches, wire
 from orchestrator.e2b.sandboxes import Refused, Sandbox, Sandboxes, Watcher
 from orchestrator.e2b.wire import ConnectFailure
 from orchestrator.errors import OrchestratorError
@@ -202,8 +201,6 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         config = message.get("process") or {}
         if not isinstance(config, dict):
             raise ConnectFailure("invalid_argument", "process: give a ProcessConfig object")
-        if message.get("pty"):
-            raise ConnectFailure("unimplemented", "PTY is not supported yet (docs/e2b.md)")
         cmd = config.get("cmd")
         args = config.get("args") or []
         envs = config.get("envs") or {}
@@ -216,11 +213,52 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         timeout = _deadline(request)
         env = {str(k): str(v) for k, v in envs.items()}
         shown = {"cmd": cmd, "args": argv[1:], "envs": env, **({"cwd": cwd} if cwd else {})}
-        env = {**env, "E2B_PROCESS_ID": ""}  # the pid, set by _run_stream: how kill finds it
+        tag = message.get("tag") if isinstance(message.get("tag"), str) else None
         return StreamingResponse(
-            _run_stream(sandbox, argv, cwd, env, timeout, shown),
+            processes.start_stream(
+                sandbox,
+                argv,
+                cwd,
+                env,
+                timeout,
+                shown,
+                tag=tag,
+                stdin=message.get("stdin") is True,
+                pty=processes.split_size(message.get("pty")),
+                keepalive=_keepalive(request),
+            ),
             media_type="application/connect+json",
         )
+
+    async def process_connect(request: Request, sandbox: Sandbox) -> Response:
+        messages = list(wire.unframe(await request.body()))
+        selector = (messages[0] if messages else {}).get("process")
+        stream = processes.connect_stream(sandbox, selector, _keepalive(request))
+        return StreamingResponse(stream, media_type="application/connect+json")
+
+    async def watch_dir(request: Request, sandbox: Sandbox) -> Response:
+        messages = list(wire.unframe(await request.body()))
+        message = messages[0] if messages else {}
+        path = _absolute(_str(message, "path"), sandbox)
+        depth = WATCH_DEPTH if message.get("recursive") else 1
+        stream = watches.watch_stream(sandbox, path, depth, _changes, _keepalive(request))
+        return StreamingResponse(stream, media_type="application/connect+json")
+
+    async def process_stream_input(request: Request, sandbox: Sandbox) -> Response:
+        body = await processes.stream_input(sandbox, request.stream())
+        return Response(body, media_type="application/connect+json")
+
+    async def process_input(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        await processes.send_input(sandbox, message)
+        return {}
+
+    async def process_close_stdin(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        await processes.close_stdin(sandbox, message)
+        return {}
+
+    async def process_update(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+        await processes.resize(sandbox, message)
+        return {}
 
     async def process_list(message: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
         with sandbox.lock:
@@ -310,6 +348,9 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         "/filesystem.Filesystem/RemoveWatcher": watch_remove,
         "/process.Process/List": process_list,
         "/process.Process/SendSignal": process_signal,
+        "/process.Process/SendInput": process_input,
+        "/process.Process/CloseStdin": process_close_stdin,
+        "/process.Process/Update": process_update,
         "/filesystem.Filesystem/Stat": fs_stat,
         "/filesystem.Filesystem/ListDir": fs_list,
         "/filesystem.Filesystem/MakeDir": fs_make_dir,
@@ -321,6 +362,9 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         ("GET", "/files"): files_get,
         ("POST", "/files"): files_post,
         ("POST", "/process.Process/Start"): process_start,
+        ("POST", "/process.Process/Connect"): process_connect,
+        ("POST", "/process.Process/StreamInput"): process_stream_input,
+        ("POST", "/filesystem.Filesystem/WatchDir"): watch_dir,
     }
 
     async def in_sandbox(request: Request) -> Response:
@@ -639,70 +683,9 @@ def _gunzip(data: bytes) -> bytes:
     return out
 
 
-async def _run_stream(
-    sandbox: Sandbox,
-    argv: list[str],
-    cwd: str | None,
-    env: dict[str, str],
-    timeout: float | None,
-    shown: dict[str, Any],
-) -> AsyncIterator[bytes]:
-    """A ``process.Process/Start`` stream: start, the output as it comes, end; the
-    command is in the sandbox's ``running`` while it runs (``commands.list``)."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    pid = sandbox.pid()
-    env = {**env, "E2B_PROCESS_ID": str(pid)}
-    with sandbox.lock:
-        sandbox.running[pid] = shown
-    kept = {"stdout": 0, "stderr": 0}
-
-    def put(item: bytes | None) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def output(stream: str, chunk: bytes) -> None:
-        kept[stream] += len(chunk)
-        if kept[stream] > MAX_OUTPUT:
-            raise transfer.TooMuch(stream)
-        data = base64.b64encode(chunk).decode()
-        put(wire.frame({"event": {"data": {stream: data}}}))
-
-    def run() -> None:
-        try:
-            result = sandbox.session.exec(argv, cwd=cwd, env=env, timeout=timeout, on_output=output)
-            if result.timed_out:
-                failure = ConnectFailure(
-                    "deadline_exceeded", f"the command ran over its timeout ({timeout} s)"
-                )
-                put(wire.end_frame(failure))
-            else:
-                end: dict[str, Any] = {
-                    "exitCode": result.exit_code,
-                    "exited": result.signal is None,
-                    "status": (
-                        f"exit status {result.exit_code}"
-                        if result.signal is None
-                        else f"signal: {result.signal}"
-                    ),
-                }
-                put(wire.frame({"event": {"end": end}}))
-                put(wire.end_frame())
-        except transfer.TooMuch as exc:
-            put(wire.end_frame(ConnectFailure("resource_exhausted", f"{exc.stream} over cap")))
-        except OrchestratorError as exc:
-            put(wire.end_frame(ConnectFailure("unavailable", str(exc).splitlines()[0])))
-        except Exception:
-            log.exception("e2b: a command in sandbox %s failed", sandbox.id)
-            put(wire.end_frame(ConnectFailure("internal", "internal error")))
-        finally:
-            with sandbox.lock:
-                sandbox.running.pop(pid, None)
-            put(None)
-
-    yield wire.frame({"event": {"start": {"pid": pid}}})
-    threading.Thread(target=run, name=f"e2b-exec-{pid}", daemon=True).start()
-    while True:
-        item = await queue.get()
-        if item is None:
-            return
-        yield item
+def _keepalive(request: Request) -> float:
+    """Seconds between keepalive events on a stream: the client's ``Keepalive-Ping-
+    Interval``, at most :data:`~orchestrator.e2b.processes.KEEPALIVE_S`."""
+    raw = request.headers.get("keepalive-ping-interval", "")
+    given = int(raw) if raw.isdigit() and int(raw) > 0 else processes.KEEPALIVE_S
+    return float(min(given, processes.KEEPALIVE_S))

@@ -71,6 +71,8 @@ class Sandbox:
     """The commands running now, by the pid the SDK was told: their ``ProcessConfig``."""
     watchers: dict[str, Watcher] = field(default_factory=dict)
     """The folders watched (``files.watch_dir``), by watcher id."""
+    processes: dict[int, Any] = field(default_factory=dict)
+    """The commands running now, by pid: their :class:`~orchestrator.e2b.processes.Process`."""
 
     def pid(self) -> int:
         with self.lock:
