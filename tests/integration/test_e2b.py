@@ -17,7 +17,14 @@ import sys
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox, SandboxQuery
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    PtySize,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
 from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
@@ -272,7 +279,7 @@ def test_refusals(server):
         f"{url}/sandboxes/x/timeout", headers={"X-API-Key": key}, json={"timeout": "soon"}
     )
     assert answer.status_code == 400 and "whole number of seconds" in answer.json()["message"]
-    answer = httpx.post(f"{url}/sandboxes/x/pause", headers={"X-API-Key": key})
+    answer = httpx.get(f"{url}/sandboxes/x/metrics", headers={"X-API-Key": key})
     assert answer.status_code == 501 and "not supported" in answer.json()["message"]
     # a template that is not a worker (nor a path), and the default template without a base worker
     with pytest.raises(SandboxException, match="not a worker of the project"):
@@ -290,7 +297,7 @@ def test_refusals(server):
             assert answer.status_code == 401, answer.text
         # calls not supported yet: one line naming them, through the SDK's own calls
         with pytest.raises(SandboxException, match="not supported"):
-            sandbox.pause()
+            sandbox.get_metrics()
         with pytest.raises(SandboxException, match="PTY is not supported yet"):
             sandbox.pty.create(PtySize(rows=24, cols=80))
         with pytest.raises(SandboxException, match=r"Process/Connect: not supported"):
@@ -382,3 +389,98 @@ def test_ten_sandboxes_driven_at_once(isolation, engine, server):
     results = asyncio.run(all_of_them())
     assert results == [(f"{i}\nmine.txt\n", f"file {i}") for i in range(10)]
     assert containers_of(engine, server["pid"]) == []
+
+
+SCRATCH = """\
+sandbox:
+  zones:
+    - {name: data, mode: ro}
+network: none
+resources: {memory: 256m, timeout: 60}
+"""
+
+
+def test_pause_resume_snapshot_fork(isolation, engine, server):
+    """The sessions' lifecycle through the SDK: a paused sandbox keeps its processes and is
+    not reachable until ``connect`` resumes it; a snapshot and a fork start sandboxes with
+    its files and none of its processes, each changing only its own."""
+    project = server["project"]
+    project.worker("scratch", SCRATCH)
+    sandbox = Sandbox.create("scratch", timeout=120, metadata={"role": "source"})
+    others: list[Sandbox] = []
+    try:
+        sandbox.commands.run("echo prepared > /tmp/state")
+        ticker = sandbox.commands.run(
+            "while :; do date +%s%N > /tmp/tick; sleep 0.2; done", background=True
+        )
+        assert sandbox.pause() is True
+        assert sandbox.pause() is False  # paused already
+        with pytest.raises(SandboxException, match="pause mode 'filesystem'"):
+            Sandbox.pause(sandbox.sandbox_id, mode="filesystem")
+        with pytest.raises(SandboxException, match="on_resume='reboot'"):
+            Sandbox.connect(sandbox.sandbox_id, on_resume="reboot")
+        assert not sandbox.is_running()
+        assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [sandbox.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
+        assert running == []
+        with pytest.raises(SandboxException, match="is paused: Sandbox.connect resumes it"):
+            sandbox.commands.run("true")
+        with pytest.raises(SandboxException, match="is paused: resume it first"):
+            sandbox.create_snapshot()
+        # connect resumes it: the same processes go on
+        again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+        assert again.is_running() and sandbox.is_running()
+        assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
+        assert [p.pid for p in sandbox.commands.list()] == [ticker.pid]
+        first = sandbox.files.read("/tmp/tick")
+        assert wait_until(lambda: sandbox.files.read("/tmp/tick") != first, timeout=10)
+
+        # a snapshot, and a sandbox made from it: its files, none of its processes
+        with pytest.raises(SandboxException, match="named by its id"):
+            sandbox.create_snapshot(name="mine")
+        snap = sandbox.create_snapshot()
+        assert snap.snapshot_id.startswith("snap-") and snap.names == [snap.snapshot_id]
+        assert [s.snapshot_id for s in sandbox.list_snapshots().next_items()] == [snap.snapshot_id]
+        child = Sandbox.create(snap.snapshot_id, timeout=60)
+        others.append(child)
+        assert child.sandbox_id != sandbox.sandbox_id
+        assert child.commands.run("cat /tmp/state").stdout == "prepared\n"
+        assert child.commands.list() == []
+        child.files.write("/tmp/state", "child\n")
+        assert sandbox.files.read("/tmp/state") == "prepared\n"
+        with pytest.raises(SandboxException, match="a snapshot keeps no values"):
+            Sandbox.create(snap.snapshot_id, envs={"A": "b"})
+
+        # fork: two sandboxes from a new snapshot, each its own
+        forks = sandbox.fork(count=2, timeout=60)
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        others.extend(forks)
+        for index, forked in enumerate(forks):
+            assert forked.commands.run("cat /tmp/state").stdout == "prepared\n"
+            forked.files.write("/tmp/state", f"fork {index}\n")
+            assert Sandbox.get_info(forked.sandbox_id).metadata == {"role": "source"}
+        assert [f.files.read("/tmp/state") for f in forks] == ["fork 0\n", "fork 1\n"]
+        assert sandbox.files.read("/tmp/state") == "prepared\n"
+        # a worker with a writable host zone is never forked (a fork would write there)
+        box = Sandbox.create("box", timeout=60)
+        others.append(box)
+        with pytest.raises(SandboxException, match="writable host folder"):
+            box.fork()
+        assert Sandbox.list_snapshots(sandbox_id=box.sandbox_id).next_items() == []  # none left
+        # the snapshots are the project's: listed by the CLI, removed through the SDK
+        taken = {s.snapshot_id for s in Sandbox.list_snapshots().next_items()}
+        assert len(taken) == 2 and snap.snapshot_id in taken
+        listed = cli("snapshot", "list", "--project", str(project.root), "--json")
+        assert {s["id"] for s in listed.json()} == taken
+        for snapshot_id in taken:
+            assert Sandbox.delete_snapshot(snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+        assert Sandbox.list_snapshots().next_items() == []
+        assert forks[0].commands.run("cat /tmp/state").stdout == "fork 0\n"  # forks go on
+    finally:
+        for other in others:
+            other.kill()
+        sandbox.kill()
+    assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
