@@ -158,6 +158,12 @@ def create_from_snapshot(sandboxes: Sandboxes, body: dict[str, Any]) -> Sandbox:
             "(a snapshot keeps no values); set them in its commands",
         )
     refuse_unsupported(body)
+    if body.get("network") or body.get("allow_internet_access"):
+        raise Refused(
+            400,
+            f"network: a sandbox from snapshot {snapshot_id!r} gets the snapshot's network "
+            "exactly (a fork's grant is its snapshot's)",
+        )
     orch = orchestrator_for(sandboxes.project_dir)
     try:
         snap = orch.snapshot(snapshot_id)

@@ -152,13 +152,7 @@ class Sandboxes:
             raise Refused(400, f"template {template!r} is not a worker of the project; {hint}")
         try:
             prepared = orch.prepare(template, env=envs)
-            network = prepared.spec.network.mode
-            if body.get("allow_internet_access") is False and network != "none":
-                raise Refused(
-                    400,
-                    f"allow_internet_access=False: worker {template!r} has network "
-                    f"{network!r}; name a worker with network: none",
-                )
+            prepared = _narrowed(orch, prepared, template, envs, body)
             session = orch.open_session(prepared, idle_timeout=None, max_lifetime=MAX_TIMEOUT)
         except OrchestratorError as exc:
             raise Refused(400, f"template {template!r}: {one_line(exc)}") from None
@@ -245,11 +239,7 @@ def _worker_names(project: Any) -> set[str]:
 def refuse_unsupported(body: dict[str, Any]) -> None:
     """The create options this slice does not map yet, refused rather than ignored."""
     problems = []
-    if body.get("allow_internet_access") is True:
-        problems.append(
-            "allow_internet_access: the sandbox's network is its worker's (declare it there)"
-        )
-    for name in ("network", "mcp", "volumeMounts", "iam"):
+    for name in ("mcp", "volumeMounts", "iam"):
         if body.get(name):
             problems.append(f"{name}: not supported (docs/e2b.md)")
     if body.get("autoPause"):
@@ -259,6 +249,30 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         )
     if problems:
         raise Refused(400, "; ".join(problems))
+
+
+def _narrowed(
+    orch: Any, prepared: Any, template: str, envs: dict[str, str], body: dict[str, Any]
+) -> Any:
+    """``prepared``, or the worker prepared again with the narrower network the create
+    asks for (:mod:`orchestrator.e2b.network`), judged by the project's rules as any."""
+    from dataclasses import replace
+
+    from orchestrator.config.loader import load_worker
+    from orchestrator.config.models import Allowlist
+    from orchestrator.e2b.network import NetworkRefused, narrowed
+
+    spec = prepared.spec.network
+    try:
+        chosen = narrowed(body, template, spec.mode, list(spec.allow))
+    except NetworkRefused as exc:
+        raise Refused(400, str(exc)) from None
+    if chosen is None:
+        return prepared
+    network = chosen if isinstance(chosen, str) else Allowlist(allow=chosen)
+    worker = load_worker(orch.project, template)
+    worker = replace(worker, config=worker.config.model_copy(update={"network": network}))
+    return orch.prepare(worker, env=envs)
 
 
 def _close(sandbox: Sandbox) -> None:

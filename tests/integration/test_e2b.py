@@ -18,6 +18,7 @@ import sys
 import httpx
 import pytest
 from e2b import (
+    ALL_TRAFFIC,
     AsyncSandbox,
     CommandExitException,
     PtySize,
@@ -36,7 +37,7 @@ from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project
 from orchestrator.runtime import open_audit
 from tests.conftest import stop, wait_until
-from tests.integration.conftest import cli, containers_of
+from tests.integration.conftest import cli, containers_of, web_service
 
 pytestmark = pytest.mark.docker
 
@@ -310,15 +311,13 @@ def test_refusals(server):
             "online", WORKER.replace("network: none", "network: {allow: [example.invalid]}")
         )
         with pytest.raises(SandboxException, match="worker 'online' has network 'allowlist'"):
-            Sandbox.create("online", allow_internet_access=False)
-        with pytest.raises(
-            SandboxException, match="allow_internet_access: the sandbox's network is its worker's"
-        ):
+            Sandbox.create("online", allow_internet_access=True)
+        with pytest.raises(SandboxException, match="worker 'box' has network 'none', not full"):
             Sandbox.create("box", allow_internet_access=True)
         # nothing was created by the refusals: only this test's own sandbox runs
         assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sandbox.sandbox_id]
-        with pytest.raises(SandboxException, match="network: not supported"):
-            Sandbox.create("box", network={"deny_out": ["0.0.0.0/0"]})
+        with pytest.raises(SandboxException, match="network.deny_out: only all traffic"):
+            Sandbox.create("box", network={"deny_out": ["192.0.2.1"]})
         # malformed in-sandbox requests: Connect's error shape, no traceback
         token = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token}
         start = "application/connect+json"
@@ -483,4 +482,70 @@ def test_pause_resume_snapshot_fork(isolation, engine, server):
         for other in others:
             other.kill()
         sandbox.kill()
+    assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
+
+
+#: Fetches http://web.NET/ and http://other.NET/ through the sandbox's proxy variables.
+FETCH = """python3 -c '
+import urllib.request, urllib.error
+for name in ("web", "other"):
+    try:
+        print(name, urllib.request.urlopen("http://%s.NET/" % name, timeout=20).status)
+    except urllib.error.HTTPError as refused:
+        print(name, refused.code)
+    except OSError as failed:
+        print(name, "unreachable")
+'"""
+
+
+@pytest.fixture
+def local_web(engine, project):
+    """A local web server on a test-made network the project declares as a service."""
+    from orchestrator.docker import egress as eg
+    from orchestrator.docker import egress_gc as eg_gc
+
+    with web_service(engine, "e2b") as net:
+        project.extra = f"network:\n  services:\n    - network: {net}\n"
+        project.write_project()
+        try:
+            yield net
+        finally:  # the proxy of the worker's own allowlist (web_service removes web's)
+            both = eg.validate_allowlist([f"web.{net}", f"other.{net}"])
+            eg_gc.remove_egress(engine, eg.egress_key(both, [net]))
+
+
+def test_network_rules_narrow_the_workers_network(isolation, engine, local_web, server):
+    """``network`` and ``allow_internet_access`` narrow the worker's network, enforced by
+    the project's egress proxy; asking for more than the worker declares is refused."""
+    net = local_web
+    project = server["project"]
+    project.worker(
+        "online",
+        WORKER.replace("network: none", f"network: {{allow: [web.{net}, other.{net}]}}"),
+    )
+    fetch = FETCH.replace("NET", net)
+    sandboxes = []
+    try:
+        own = Sandbox.create("online", timeout=60)  # the worker's own allowlist: both
+        sandboxes.append(own)
+        assert own.commands.run(fetch).stdout == "web 200\nother 200\n"
+        narrow = Sandbox.create(
+            "online", timeout=60, network={"deny_out": [ALL_TRAFFIC], "allow_out": [f"web.{net}"]}
+        )
+        sandboxes.append(narrow)
+        assert narrow.commands.run(fetch).stdout == "web 200\nother 403\n"  # the proxy refuses
+        closed = Sandbox.create("online", timeout=60, allow_internet_access=False)
+        sandboxes.append(closed)
+        assert closed.commands.run(fetch).stdout == "web unreachable\nother unreachable\n"
+        # more than the worker declares: refused before any container exists
+        with pytest.raises(SandboxException, match=r"not on worker 'online''s allowlist"):
+            Sandbox.create(
+                "online", network={"deny_out": [ALL_TRAFFIC], "allow_out": ["example.org"]}
+            )
+        with pytest.raises(SandboxException, match="worker 'box' has network 'none'"):
+            Sandbox.create("box", network={"deny_out": [ALL_TRAFFIC], "allow_out": [f"web.{net}"]})
+        assert len(Sandbox.list().next_items()) == 3
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
     assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
