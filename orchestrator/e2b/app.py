@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchestrator.e2b import lifecycle, wire
+from orchestrator.e2b.metrics import metrics as sandbox_metrics
 from orchestrator.e2b.sandboxes import Refused, Sandbox, Sandboxes, Watcher
 from orchestrator.e2b.wire import ConnectFailure
 from orchestrator.errors import OrchestratorError
@@ -186,6 +187,10 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
             return await unsupported(request)
         await asyncio.to_thread(lifecycle.delete_snapshot, sandboxes, template_id)
         return Response(status_code=204)
+
+    async def metrics(request: Request) -> Response:
+        sandbox_id, query = request.path_params["sandbox_id"], dict(request.query_params)
+        return JSONResponse(await asyncio.to_thread(sandbox_metrics, sandboxes, sandbox_id, query))
 
     async def fork(request: Request) -> Response:
         body = await _json_object(request)
@@ -434,6 +439,7 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         ("POST", "/sandboxes/{sandbox_id}/snapshots", snapshot),
         ("POST", "/sandboxes/{sandbox_id}/fork", fork),
         ("GET", "/snapshots", snapshots),
+        ("GET", "/sandboxes/{sandbox_id}/metrics", metrics),
         ("DELETE", "/templates/{template_id}", delete_template),
     ]
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -443,7 +449,6 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
 #: REST routes of E2B's API that this server answers with 501 (not yet supported).
 _UNSUPPORTED = (
     "/sandboxes/{id}/refreshes",
-    "/sandboxes/{id}/metrics",
     "/sandboxes/{id}/logs",
     "/v2/sandboxes/{id}/logs",
     "/sandboxes/{id}/network",

@@ -10,6 +10,7 @@ E2B's error shape, and nothing is left once the sandboxes are killed or the serv
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import signal
 import subprocess
@@ -280,7 +281,7 @@ def test_refusals(server):
         f"{url}/sandboxes/x/timeout", headers={"X-API-Key": key}, json={"timeout": "soon"}
     )
     assert answer.status_code == 400 and "whole number of seconds" in answer.json()["message"]
-    answer = httpx.get(f"{url}/sandboxes/x/metrics", headers={"X-API-Key": key})
+    answer = httpx.get(f"{url}/v2/sandboxes/x/logs", headers={"X-API-Key": key})
     assert answer.status_code == 501 and "not supported" in answer.json()["message"]
     # a template that is not a worker (nor a path), and the default template without a base worker
     with pytest.raises(SandboxException, match="not a worker of the project"):
@@ -297,8 +298,14 @@ def test_refusals(server):
             answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
             assert answer.status_code == 401, answer.text
         # calls not supported yet: one line naming them, through the SDK's own calls
-        with pytest.raises(SandboxException, match="not supported"):
-            sandbox.get_metrics()
+        with pytest.raises(SandboxException, match="network: not supported"):
+            sandbox.update_network({"deny_out": [ALL_TRAFFIC]})
+        # metrics: one sample of the container, now (the engine's one-shot stats)
+        [sample] = sandbox.get_metrics()
+        assert (sample.cpu_count, sample.mem_total) == (sandbox.get_info().cpu_count, 256 << 20)
+        assert 0 < sample.mem_used <= sample.mem_total and 0 <= sample.cpu_used_pct <= 100
+        assert (sample.disk_used, sample.disk_total) == (0, 0)
+        assert sandbox.get_metrics(end=datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)) == []
         with pytest.raises(SandboxException, match="PTY is not supported yet"):
             sandbox.pty.create(PtySize(rows=24, cols=80))
         with pytest.raises(SandboxException, match=r"Process/Connect: not supported"):
