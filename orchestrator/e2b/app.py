@@ -365,13 +365,6 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         try:
             sandbox_id = request.headers.get("e2b-sandbox-id", "")
             sandbox = sandboxes.find(sandbox_id)
-            if sandbox is not None and sandbox.session.paused:
-                return JSONResponse(
-                    wire.api_error(
-                        502, f"sandbox {sandbox_id!r} is paused: Sandbox.connect resumes it"
-                    ),
-                    status_code=502,
-                )
             if sandbox is None or sandbox.session.closed:
                 # E2B's edge answers 502 for a sandbox that is not running (the SDK's
                 # is_running() reads it so)
@@ -381,6 +374,13 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
                 )
             if not sandbox.token_ok(request.headers.get("x-access-token")):
                 raise ConnectFailure("unauthenticated", "a wrong access token for the sandbox")
+            if sandbox.session.paused:  # not running until connect resumes it, as in E2B
+                return JSONResponse(
+                    wire.api_error(
+                        502, f"sandbox {sandbox_id!r} is paused: Sandbox.connect resumes it"
+                    ),
+                    status_code=502,
+                )
             _check_user(request, sandbox)
             handler = plain.get((request.method, path))
             if handler is not None:

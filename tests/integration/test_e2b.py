@@ -433,6 +433,9 @@ def test_pause_resume_snapshot_fork(isolation, engine, server):
         assert running == []
         with pytest.raises(SandboxException, match="is paused: Sandbox.connect resumes it"):
             sandbox.commands.run("true")
+        url, headers = server["E2B_API_URL"], {"E2b-Sandbox-Id": sandbox.sandbox_id}
+        answer = httpx.get(f"{url}/files", params={"path": "/tmp/state"}, headers=headers)
+        assert answer.status_code == 401  # without its token, a paused sandbox tells nothing
         with pytest.raises(SandboxException, match="is paused: resume it first"):
             sandbox.create_snapshot()
         # connect resumes it: the same processes go on
@@ -474,6 +477,7 @@ def test_pause_resume_snapshot_fork(isolation, engine, server):
         others.append(box)
         with pytest.raises(SandboxException, match="writable host folder"):
             box.fork()
+        assert box.pause()  # killed below while paused: resumed, its outbox read, closed
         assert Sandbox.list_snapshots(sandbox_id=box.sandbox_id).next_items() == []  # none left
         # the snapshots are the project's: listed by the CLI, removed through the SDK
         taken = {s.snapshot_id for s in Sandbox.list_snapshots().next_items()}
