@@ -252,6 +252,11 @@ def test_async_client(server):
             with pytest.raises(SandboxException, match="WatchDir: not supported"):
                 await sandbox.files.watch_dir("/tmp", on_event=print)
             await sandbox.files.write("/tmp/a.txt", "from async")
+            # pause, and connect resuming it, through the async client too
+            assert await sandbox.pause() is True
+            assert not await sandbox.is_running()
+            again = await AsyncSandbox.connect(sandbox.sandbox_id, timeout=60)
+            assert (await again.commands.run("cat /tmp/a.txt")).stdout == "from async"
             return done.stdout, await sandbox.files.read("/tmp/a.txt")
         finally:
             await sandbox.kill()
