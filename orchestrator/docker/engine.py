@@ -328,6 +328,26 @@ class DockerEngine(DockerClient):
         peak, limit = memory.get("max_usage"), memory.get("limit")
         return isinstance(peak, int) and isinstance(limit, int) and 0 < limit <= peak
 
+    def usage(self, container_id: str) -> dict[str, int]:
+        """The container's resource use now, from the engine's one-shot stats (bytes and
+        nanoseconds): ``cpu_ns`` (CPU time used since it started), ``mem_used`` (as
+        ``docker stats`` shows it: the usage without inactive file pages), ``mem_cache``,
+        ``mem_limit``."""
+        with engine_errors("reading the container's resource use"):
+            stats = self.api.stats(container_id, stream=False, one_shot=True)
+        cpu = (stats.get("cpu_stats") or {}).get("cpu_usage") or {}
+        memory = stats.get("memory_stats") or {}
+        detail = memory.get("stats") or {}
+        usage = int(memory.get("usage") or 0)
+        inactive = detail.get("total_inactive_file", detail.get("inactive_file", 0))
+        cache = detail.get("cache", detail.get("file", 0))
+        return {
+            "cpu_ns": int(cpu.get("total_usage") or 0),
+            "mem_used": max(0, usage - int(inactive or 0)),
+            "mem_cache": int(cache or 0),
+            "mem_limit": int(memory.get("limit") or 0),
+        }
+
     def _late_oom_event(self, container_id: str, started_at: str) -> bool:
         """Whether the engine reports an OOM of this container, waiting briefly for it.
 

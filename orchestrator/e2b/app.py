@@ -30,7 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from orchestrator.e2b import processes, watches, wire
+from orchestrator.e2b import lifecycle, processes, watches, wire
+from orchestrator.e2b.metrics import metrics as sandbox_metrics
 from orchestrator.e2b.sandboxes import Refused, Sandbox, Sandboxes, Watcher
 from orchestrator.e2b.wire import ConnectFailure
 from orchestrator.errors import OrchestratorError
@@ -124,18 +125,21 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
 
     async def create(request: Request) -> Response:
         body = await _json_object(request)
-        sandbox = await asyncio.to_thread(sandboxes.create, body)
+        if lifecycle.is_snapshot(body.get("templateID")):
+            sandbox = await asyncio.to_thread(lifecycle.create_from_snapshot, sandboxes, body)
+        else:
+            sandbox = await asyncio.to_thread(sandboxes.create, body)
         return JSONResponse(_created(sandbox), status_code=201)
 
     async def listed(request: Request) -> Response:
         wanted = request.query_params.get("state")
-        if wanted and "running" not in wanted.split(","):
-            return JSONResponse([])
+        states = set(wanted.split(",")) if wanted else {"running", "paused"}
         filters = _metadata_filter(request.query_params.get("metadata"))
         out = [
-            s.detail()
+            detail
             for s in sandboxes.all()
             if all(s.metadata.get(k) == v for k, v in filters.items())
+            and (detail := s.detail())["state"] in states
         ]
         return JSONResponse(out)
 
@@ -156,10 +160,42 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
 
     async def connect(request: Request) -> Response:
         body = await _json_object(request)
-        sandbox = sandboxes.get(request.path_params["sandbox_id"])
-        if "timeout" in body:
-            sandboxes.set_timeout(sandbox.id, body.get("timeout"))
-        return JSONResponse(_created(sandbox))
+        sandbox_id = request.path_params["sandbox_id"]
+        sandbox, resumed = await asyncio.to_thread(lifecycle.connect, sandboxes, sandbox_id, body)
+        return JSONResponse(_created(sandbox), status_code=201 if resumed else 200)
+
+    async def pause(request: Request) -> Response:
+        body = await _json_object(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        await asyncio.to_thread(lifecycle.pause, sandboxes, sandbox_id, body)
+        return Response(status_code=204)
+
+    async def snapshot(request: Request) -> Response:
+        body = await _json_object(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        made = await asyncio.to_thread(lifecycle.snapshot, sandboxes, sandbox_id, body)
+        return JSONResponse(made, status_code=201)
+
+    async def snapshots(request: Request) -> Response:
+        query = dict(request.query_params)
+        return JSONResponse(await asyncio.to_thread(lifecycle.list_snapshots, sandboxes, query))
+
+    async def delete_template(request: Request) -> Response:
+        template_id = request.path_params["template_id"]
+        if not lifecycle.is_snapshot(template_id):
+            return await unsupported(request)
+        await asyncio.to_thread(lifecycle.delete_snapshot, sandboxes, template_id)
+        return Response(status_code=204)
+
+    async def metrics(request: Request) -> Response:
+        sandbox_id, query = request.path_params["sandbox_id"], dict(request.query_params)
+        return JSONResponse(await asyncio.to_thread(sandbox_metrics, sandboxes, sandbox_id, query))
+
+    async def fork(request: Request) -> Response:
+        body = await _json_object(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        forks = await asyncio.to_thread(lifecycle.fork, sandboxes, sandbox_id, body)
+        return JSONResponse([{"sandbox": _created(s)} for s in forks], status_code=201)
 
     async def unsupported(request: Request) -> Response:
         raise Refused(
@@ -382,6 +418,13 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
                 )
             if not sandbox.token_ok(request.headers.get("x-access-token")):
                 raise ConnectFailure("unauthenticated", "a wrong access token for the sandbox")
+            if sandbox.session.paused:  # not running until connect resumes it, as in E2B
+                return JSONResponse(
+                    wire.api_error(
+                        502, f"sandbox {sandbox_id!r} is paused: Sandbox.connect resumes it"
+                    ),
+                    status_code=502,
+                )
             _check_user(request, sandbox)
             handler = plain.get((request.method, path))
             if handler is not None:
@@ -435,6 +478,13 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
         ("POST", "/sandboxes/{sandbox_id}/timeout", set_timeout),
         ("POST", "/sandboxes/{sandbox_id}/connect", connect),
         ("POST", "/v2/sandboxes/{sandbox_id}/connect", connect),
+        ("POST", "/sandboxes/{sandbox_id}/resume", connect),
+        ("POST", "/sandboxes/{sandbox_id}/pause", pause),
+        ("POST", "/sandboxes/{sandbox_id}/snapshots", snapshot),
+        ("POST", "/sandboxes/{sandbox_id}/fork", fork),
+        ("GET", "/snapshots", snapshots),
+        ("GET", "/sandboxes/{sandbox_id}/metrics", metrics),
+        ("DELETE", "/templates/{template_id}", delete_template),
     ]
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(routes=[Route("/{path:path}", dispatch, methods=methods)])
@@ -442,17 +492,11 @@ def make_app(sandboxes: Sandboxes, key: str) -> Starlette:
 
 #: REST routes of E2B's API that this server answers with 501 (not yet supported).
 _UNSUPPORTED = (
-    "/sandboxes/{id}/pause",
-    "/sandboxes/{id}/resume",
-    "/sandboxes/{id}/snapshots",
-    "/sandboxes/{id}/fork",
     "/sandboxes/{id}/refreshes",
-    "/sandboxes/{id}/metrics",
     "/sandboxes/{id}/logs",
     "/v2/sandboxes/{id}/logs",
     "/sandboxes/{id}/network",
     "/sandboxes/metrics",
-    "/snapshots",
     "/templates",
     "/v2/templates",
     "/v3/templates",

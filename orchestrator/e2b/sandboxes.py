@@ -28,7 +28,7 @@ from orchestrator.runtime.session import Session
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_TIMEOUT", "Refused", "Sandbox", "Sandboxes", "Watcher"]
+__all__ = ["DEFAULT_TIMEOUT", "MAX_TIMEOUT", "Refused", "Sandbox", "Sandboxes", "Watcher"]
 
 #: E2B's default sandbox timeout (seconds) when a create gives none.
 DEFAULT_TIMEOUT = 300
@@ -96,7 +96,7 @@ class Sandbox:
             "cpuCount": max(1, round(spec.limits.cpus)),
             "memoryMB": spec.limits.memory >> 20,
             "diskSizeMB": 0,
-            "state": "running",
+            "state": "paused" if self.session.paused else "running",
             "metadata": dict(self.metadata),
         }
 
@@ -105,7 +105,7 @@ def _iso(stamp: float) -> str:
     return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _timeout(value: Any, default: int) -> int:
+def timeout_of(value: Any, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TIMEOUT:
@@ -133,7 +133,7 @@ class Sandboxes:
         template = body.get("templateID")
         if not isinstance(template, str) or not template:
             raise Refused(400, "templateID: give a worker's name of the project")
-        timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
+        timeout = timeout_of(body.get("timeout"), DEFAULT_TIMEOUT)
         metadata = body.get("metadata") or {}
         envs = body.get("envVars") or {}
         for name, value in (("metadata", metadata), ("envVars", envs)):
@@ -141,7 +141,7 @@ class Sandboxes:
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items()
             ):
                 raise Refused(400, f"{name}: give an object of strings")
-        _refuse_unsupported(body)
+        refuse_unsupported(body)
         orch = orchestrator_for(self.project_dir)
         names = _worker_names(orch.project)
         if template not in names:
@@ -154,16 +154,16 @@ class Sandboxes:
             raise Refused(400, f"template {template!r} is not a worker of the project; {hint}")
         try:
             prepared = orch.prepare(template, env=envs)
-            network = prepared.spec.network.mode
-            if body.get("allow_internet_access") is False and network != "none":
-                raise Refused(
-                    400,
-                    f"allow_internet_access=False: worker {template!r} has network "
-                    f"{network!r}; name a worker with network: none",
-                )
+            prepared = _narrowed(orch, prepared, template, envs, body)
             session = orch.open_session(prepared, idle_timeout=None, max_lifetime=MAX_TIMEOUT)
         except OrchestratorError as exc:
             raise Refused(400, f"template {template!r}: {one_line(exc)}") from None
+        return self.add(session, template, metadata, timeout)
+
+    def add(
+        self, session: Session, template: str, metadata: dict[str, str], timeout: int
+    ) -> Sandbox:
+        """Serve an open ``session`` as a sandbox of ``template`` (a create, a fork)."""
         now = time.time()
         sandbox = Sandbox(
             id=session.id,
@@ -194,7 +194,7 @@ class Sandboxes:
             return [s for s in self._live.values() if not s.session.closed]
 
     def set_timeout(self, sandbox_id: str, timeout: Any) -> None:
-        seconds = _timeout(timeout, DEFAULT_TIMEOUT)
+        seconds = timeout_of(timeout, DEFAULT_TIMEOUT)
         sandbox = self.get(sandbox_id)
         sandbox.deadline = time.time() + seconds
 
@@ -217,7 +217,11 @@ class Sandboxes:
         while not self._stop.wait(1.0):
             now = time.time()
             with self._lock:
-                due = [s for s in self._live.values() if s.deadline <= now or s.session.closed]
+                due = [
+                    s
+                    for s in self._live.values()
+                    if (s.deadline <= now and not s.session.paused) or s.session.closed
+                ]
                 for sandbox in due:
                     del self._live[sandbox.id]
             for sandbox in due:
@@ -234,20 +238,43 @@ def _worker_names(project: Any) -> set[str]:
     return {p.name[: -len(WORKER_SUFFIX)] for p in folder.glob(f"*{WORKER_SUFFIX}")}
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
+def refuse_unsupported(body: dict[str, Any]) -> None:
     """The create options this slice does not map yet, refused rather than ignored."""
     problems = []
-    if body.get("allow_internet_access") is True:
-        problems.append(
-            "allow_internet_access: the sandbox's network is its worker's (declare it there)"
-        )
-    for name in ("network", "mcp", "volumeMounts", "iam"):
+    for name in ("mcp", "volumeMounts", "iam"):
         if body.get(name):
             problems.append(f"{name}: not supported (docs/e2b.md)")
     if body.get("autoPause"):
-        problems.append("lifecycle on_timeout 'pause': pause is not supported (docs/e2b.md)")
+        problems.append(
+            "lifecycle on_timeout 'pause': a sandbox is killed when its timeout passes "
+            "(pause it with Sandbox.pause)"
+        )
     if problems:
         raise Refused(400, "; ".join(problems))
+
+
+def _narrowed(
+    orch: Any, prepared: Any, template: str, envs: dict[str, str], body: dict[str, Any]
+) -> Any:
+    """``prepared``, or the worker prepared again with the narrower network the create
+    asks for (:mod:`orchestrator.e2b.network`), judged by the project's rules as any."""
+    from dataclasses import replace
+
+    from orchestrator.config.loader import load_worker
+    from orchestrator.config.models import Allowlist
+    from orchestrator.e2b.network import NetworkRefused, narrowed
+
+    spec = prepared.spec.network
+    try:
+        chosen = narrowed(body, template, spec.mode, list(spec.allow))
+    except NetworkRefused as exc:
+        raise Refused(400, str(exc)) from None
+    if chosen is None:
+        return prepared
+    network = chosen if isinstance(chosen, str) else Allowlist(allow=chosen)
+    worker = load_worker(orch.project, template)
+    worker = replace(worker, config=worker.config.model_copy(update={"network": network}))
+    return orch.prepare(worker, env=envs)
 
 
 def _close(sandbox: Sandbox) -> None:

@@ -10,6 +10,7 @@ E2B's error shape, and nothing is left once the sandboxes are killed or the serv
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import signal
 import subprocess
@@ -17,7 +18,14 @@ import sys
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b import (
+    ALL_TRAFFIC,
+    AsyncSandbox,
+    CommandExitException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
 from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
@@ -29,7 +37,7 @@ from orchestrator.audit import AuditFilter
 from orchestrator.config import load_project
 from orchestrator.runtime import open_audit
 from tests.conftest import stop, wait_until
-from tests.integration.conftest import cli, containers_of
+from tests.integration.conftest import cli, containers_of, web_service
 
 pytestmark = pytest.mark.docker
 
@@ -241,6 +249,11 @@ def test_async_client(server):
         try:
             done = await sandbox.commands.run("echo async")
             await sandbox.files.write("/tmp/a.txt", "from async")
+            # pause, and connect resuming it, through the async client too
+            assert await sandbox.pause() is True
+            assert not await sandbox.is_running()
+            again = await AsyncSandbox.connect(sandbox.sandbox_id, timeout=60)
+            assert (await again.commands.run("cat /tmp/a.txt")).stdout == "from async"
             return done.stdout, await sandbox.files.read("/tmp/a.txt")
         finally:
             await sandbox.kill()
@@ -270,7 +283,7 @@ def test_refusals(server):
         f"{url}/sandboxes/x/timeout", headers={"X-API-Key": key}, json={"timeout": "soon"}
     )
     assert answer.status_code == 400 and "whole number of seconds" in answer.json()["message"]
-    answer = httpx.post(f"{url}/sandboxes/x/pause", headers={"X-API-Key": key})
+    answer = httpx.get(f"{url}/v2/sandboxes/x/logs", headers={"X-API-Key": key})
     assert answer.status_code == 501 and "not supported" in answer.json()["message"]
     # a template that is not a worker (nor a path), and the default template without a base worker
     with pytest.raises(SandboxException, match="not a worker of the project"):
@@ -287,8 +300,14 @@ def test_refusals(server):
             answer = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
             assert answer.status_code == 401, answer.text
         # calls not supported yet: one line naming them, through the SDK's own calls
-        with pytest.raises(SandboxException, match="not supported"):
-            sandbox.pause()
+        with pytest.raises(SandboxException, match="network: not supported"):
+            sandbox.update_network({"deny_out": [ALL_TRAFFIC]})
+        # metrics: one sample of the container, now (the engine's one-shot stats)
+        [sample] = sandbox.get_metrics()
+        assert (sample.cpu_count, sample.mem_total) == (sandbox.get_info().cpu_count, 256 << 20)
+        assert 0 < sample.mem_used <= sample.mem_total and 0 <= sample.cpu_used_pct <= 100
+        assert (sample.disk_used, sample.disk_total) == (0, 0)
+        assert sandbox.get_metrics(end=datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)) == []
         with pytest.raises(NotFoundException, match="process 1 is not running"):
             sandbox.commands.connect(1)
         with pytest.raises(NotFoundException, match="process 1 is not running"):
@@ -299,15 +318,13 @@ def test_refusals(server):
             "online", WORKER.replace("network: none", "network: {allow: [example.invalid]}")
         )
         with pytest.raises(SandboxException, match="worker 'online' has network 'allowlist'"):
-            Sandbox.create("online", allow_internet_access=False)
-        with pytest.raises(
-            SandboxException, match="allow_internet_access: the sandbox's network is its worker's"
-        ):
+            Sandbox.create("online", allow_internet_access=True)
+        with pytest.raises(SandboxException, match="worker 'box' has network 'none', not full"):
             Sandbox.create("box", allow_internet_access=True)
         # nothing was created by the refusals: only this test's own sandbox runs
         assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sandbox.sandbox_id]
-        with pytest.raises(SandboxException, match="network: not supported"):
-            Sandbox.create("box", network={"deny_out": ["0.0.0.0/0"]})
+        with pytest.raises(SandboxException, match="network.deny_out: only all traffic"):
+            Sandbox.create("box", network={"deny_out": ["192.0.2.1"]})
         # malformed in-sandbox requests: Connect's error shape, no traceback
         token = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token}
         start = "application/connect+json"
@@ -378,3 +395,168 @@ def test_ten_sandboxes_driven_at_once(isolation, engine, server):
     results = asyncio.run(all_of_them())
     assert results == [(f"{i}\nmine.txt\n", f"file {i}") for i in range(10)]
     assert containers_of(engine, server["pid"]) == []
+
+
+SCRATCH = """\
+sandbox:
+  zones:
+    - {name: data, mode: ro}
+network: none
+resources: {memory: 256m, timeout: 60}
+"""
+
+
+def test_pause_resume_snapshot_fork(isolation, engine, server):
+    """The sessions' lifecycle through the SDK: a paused sandbox keeps its processes and is
+    not reachable until ``connect`` resumes it; a snapshot and a fork start sandboxes with
+    its files and none of its processes, each changing only its own."""
+    project = server["project"]
+    project.worker("scratch", SCRATCH)
+    sandbox = Sandbox.create("scratch", timeout=120, metadata={"role": "source"})
+    others: list[Sandbox] = []
+    try:
+        sandbox.commands.run("echo prepared > /tmp/state")
+        ticker = sandbox.commands.run(
+            "while :; do date +%s%N > /tmp/tick; sleep 0.2; done", background=True
+        )
+        assert sandbox.pause() is True
+        assert sandbox.pause() is False  # paused already
+        with pytest.raises(SandboxException, match="pause mode 'filesystem'"):
+            Sandbox.pause(sandbox.sandbox_id, mode="filesystem")
+        with pytest.raises(SandboxException, match="on_resume='reboot'"):
+            Sandbox.connect(sandbox.sandbox_id, on_resume="reboot")
+        assert not sandbox.is_running()
+        assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [sandbox.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
+        assert running == []
+        with pytest.raises(SandboxException, match="is paused: Sandbox.connect resumes it"):
+            sandbox.commands.run("true")
+        url, headers = server["E2B_API_URL"], {"E2b-Sandbox-Id": sandbox.sandbox_id}
+        answer = httpx.get(f"{url}/files", params={"path": "/tmp/state"}, headers=headers)
+        assert answer.status_code == 401  # without its token, a paused sandbox tells nothing
+        with pytest.raises(SandboxException, match="is paused: resume it first"):
+            sandbox.create_snapshot()
+        # connect resumes it: the same processes go on
+        again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+        assert again.is_running() and sandbox.is_running()
+        assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
+        assert [p.pid for p in sandbox.commands.list()] == [ticker.pid]
+        first = sandbox.files.read("/tmp/tick")
+        assert wait_until(lambda: sandbox.files.read("/tmp/tick") != first, timeout=10)
+
+        # a snapshot, and a sandbox made from it: its files, none of its processes
+        with pytest.raises(SandboxException, match="named by its id"):
+            sandbox.create_snapshot(name="mine")
+        snap = sandbox.create_snapshot()
+        assert snap.snapshot_id.startswith("snap-") and snap.names == [snap.snapshot_id]
+        assert [s.snapshot_id for s in sandbox.list_snapshots().next_items()] == [snap.snapshot_id]
+        child = Sandbox.create(snap.snapshot_id, timeout=60)
+        others.append(child)
+        assert child.sandbox_id != sandbox.sandbox_id
+        assert child.commands.run("cat /tmp/state").stdout == "prepared\n"
+        assert child.commands.list() == []
+        child.files.write("/tmp/state", "child\n")
+        assert sandbox.files.read("/tmp/state") == "prepared\n"
+        with pytest.raises(SandboxException, match="a snapshot keeps no values"):
+            Sandbox.create(snap.snapshot_id, envs={"A": "b"})
+
+        # fork: two sandboxes from a new snapshot, each its own
+        forks = sandbox.fork(count=2, timeout=60)
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        others.extend(forks)
+        for index, forked in enumerate(forks):
+            assert forked.commands.run("cat /tmp/state").stdout == "prepared\n"
+            forked.files.write("/tmp/state", f"fork {index}\n")
+            assert Sandbox.get_info(forked.sandbox_id).metadata == {"role": "source"}
+        assert [f.files.read("/tmp/state") for f in forks] == ["fork 0\n", "fork 1\n"]
+        assert sandbox.files.read("/tmp/state") == "prepared\n"
+        # a worker with a writable host zone is never forked (a fork would write there)
+        box = Sandbox.create("box", timeout=60)
+        others.append(box)
+        with pytest.raises(SandboxException, match="writable host folder"):
+            box.fork()
+        assert box.pause()  # killed below while paused: resumed, its outbox read, closed
+        assert Sandbox.list_snapshots(sandbox_id=box.sandbox_id).next_items() == []  # none left
+        # the snapshots are the project's: listed by the CLI, removed through the SDK
+        taken = {s.snapshot_id for s in Sandbox.list_snapshots().next_items()}
+        assert len(taken) == 2 and snap.snapshot_id in taken
+        listed = cli("snapshot", "list", "--project", str(project.root), "--json")
+        assert {s["id"] for s in listed.json()} == taken
+        for snapshot_id in taken:
+            assert Sandbox.delete_snapshot(snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+        assert Sandbox.list_snapshots().next_items() == []
+        assert forks[0].commands.run("cat /tmp/state").stdout == "fork 0\n"  # forks go on
+    finally:
+        for other in others:
+            other.kill()
+        sandbox.kill()
+    assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
+
+
+#: Fetches http://web.NET/ and http://other.NET/ through the sandbox's proxy variables.
+FETCH = """python3 -c '
+import urllib.request, urllib.error
+for name in ("web", "other"):
+    try:
+        print(name, urllib.request.urlopen("http://%s.NET/" % name, timeout=20).status)
+    except urllib.error.HTTPError as refused:
+        print(name, refused.code)
+    except OSError as failed:
+        print(name, "unreachable")
+'"""
+
+
+@pytest.fixture
+def local_web(engine, project):
+    """A local web server on a test-made network the project declares as a service."""
+    from orchestrator.docker import egress as eg
+    from orchestrator.docker import egress_gc as eg_gc
+
+    with web_service(engine, "e2b") as net:
+        project.extra = f"network:\n  services:\n    - network: {net}\n"
+        project.write_project()
+        try:
+            yield net
+        finally:  # the proxy of the worker's own allowlist (web_service removes web's)
+            both = eg.validate_allowlist([f"web.{net}", f"other.{net}"])
+            eg_gc.remove_egress(engine, eg.egress_key(both, [net]))
+
+
+def test_network_rules_narrow_the_workers_network(isolation, engine, local_web, server):
+    """``network`` and ``allow_internet_access`` narrow the worker's network, enforced by
+    the project's egress proxy; asking for more than the worker declares is refused."""
+    net = local_web
+    project = server["project"]
+    project.worker(
+        "online",
+        WORKER.replace("network: none", f"network: {{allow: [web.{net}, other.{net}]}}"),
+    )
+    fetch = FETCH.replace("NET", net)
+    sandboxes = []
+    try:
+        own = Sandbox.create("online", timeout=60)  # the worker's own allowlist: both
+        sandboxes.append(own)
+        assert own.commands.run(fetch).stdout == "web 200\nother 200\n"
+        narrow = Sandbox.create(
+            "online", timeout=60, network={"deny_out": [ALL_TRAFFIC], "allow_out": [f"web.{net}"]}
+        )
+        sandboxes.append(narrow)
+        assert narrow.commands.run(fetch).stdout == "web 200\nother 403\n"  # the proxy refuses
+        closed = Sandbox.create("online", timeout=60, allow_internet_access=False)
+        sandboxes.append(closed)
+        assert closed.commands.run(fetch).stdout == "web unreachable\nother unreachable\n"
+        # more than the worker declares: refused before any container exists
+        with pytest.raises(SandboxException, match=r"not on worker 'online''s allowlist"):
+            Sandbox.create(
+                "online", network={"deny_out": [ALL_TRAFFIC], "allow_out": ["example.org"]}
+            )
+        with pytest.raises(SandboxException, match="worker 'box' has network 'none'"):
+            Sandbox.create("box", network={"deny_out": [ALL_TRAFFIC], "allow_out": [f"web.{net}"]})
+        assert len(Sandbox.list().next_items()) == 3
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
+    assert wait_until(lambda: containers_of(engine, server["pid"]) == [], timeout=60)
