@@ -37,7 +37,6 @@ from docker import errors as docker_errors
 from docker.types import Ulimit
 
 from orchestrator.docker.client import DockerClient, api_version, engine_errors
-from orchestrator.docker.netnames import network_name
 from orchestrator.egress import PROXY_ALIAS
 from orchestrator.errors import EngineError
 from orchestrator.exits import Exit

@@ -1882,8 +1882,16 @@ def test_eight_allowlisted_runs_at_once_on_a_saturated_machine_each_get_their_an
     try:
         runs = [
             subprocess.Popen(
-                [sys.executable, "-m", "orchestrator", "run", "loaded", "--json",
-                 "--project", str(project.root)],  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator",
+                    "run",
+                    "loaded",
+                    "--json",
+                    "--project",
+                    str(project.root),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
