@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.build.builder import BuildResult, StepFailed, StepRecord
 from orchestrator.build.dockerfile import BuildRefused
+from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
     from orchestrator.audit import AuditLog
@@ -135,12 +136,43 @@ def build_image(
                               services=[s.network for s in loaded.config.network.services],
                               secrets=_secrets(loaded, audit), say=say, warn=warn,
                               host_rule_missing=_host_rule_missing, cache_key=cache_key,
-                              images=images, labels=labels)  # fmt: skip
+                              images=images, labels=labels,
+                              ca=_build_cas(loaded))  # fmt: skip
             return builder.build(target, tag)
         finally:
             folder.close()
     finally:
         audit.close()
+
+
+#: Where a host keeps the bundle of every CA it trusts (Debian's first: its local CAs,
+#: /usr/local/share/ca-certificates, are in it once ``update-ca-certificates`` ran).
+HOST_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+
+
+def _build_cas(project: Project) -> bytes:
+    """The project's ``build.ca``: the host's CA bundle (``host``), or its PEM files."""
+    from orchestrator.runtime.credproxy import read_cas
+
+    setting = project.config.build.ca
+    if setting == "host":
+        for path in HOST_BUNDLES:
+            try:
+                with open(path, "rb") as handle:
+                    return handle.read()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise BuildRefused(f"build.ca: host: cannot read {path}: {exc.strerror}") from None
+        raise BuildRefused(
+            f"build.ca: host: this machine has no CA bundle ({' or '.join(HOST_BUNDLES)}); "
+            "name the CA files instead"
+        )
+    paths = [os.path.normpath(project.root / Path(name).expanduser()) for name in setting]
+    try:
+        return read_cas(paths, "build.ca")
+    except OrchestratorError as exc:
+        raise BuildRefused(f"{project.file}: {exc}") from None
 
 
 def _host_rule_missing() -> bool:

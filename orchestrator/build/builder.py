@@ -37,8 +37,10 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import posixpath
 import shlex
+import shutil
 import tarfile
 import tempfile
 import time
@@ -90,7 +92,7 @@ from orchestrator.build.secrets import BuildSecrets, Delivered, delivered, key_p
 from orchestrator.build.tarstream import Member, chunks_of, count, stream
 from orchestrator.build.words import WordError, expand
 from orchestrator.config.allowlist import validate_allowlist
-from orchestrator.credproxy import CREDPROXY_IMAGE
+from orchestrator.credproxy import CA_VARIABLES, CREDPROXY_IMAGE, WORKER_BUNDLE
 from orchestrator.egress import PROXY_IMAGE, PROXY_URL, network_env
 from orchestrator.errors import OrchestratorError
 from orchestrator.labels import PREFIX, is_orchestrator_label
@@ -243,6 +245,7 @@ class Builder:
         labels: Mapping[str, str] | None = None,
         warn: Say | None = None,
         host_rule_missing: Callable[[], bool] | None = None,
+        ca: bytes = b"",
     ) -> None:
         self.engine, self.audit, self.context, self.file = engine, audit, context, dockerfile
         self.limits, self.no_cache = limits, no_cache
@@ -278,6 +281,10 @@ class Builder:
         self.own_labels = dict(labels or {})
         """Labels the caller (never a Dockerfile) puts on the image: the agent image's."""
         self._protected: dict[str, str] | None = None
+        self.ca = ca
+        """CA certificates (PEM) a networked ``RUN`` step trusts besides its image's own
+        (``build.ca``): the step's bundle is both, mounted over the image's for the step."""
+        self._bundles: dict[str, bytes] = {}
 
     # -- the whole build -----------------------------------------------------------------
 
@@ -619,8 +626,13 @@ class Builder:
             )
         if spec.network is not None:
             spec = replace(spec, network=self._open_network())
-        with self._secret_files(instruction, mounts) as files:
-            spec = replace(spec, secrets=tuple((f.source, f.target) for f in files))
+        with (
+            self._secret_files(instruction, mounts) as files,
+            self._ca_file(spec, state.image) as bundle,
+        ):
+            spec = replace(
+                spec, secrets=tuple((f.source, f.target) for f in files), ca_bundle=bundle
+            )
             container = self._step_container(spec, instruction)
             try:
                 self.disk_used += apply(container)
@@ -710,6 +722,43 @@ class Builder:
         with delivered(self.build_id, files) as made:
             yield made
 
+    def _step_bundle(self, image: str) -> bytes:
+        """A networked step's CA bundle on ``image`` (``build.ca``): the image's own
+        certificates, then the project's; empty without ``build.ca``, or when the image
+        has no bundle of its own (said once per image: nothing is mounted there)."""
+        if not self.ca:
+            return b""
+        if image not in self._bundles:
+            own = self.engine.ca_bundle(image)
+            if not own.strip():
+                self.warn(
+                    f"build.ca: image {image[:19]} has no CA bundle at {WORKER_BUNDLE}; its "
+                    "steps get none (install ca-certificates in an earlier step)"
+                )
+                self._bundles[image] = b""
+            else:
+                self._bundles[image] = own.rstrip(b"\n") + b"\n" + self.ca
+        return self._bundles[image]
+
+    @contextlib.contextmanager
+    def _ca_file(self, spec: StepSpec, image: str) -> Iterator[str]:
+        """The step's CA bundle as a host file for as long as its container exists ("":
+        none), readable by the engine; public certificates only, no secret."""
+        bundle = self._step_bundle(image) if spec.network is not None else b""
+        if not bundle:
+            yield ""
+            return
+        folder = tempfile.mkdtemp(prefix=f"orchestrator-build-{self.build_id}-ca-")
+        try:
+            path = os.path.join(folder, "ca-certificates.crt")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(bundle)
+            os.chmod(folder, 0o755)  # noqa: S103 (public certificates; the step reads them)
+            yield path
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def _run_spec(
         self, state: _State, instruction: Instruction
     ) -> tuple[StepSpec, list[tuple[SecretMount, str]]]:
@@ -719,6 +768,8 @@ class Builder:
         networked = bool(self.allow) and instruction.flag("network") != "none"
         if networked:  # the proxy, like a build argument: never in the image's environment
             args.update(network_env())
+            if self._step_bundle(state.image):  # its clients told where the bundle is, too
+                args.update(dict.fromkeys(CA_VARIABLES, WORKER_BUNDLE))
         if instruction.json:
             argv = list(instruction.words)
             if args:

@@ -69,6 +69,10 @@ class StepSpec:
     secrets: tuple[tuple[str, str], ...] = ()
     """``(host file, target)``: secret files bind-mounted read-only for this step only
     (``RUN --mount=type=secret``); a mount is never committed."""
+    ca_bundle: str = ""
+    """A host file mounted read-only over the image's own CA bundle for this step only
+    (``build.ca``: the image's certificates and the project's); the image's file stays
+    as it was under the mount, and in the commit."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,10 @@ class StepEngine(Protocol):
 
     def create(self, spec: StepSpec, limits: StepLimits) -> str:
         """A step's container (not started); its id."""
+        ...
+
+    def ca_bundle(self, image: str) -> bytes:
+        """The system CA bundle in ``image`` (empty when it has none)."""
         ...
 
     def put_archive(self, container: str, data: Iterable[bytes]) -> None:

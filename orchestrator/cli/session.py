@@ -203,6 +203,7 @@ def serve(
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, stop)
+        live.handed_over()  # its idle timeout counts from here
         tell({"ready": describe(live)})
         threading.current_thread().name = f"owner-{live.id}"
         server.serve()

@@ -438,6 +438,11 @@ class BuildSettings(Strict):
     patterns (``debian:bookworm``, ``debian:*``, ``my-org/*``; a name without a tag
     matches every tag). Any other image is refused; the egress and credential proxies'
     images always are."""
+    ca: Literal["host"] | list[str] = []
+    """CA certificates a ``RUN`` step with network trusts besides its image's own (a
+    mirror or a proxy that re-signs TLS): ``host`` (the CAs this machine trusts) or PEM
+    files relative to the project folder. The step's bundle (the image's and these) is
+    mounted read-only over the image's for that step only, never committed."""
 
     @field_validator("allow")
     @classmethod

@@ -46,8 +46,10 @@ from orchestrator.build.engine import (
     StepOutcome,
     StepSpec,
 )
+from orchestrator.credproxy import WORKER_BUNDLE
 from orchestrator.docker import networks, podman, runtimes, seccomp
 from orchestrator.docker.buildnames import container_name
+from orchestrator.docker.cabundle import CaBundles
 from orchestrator.docker.client import DockerClient, engine_errors, retrying, wait_exit
 from orchestrator.docker.hostconfig import NO_NEW_PRIVILEGES, NO_RESOLVER
 from orchestrator.docker.netnames import network_name
@@ -68,6 +70,10 @@ GO_MODE_DIR = 1 << 31
 _PATH_KEY = b'"Path":'
 #: A tmpfs for ``RUN --mount=type=cache|tmpfs``.
 SCRATCH_SIZE = 256 << 20
+
+
+#: Images' CA bundles read for ``build.ca`` (by image id).
+_CA_BUNDLES = CaBundles()
 
 
 class DockerStepEngine:
@@ -146,6 +152,9 @@ class DockerStepEngine:
             del answer
         return self._empty
 
+    def ca_bundle(self, image: str) -> bytes:
+        return _CA_BUNDLES.read(self.client, image)
+
     def create(self, spec: StepSpec, limits: StepLimits) -> str:
         runtime = runtimes.build_runtime_name("allowlist" if spec.network else "none")
         # The step finds its proxy in /etc/hosts: it needs no answer from the engine's DNS,
@@ -170,7 +179,10 @@ class DockerStepEngine:
             tmpfs={t: f"rw,nosuid,nodev,exec,size={SCRATCH_SIZE}" for t in spec.scratch},
             mounts=[
                 Mount(target, source, type="bind", read_only=True)
-                for source, target in spec.secrets
+                for source, target in [
+                    *spec.secrets,
+                    *([(spec.ca_bundle, WORKER_BUNDLE)] if spec.ca_bundle else []),
+                ]
             ],
             log_config=LogConfig(type=LogConfig.types.NONE),
             privileged=False,

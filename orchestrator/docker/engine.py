@@ -205,6 +205,14 @@ class DockerEngine(DockerClient):
             )
         return self._pins
 
+    def _run_hosts(self, spec: ContainerSpec) -> dict[str, str] | None:
+        """An allowlisted run's ``proxy`` in /etc/hosts (:func:`.networks.run_hosts`)."""
+        if spec.network.mode != "allowlist":
+            return None
+        from orchestrator.docker import networks
+
+        return networks.run_hosts(self, spec)
+
     def create(self, spec: ContainerSpec) -> str:
         self.check_mounts(spec)
         runtime = self.runtime_for(spec)
@@ -217,9 +225,7 @@ class DockerEngine(DockerClient):
             read_only=spec.read_only_rootfs,
             binds=[m.target for m in spec.mounts],
         )
-        host_config = self.api.create_host_config(
-            **config, extra_hosts=podman.extra_hosts_for(self, spec)
-        )
+        host_config = self.api.create_host_config(**config, extra_hosts=self._run_hosts(spec))
         options = hostconfig.container_config(spec)
 
         # Named after the run: a create retried after a lost reply finds the first one

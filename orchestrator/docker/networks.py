@@ -111,6 +111,20 @@ def _open_run_network(engine: DockerClient, spec: ContainerSpec) -> ManagedObjec
         raise
 
 
+def run_hosts(engine: DockerClient, spec: ContainerSpec) -> dict[str, str] | None:
+    """An allowlisted run's /etc/hosts entry: ``proxy`` -> the egress proxy's address on
+    the run's network (None for other runs).
+
+    The worker finds its proxy without asking a DNS server: Podman's run networks have
+    none (see :func:`orchestrator.docker.podman.create_run_network`), and Docker's
+    embedded one fails to answer in time on a loaded machine (the worker's requests then
+    fail with "Temporary failure in name resolution"), as builds found first.
+    """
+    if spec.network.mode != "allowlist":
+        return None
+    return podman.proxy_hosts(engine, network_name(spec))
+
+
 def release_network(engine: DockerClient, network: str) -> bool:
     """Remove an owned network, first disconnecting what is left on it (the shared proxy
     of a finished run); True when it is gone."""

@@ -37,7 +37,6 @@ from docker import errors as docker_errors
 from docker.types import Ulimit
 
 from orchestrator.docker.client import DockerClient, api_version, engine_errors
-from orchestrator.docker.netnames import network_name
 from orchestrator.egress import PROXY_ALIAS
 from orchestrator.errors import EngineError
 from orchestrator.exits import Exit
@@ -186,7 +185,7 @@ def create_run_network(
     every name it does not know to the host's resolvers, a way out (names carry data)
     that Docker's internal networks do not give. Without it the network has no gateway
     either, so the host has no address there; the worker finds its proxy through
-    /etc/hosts instead (:func:`extra_hosts_for`).
+    /etc/hosts instead (:func:`orchestrator.docker.networks.run_hosts`).
     """
     if not engine_kind(engine).podman:
         engine.api.create_network(
@@ -212,14 +211,6 @@ def create_run_network(
         response.raise_for_status()
     except requests.exceptions.HTTPError as exc:
         docker_errors.create_api_error_from_http_exception(exc)
-
-
-def extra_hosts_for(engine: DockerClient, spec: ContainerSpec) -> dict[str, str] | None:
-    """On Podman, ``proxy`` -> the egress proxy's address on the run's network (which has
-    no DNS there, see :func:`create_run_network`); None elsewhere."""
-    if spec.network.mode != "allowlist" or not engine_kind(engine).podman:
-        return None
-    return proxy_hosts(engine, network_name(spec))
 
 
 def proxy_hosts(engine: DockerClient, network: str) -> dict[str, str]:

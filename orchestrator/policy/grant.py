@@ -146,6 +146,10 @@ def policy_paths(project: Project) -> tuple[Path, ...]:
     # proxy hand a later run's key to a host of its choosing (read without following links).
     for name in project.config.network.trust_ca:
         paths.append(Path(os.path.normpath(project.root / Path(name).expanduser())))
+    # The CAs build steps trust (``build.ca``): the same, for what a build fetches.
+    if isinstance(project.config.build.ca, list):
+        for name in project.config.build.ca:
+            paths.append(Path(os.path.normpath(project.root / Path(name).expanduser())))
     return tuple(dict.fromkeys(paths))
 
 

@@ -202,9 +202,16 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         handle.write(data)
 
 
-def _trusted(paths: list[str]) -> bytes:
-    """The extra upstream CAs (``network.trust_ca``), each a PEM certificate file, read
-    without following a link (a policy file: see ``grant.policy_paths``)."""
+def read_cas(paths: list[str], field: str) -> bytes:
+    """PEM CA certificate files named in the project file under ``field`` (a policy file
+    each, read without following a link); one clear error naming the file otherwise."""
+    return _trusted(paths, field)
+
+
+def _trusted(paths: list[str], field: str = "network.trust_ca") -> bytes:
+    """The extra upstream CAs (``network.trust_ca``; ``build.ca``'s too), each a PEM
+    certificate file, read without following a link (a policy file: see
+    ``grant.policy_paths``)."""
     found = b""
     for name in paths:
         try:
@@ -216,13 +223,12 @@ def _trusted(paths: list[str]) -> bytes:
                 os.close(held)
         except PathRefused as refused:
             raise OrchestratorError(
-                f"network.trust_ca: cannot read {name}: {refused.reason}; name the real path "
+                f"{field}: cannot read {name}: {refused.reason}; name the real path "
                 "of the certificate in the project file"
             ) from None
         except OSError as exc:
             raise OrchestratorError(
-                f"network.trust_ca: cannot read {name}: {exc.strerror}; fix the path in the "
-                "project file"
+                f"{field}: cannot read {name}: {exc.strerror}; fix the path in the project file"
             ) from None
         if (
             len(data) > TRUST_LIMIT
@@ -230,7 +236,7 @@ def _trusted(paths: list[str]) -> bytes:
             or b"PRIVATE KEY" in data
         ):
             raise OrchestratorError(
-                f"network.trust_ca: {name} is not a PEM certificate (or holds a key); "
+                f"{field}: {name} is not a PEM certificate (or holds a key); "
                 "name the CA's certificate only"
             )
         found += data.rstrip(b"\n") + b"\n"

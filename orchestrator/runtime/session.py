@@ -518,6 +518,14 @@ class Session:
                 self._done.set()
         return result
 
+    def handed_over(self) -> None:
+        """The session is its user's from now: idling counts from here, not from when it
+        was made (its owner process tells ``session start`` it is ready only after that;
+        on a loaded machine the difference ate a short idle timeout before the first
+        call could come)."""
+        with self._lock:
+            self._last_used = time.monotonic()
+
     @contextmanager
     def waiting(self) -> Iterator[None]:
         """Count the ``with`` block as an operation of the session: the idle timeout does

@@ -280,7 +280,23 @@ class SessionServer:
         connected: Callable[[], bool],
     ) -> Any:
         """One tool call; one that needs approval waits here for a person's answer, while
-        its caller is still connected (a call nobody waits for is never run)."""
+        its caller is still connected (a call nobody waits for is never run).
+
+        The whole call counts as an operation of the session, from its arrival: the idle
+        timeout does not close the session between a call's arrival and its wait for a
+        person (making the toolset and deciding whether it asks took longer than a short
+        idle timeout on a loaded machine)."""
+        with self.session.waiting():
+            return self._tool_call(name, args, wait, send, connected)
+
+    def _tool_call(
+        self,
+        name: str,
+        args: dict[str, Any],
+        wait: float,
+        send: Callable[[dict[str, Any]], None],
+        connected: Callable[[], bool],
+    ) -> Any:
         from orchestrator.tools import InvalidArguments, Toolset
 
         if self._toolset is None:
@@ -297,11 +313,10 @@ class SessionServer:
             with contextlib.suppress(OSError):
                 send({"event": "waiting", "approval": pending.to_dict()})
 
-        with self.session.waiting():  # a call waiting on a person keeps the session open
-            pending, answer = self.approvals.ask(
-                name, args, decision.description, timeout=wait, on_waiting=listed,
-                still_wanted=connected,
-            )  # fmt: skip
+        pending, answer = self.approvals.ask(
+            name, args, decision.description, timeout=wait, on_waiting=listed,
+            still_wanted=connected,
+        )  # fmt: skip
         if answer is None:
             why = f"not answered within {wait:g} s" if connected() else "the caller went away"
             answer = Answered(False, "nobody", why)

@@ -1842,3 +1842,71 @@ def test_a_worker_without_network_has_no_resolver(engine, project, isolation):
     assert seen["nets"] == ["lo"], seen
     assert seen["lookup"] == "failed" and seen["lookup_s"] < 3, seen
     assert seen["udp"] != "rcode 0, 1 answers" and seen["tcp"] != "rcode 0, 1 answers"
+
+
+# -- allowlisted runs on a saturated machine -------------------------------------------------
+
+#: Fetch the allowed server through the proxy five times; say each answer and /etc/hosts'
+#: line for the proxy (the worker finds it there, without the engine's DNS).
+LOADED_FETCH = r"""
+import json, urllib.request
+answers = []
+for _ in range(5):
+    try:
+        with urllib.request.urlopen("http://allowed.test/", timeout=60) as response:
+            answers.append(response.status)
+    except Exception as exc:
+        answers.append(f"{type(exc).__name__}: {exc}")
+hosts = [line.split() for line in open("/etc/hosts") if "proxy" in line.split()[1:]]
+print(json.dumps({"answers": answers, "hosts": hosts}))
+"""
+
+
+@docker
+def test_eight_allowlisted_runs_at_once_on_a_saturated_machine_each_get_their_answers(
+    engine, internet, project
+):
+    """Eight allowlisted gVisor runs started at once while CPU hogs (more than the
+    machine's cores) keep it saturated: every request of every run is answered through
+    its proxy, which each worker finds in its /etc/hosts (the engine's DNS failed to
+    answer in time on a loaded machine: "Temporary failure in name resolution")."""
+    require_gvisor(engine)
+    internet["keys"].add(eg.allowlist_key(eg.validate_allowlist(["allowed.test"])))
+    command = json.dumps(["python3", "-c", LOADED_FETCH])
+    project.worker("loaded", f"command: {command}\nnetwork: {{allow: [allowed.test]}}")
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+        for _ in range(2 * (os.cpu_count() or 2))
+    ]
+    runs = []
+    try:
+        runs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator",
+                    "run",
+                    "loaded",
+                    "--json",
+                    "--project",
+                    str(project.root),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(8)
+        ]
+        done = [run.communicate(timeout=600) for run in runs]
+    finally:
+        for process in [*hogs, *runs]:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    for run, (out, err) in zip(runs, done, strict=True):
+        assert run.returncode == 0, err
+        seen = last_json(json.loads(out)["stdout"])
+        assert seen["answers"] == [200] * 5, seen
+        [[address, *names]] = seen["hosts"]
+        assert "proxy" in names and ipaddress.ip_address(address).version == 4, seen

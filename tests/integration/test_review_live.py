@@ -239,16 +239,36 @@ def test_a_waiting_call_answered_from_the_command_line_or_not_at_all(live, proje
     assert not (project.root / "notes" / "a.md").exists()
 
 
+#: ``python -m orchestrator`` with its command line read from stdin: started (and its
+#: modules imported) before the session, so that starting Python on a loaded machine (5 to
+#: 10 s under `make test` with CPU hogs) is not counted in a 2 s idle timeout.
+PRESTARTED = """
+import json, sys
+import orchestrator.cli.session, orchestrator.config, orchestrator.runtime.session_server
+from orchestrator.launcher import main
+sys.argv = ["orchestrator", *json.loads(sys.stdin.readline())]
+main()
+"""
+
+
 def test_a_call_waiting_for_a_person_keeps_an_idle_session_open(engine, project) -> None:
     from orchestrator.config import load_project
     from orchestrator.review.live import live_sessions
 
     root = project.root
-    with live_session(engine, project, "--idle-timeout", "2s") as info:
-        sid = info["id"]
-        waiting = call(root, sid, "write", {"path": "/notes/a.md", "content": "hi"})
-        try:
-            line = waiting.stderr.readline() if waiting.stderr else ""
+    waiting = subprocess.Popen(
+        [sys.executable, "-c", PRESTARTED],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with live_session(engine, project, "--idle-timeout", "2s") as info:
+            sid = info["id"]
+            argv = ["session", "call", sid, "write", json.dumps({"path": "/notes/a.md",
+                    "content": "hi"}), "--project", str(root), "--wait", "5m"]  # fmt: skip
+            assert waiting.stdin is not None and waiting.stderr is not None
+            waiting.stdin.write(json.dumps(argv) + "\n")
+            waiting.stdin.flush()
+            line = waiting.stderr.readline()
             assert "waiting for approval" in line, line
             time.sleep(7)  # three idle timeouts and more while the call waits on a person
             assert alive(info["pid"]), "the idle timeout closed a session whose call waits"
@@ -258,14 +278,14 @@ def test_a_call_waiting_for_a_person_keeps_an_idle_session_open(engine, project)
                        "--project", str(root))  # fmt: skip
             assert said.returncode == 0, said.stderr
             out, err = waiting.communicate(timeout=60)
-        finally:
-            if waiting.poll() is None:
-                waiting.kill()
-                waiting.communicate()
-        assert waiting.returncode == 0, err
-        assert json.loads(out)["ok"] is True
-        # Answered, the session is idle again: the timeout closes it as before.
-        assert wait_until(lambda: not alive(info["pid"]), 30)
+            assert waiting.returncode == 0, err
+            assert json.loads(out)["ok"] is True
+            # Answered, the session is idle again: the timeout closes it as before.
+            assert wait_until(lambda: not alive(info["pid"]), 30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
     log = AuditLog(root / ".sandbox" / "audit.jsonl")
     [approval] = log.query(AuditFilter(operation="tool.approval"))
     assert approval.allowed and approval.metadata["via"] == "command line"

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from orchestrator import labels
-from orchestrator.docker import podman
+from orchestrator.docker import networks, podman
 from orchestrator.docker.client import DockerClient
 from orchestrator.errors import EngineError
 from orchestrator.plan import ContainerSpec, Limits, Network
@@ -262,9 +262,9 @@ def test_a_podman_run_network_has_no_dns_and_the_worker_finds_its_proxy_in_etc_h
     assert body["dns_enabled"] is False and body["internal"] is True
     assert body["network_interface"] == "oeg-1"
 
-    networks = {"orchestrator-run-r1": {"IPAddress": "10.89.3.1"}}
+    attached = {"orchestrator-run-r1": {"IPAddress": "10.89.3.1"}}
     engine.api.containers = lambda filters: [{"Id": "proxy-id"}]  # type: ignore[attr-defined]
-    engine.api.inspect_container = lambda _id: {"NetworkSettings": {"Networks": networks}}  # type: ignore[attr-defined]
+    engine.api.inspect_container = lambda _id: {"NetworkSettings": {"Networks": attached}}  # type: ignore[attr-defined]
     allowlisted = spec(network=Network("allowlist", allow=["example.test"]))
-    assert podman.extra_hosts_for(engine, allowlisted) == {"proxy": "10.89.3.1"}
-    assert podman.extra_hosts_for(engine, spec()) is None
+    assert networks.run_hosts(engine, allowlisted) == {"proxy": "10.89.3.1"}
+    assert networks.run_hosts(engine, spec()) is None
