@@ -46,6 +46,15 @@ class FakeAPI:
         self.created = kwargs
         return {"Id": f"c{len(self.calls)}"}
 
+    # An allowlisted run's network has its egress proxy attached before the run is made.
+    def containers(self, filters=None, **kwargs):
+        return [{"Id": "proxy"}] if filters and filters.get("network") else []
+
+    def inspect_container(self, container):
+        network = spec().labels[labels.RUN_ID]  # the run network of spec(): one per run id
+        return {"NetworkSettings": {"Networks": {f"orchestrator-run-{network}": {
+            "IPAddress": "10.9.0.2"}}}}  # fmt: skip
+
 
 def spec(isolation="runc", network="none") -> ContainerSpec:
     return ContainerSpec(
@@ -142,6 +151,7 @@ def test_a_gvisor_container_keeps_the_process_limit_inside_and_a_runsc_seccomp_p
     DockerEngine(client=api).create(spec("gvisor", network="allowlist"))
     host = api.created["host_config"]
     assert host["runtime"] == runtimes.GVISOR_NETWORK
+    assert host["extra_hosts"] == {"proxy": "10.9.0.2"}  # found without the engine's DNS
     assert host["pids_limit"] == runtimes.host_pids_limit(runtimes.GVISOR_NETWORK, 64) > 64
     assert {(u["Name"], u["Soft"], u["Hard"]) for u in host["ulimits"]} == {
         ("core", 0, 0),
