@@ -400,15 +400,67 @@ class DockerEngine(DockerClient):
         with engine_errors("removing the container"):
             retrying(remove)
         self._gvisor_containers.pop(container_id, None)
+        self._starting.pop(container_id, None)
+        with self._start_locks_guard:
+            self._start_locks.pop(container_id, None)
         return True
 
     # -- pause, resume, snapshots (orchestrator.runtime.snapshots) ----------------------
 
     def pause(self, container_id: str) -> None:
         """Freeze every process of the container (the cgroup freezer; gVisor's sandbox as a
-        whole under runsc)."""
-        with engine_errors("pausing the container"):
+        whole under runsc).
+
+        Never while a command of this process is starting in it: the engine refuses an exec
+        into a paused container only when the exec is created, and ``exec_start`` answers
+        before the runtime has started the process, so a freeze in between left the
+        runtime's ``exec`` waiting on a frozen process, holding the container, and every
+        later ``unpause`` of it waiting too (seen with runc). So starts and pauses of a
+        container take turns, and a pause first waits for the commands started before it
+        to be running (or ended)."""
+        with self._no_starts(container_id), engine_errors("pausing the container"):
             self.api.pause(container_id)
+
+    @contextlib.contextmanager
+    def _no_starts(self, container_id: str) -> Iterator[None]:
+        """No command starts in the container meanwhile, and those started lately run."""
+        with self._starts(container_id):
+            for exec_id in self._starting.pop(container_id, {}):
+                self._until_started(exec_id)
+            yield
+
+    #: Per container: the lock starts and pauses take turns on, and the execs started
+    #: lately (id -> when) whose process may not be running yet.
+    _start_locks: ClassVar[dict[str, threading.Lock]] = {}
+    _starting: ClassVar[dict[str, dict[str, float]]] = {}
+    #: An exec started longer ago than this is running (or ended) by the time of a pause.
+    _STARTED_WITHIN_S: ClassVar[float] = 30.0
+    _start_locks_guard: ClassVar[threading.Lock] = threading.Lock()
+
+    def _starts(self, container_id: str) -> threading.Lock:
+        with self._start_locks_guard:
+            return self._start_locks.setdefault(container_id, threading.Lock())
+
+    def _started(self, container_id: str, exec_id: str) -> None:
+        """Note an exec just started (under the container's start lock; see :meth:`pause`)."""
+        now = time.monotonic()
+        recent = self._starting.setdefault(container_id, {})
+        for old in [e for e, at in recent.items() if now - at > self._STARTED_WITHIN_S]:
+            del recent[old]
+        recent[exec_id] = now
+
+    def _until_started(self, exec_id: str, within: float = 10.0) -> None:
+        """Wait until the runtime started ``exec_id``'s process (it has a pid) or it ended."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                state = self.api.exec_inspect(exec_id)
+            except docker_errors.NotFound:
+                return
+            ended = not state.get("Running") and state.get("ExitCode") is not None
+            if state.get("Pid") or ended:
+                return
+            time.sleep(0.005)
 
     def unpause(self, container_id: str) -> None:
         with engine_errors("resuming the container"):
@@ -420,7 +472,10 @@ class DockerEngine(DockerClient):
         """The container's root filesystem changes as a new local image ``repository:tag``
         (the container is paused meanwhile); its id. ``image_labels`` are added to it."""
         changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in image_labels.items()]
-        with engine_errors("committing the container's root filesystem"):
+        with (
+            self._no_starts(container_id),  # it pauses too: see pause()
+            engine_errors("committing the container's root filesystem"),
+        ):
             made = self.api.commit(container_id, repository=repository, tag=tag, pause=True,
                                    changes=changes)  # fmt: skip
         return str(made["Id"])
@@ -476,7 +531,7 @@ class DockerEngine(DockerClient):
         workdir: str | None = None,
         stdin: bytes | None = None,
     ) -> DockerExec:
-        with engine_errors("starting a command in the container"):
+        with self._starts(container_id), engine_errors("starting a command in the container"):
             if container_id not in self._exec_nofile:
                 self._learn(container_id)
             try:
@@ -501,6 +556,7 @@ class DockerEngine(DockerClient):
             # Always the hijacked socket, demultiplexed here: the SDK's own stream loses
             # output read along with the response's headers (see :mod:`.execframes`).
             sock = self.api.exec_start(exec_id, socket=True)
+            self._started(container_id, exec_id)
         running = (lambda: self._running(container_id)) if watch else None
         fed = self._fed_frames(sock, stdin, running)
         return DockerExec(self, exec_id, podman.exec_frames_for(self, fed))

@@ -93,6 +93,47 @@ def test_pause_freezes_and_resume_continues(engine, project, isolation):
     assert _events(orch, "session.resume")
 
 
+def test_pauses_racing_commands_never_wedge_the_sandbox(engine, project, isolation):
+    """Commands start in a loop from other threads while the session is paused and resumed
+    again and again: a command is refused while paused or runs whole, and every pause and
+    resume answers (an exec started just before a freeze once left the runtime waiting on
+    a frozen process, and every later resume with it)."""
+    import threading
+
+    project.worker("w", WORKER)
+    orch = Orchestrator(project.root, engine=engine)
+    with orch.open_session("w", idle_timeout=60.0) as s:
+        stop, ran, failures = threading.Event(), [], []
+
+        def commands() -> None:
+            while not stop.is_set():
+                try:
+                    ran.append(s.exec("true").exit_code)
+                except SessionPaused:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    failures.append(exc)
+
+        threads = [threading.Thread(target=commands, daemon=True) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in range(15):
+                for step in (s.pause, s.resume):
+                    done = threading.Thread(target=step, daemon=True)
+                    done.start()
+                    done.join(timeout=30)
+                    assert not done.is_alive(), f"{step.__name__} never answered"
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert not failures, failures
+        assert ran and set(ran) == {0}, ran
+        assert s.exec("echo still here").stdout.strip() == "still here"
+
+
 def _host_count(path) -> int:
     try:
         return int(path.read_text().strip() or 0)
