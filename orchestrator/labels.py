@@ -86,6 +86,17 @@ def _start_time(pid: int) -> str:
     return fields[19].decode() if len(fields) > 19 else ""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _pid_namespace() -> str:
     try:
         return os.readlink("/proc/self/ns/pid")

@@ -213,19 +213,25 @@ def _store(project: Project) -> Iterator[int]:
         os.close(fd)
 
 
-def _read_manifest(store: int, name: str) -> dict[str, Any] | None:
+def _read_json(store: int, name: str, file: str, limit: int) -> Any:
+    """The JSON of ``name/file`` in the store, read through descriptors without following a
+    link (at most ``limit`` bytes); None when the folder or the file is not there."""
     try:
         folder = os.open(name, DIR_FLAGS, dir_fd=store)
     except OSError:
         return None
     try:
-        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     except OSError:
         return None
     finally:
         os.close(folder)
     with os.fdopen(fd, "rb") as handle:
-        data = json.loads(handle.read(1 << 20))
+        return json.loads(handle.read(limit))
+
+
+def _read_manifest(store: int, name: str) -> dict[str, Any] | None:
+    data = _read_json(store, name, MANIFEST, 1 << 20)
     return data if isinstance(data, dict) else None
 
 
@@ -312,7 +318,7 @@ def collect_snapshot_garbage(project: Project, engine: SnapshotEngine | None) ->
             maker = _maker(store, name)
             if maker is not None and labels.owner_state(maker) != "gone":
                 continue  # alive, or of another pid namespace: not ours to judge
-            if maker is None and pid.isdigit() and _alive(int(pid)):
+            if maker is None and pid.isdigit() and labels.pid_alive(int(pid)):
                 continue
             if engine is not None and ID.match(snap_id):  # its image (or pin), if made
                 engine.remove_image(f"{REPOSITORY}:{snap_id}")
@@ -334,31 +340,10 @@ def collect_snapshot_garbage(project: Project, engine: SnapshotEngine | None) ->
 def _maker(store: int, name: str) -> dict[str, str] | None:
     """The owner labels a snapshot's temporary folder records (None: none written)."""
     try:
-        folder = os.open(name, DIR_FLAGS, dir_fd=store)
-    except OSError:
+        data = _read_json(store, name, OWNER, 4096)
+    except ValueError:
         return None
-    try:
-        fd = os.open(OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
-    except OSError:
-        return None
-    finally:
-        os.close(folder)
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            data = json.loads(handle.read(4096))
-        except ValueError:
-            return None
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- taking one -----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import BinaryIO
 from orchestrator.audit.files import fsync_dir
 from orchestrator.audit.timeutil import format_timestamp, utc_now
 from orchestrator.hostfs.files import locked, write_durably
+from orchestrator.labels import pid_alive
 from orchestrator.staging.blobs import CHUNK
 from orchestrator.staging.collected import Collected
 from orchestrator.staging.errors import (
@@ -70,16 +71,6 @@ def _now() -> str:
 
 def _encode(change: ChangeSet) -> bytes:
     return (json.dumps(change.to_dict(), indent=2, ensure_ascii=False) + "\n").encode()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _digest_fd(fd: int) -> tuple[str, int]:
@@ -260,7 +251,7 @@ class ChangeStore:
                 if not match or not entry.is_dir(follow_symlinks=False):
                     continue
                 age = time.time() - entry.stat(follow_symlinks=False).st_mtime
-                if not _alive(int(match.group(1))) or age > _STALE_AFTER:
+                if not pid_alive(int(match.group(1))) or age > _STALE_AFTER:
                     shutil.rmtree(entry.path, ignore_errors=True)
                     removed += 1
         return removed
