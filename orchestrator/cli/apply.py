@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.cli.options import project_option
+from orchestrator.cli.options import ack_sensitive_option, project_option
 
 if TYPE_CHECKING:
     from orchestrator.config import Project, Worker
@@ -29,15 +29,7 @@ def deletes_allowed(project: Project, worker: Worker, zone: str) -> bool:
     help="Apply despite failing scanners (recorded in the audit log); files that run code "
     "by themselves still need --ack-sensitive.",
 )
-@click.option(
-    "--ack-sensitive",
-    "acknowledged",
-    metavar="PATH",
-    multiple=True,
-    help="Acknowledge that PATH, a file that runs code at the next build, test or CI run "
-    "(conftest.py, Makefile, .github/workflows/...), was read; needed for each such file "
-    "(recorded in the audit log). Repeatable.",
-)
+@ack_sensitive_option
 @project_option
 def apply(
     change_id: str,

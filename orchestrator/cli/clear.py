@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.cli.options import project_option
+from orchestrator.cli.options import ack_sensitive_option, project_option
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,15 +46,7 @@ def _say(message: str) -> None:
     help="Clear even though a scanner blocks the change set (recorded in the audit log); "
     "files that run code by themselves still need --ack-sensitive.",
 )
-@click.option(
-    "--ack-sensitive",
-    "acknowledged",
-    metavar="PATH",
-    multiple=True,
-    help="Acknowledge that PATH, a file that runs code at the next build, test or CI run "
-    "(conftest.py, Makefile, .github/workflows/...), was read; needed for each such file "
-    "(recorded in the audit log). Repeatable.",
-)
+@ack_sensitive_option
 @project_option
 def clear(
     change_id: str,

@@ -26,6 +26,17 @@ project_option = click.option(
     help="Project folder (holding orchestrator.yaml).",
 )
 
+#: ``clear`` and ``staged apply``: each file the sensitive-path check flags, named.
+ack_sensitive_option = click.option(
+    "--ack-sensitive",
+    "acknowledged",
+    metavar="PATH",
+    multiple=True,
+    help="Acknowledge that PATH, a file that runs code at the next build, test or CI run "
+    "(conftest.py, Makefile, .github/workflows/...), was read; needed for each such file "
+    "(recorded in the audit log). Repeatable.",
+)
+
 
 class JsonRequest:
     """Whether the command being run asked for ``--json``: noted while its options are
